@@ -1,0 +1,35 @@
+"""titanpod.device: the backend shim.
+
+Pick a lane (``resolve_lane``), get its ``Backend`` (``get_backend``) and ask it for
+devices, meshes, synchronisation, memory statistics and the chip's peak. Importing this
+package imports torch only: jax, torch_tpu and torch_xla load when a lane needs them.
+"""
+
+from titanpod.device.backend import Backend, get_backend
+from titanpod.device.chips import CHIPS, ChipSpec, chip_by_name, measure_cpu_peak
+from titanpod.device.config import DeviceConfig
+from titanpod.device.distributed import ProcessInfo, ensure_process_group, process_info
+from titanpod.device.errors import LaneUnavailableError, MeshError
+from titanpod.device.lanes import LANE_ENV_VAR, LANES, resolve_lane
+from titanpod.device.memory import MemoryStats
+from titanpod.device.mesh import check_mesh_axes
+
+__all__ = [
+    "CHIPS",
+    "LANES",
+    "LANE_ENV_VAR",
+    "Backend",
+    "ChipSpec",
+    "DeviceConfig",
+    "LaneUnavailableError",
+    "MemoryStats",
+    "MeshError",
+    "ProcessInfo",
+    "check_mesh_axes",
+    "chip_by_name",
+    "ensure_process_group",
+    "get_backend",
+    "measure_cpu_peak",
+    "process_info",
+    "resolve_lane",
+]

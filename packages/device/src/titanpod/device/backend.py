@@ -1,0 +1,88 @@
+"""The interface every lane implements, and the factory that returns one."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from titanpod.device.chips import ChipSpec
+from titanpod.device.memory import MemoryStats
+
+
+class Backend(ABC):
+    """What the rest of titanpod asks of a lane: where tensors live, how to wait for them,
+    how much memory they take, how fast the chip is, and how its devices form a mesh."""
+
+    lane: ClassVar[str]
+    """The lane's name (see ``titanpod.device.lanes.LANES``)."""
+    device_type: ClassVar[str]
+    """The ``torch.device`` type of tensors on this lane."""
+    dist_backend: ClassVar[str | None]
+    """The torch.distributed backend; ``None`` lets PyTorch pick the one registered for the device."""
+    compile_backend: ClassVar[str | None]
+    """The ``torch.compile`` backend; ``None`` where the lane compiles another way (``jax.jit``)."""
+
+    def device(self, local_rank: int = 0) -> torch.device:
+        """The device a process with this local rank drives."""
+        return torch.device(self.device_type, local_rank)
+
+    @abstractmethod
+    def device_count(self) -> int:
+        """How many devices of this lane this host sees."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Block until all work queued on the device is done (for honest timings)."""
+
+    @abstractmethod
+    def memory_stats(self) -> MemoryStats:
+        """Memory use of this process's device."""
+
+    def reset_peak_memory(self) -> None:  # noqa: B027 - optional: not every lane can reset
+        """Start a new peak-memory window, where the lane supports it."""
+
+    @abstractmethod
+    def chip(self) -> ChipSpec:
+        """The chip this lane runs on, for MFU (a measured figure on a CPU)."""
+
+    def runtime(self) -> contextlib.AbstractContextManager[Any]:
+        """A context the lane's tensor work must run inside (torchax's environment on xla)."""
+        return contextlib.nullcontext()
+
+    def build_mesh(self, axes: Mapping[str, int]) -> Any:
+        """A device mesh with named axes over every process of the job.
+
+        Torch lanes return a ``torch.distributed.DeviceMesh``, the xla lane a
+        ``jax.sharding.Mesh``. ``axes`` maps axis name to size, outermost first.
+        """
+        from titanpod.device.mesh import build_torch_mesh
+
+        return build_torch_mesh(self, axes)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(lane={self.lane!r}, device_type={self.device_type!r})"
+
+
+def get_backend(lane: str = "auto") -> Backend:
+    """The backend of ``lane`` after resolution (config, then ``TITANPOD_LANE``, then automatic).
+
+    Raises ``LaneUnavailableError`` with the fix when the lane cannot run here.
+    """
+    from titanpod.device.lanes import resolve_lane
+
+    name = resolve_lane(lane)
+    if name == "cpu":
+        from titanpod.device.backends.cpu import CpuBackend as chosen
+    elif name == "cuda":
+        from titanpod.device.backends.cuda import CudaBackend as chosen
+    elif name == "xla":
+        from titanpod.device.backends.xla import XlaBackend as chosen
+    elif name == "tpu":
+        from titanpod.device.backends.tpu import TpuBackend as chosen
+    else:
+        from titanpod.device.backends.torch_xla import TorchXlaBackend as chosen
+    return chosen()

@@ -1,0 +1,42 @@
+"""The cpu lane: PyTorch on the host, gloo collectives, inductor compilation."""
+
+from __future__ import annotations
+
+import torch
+
+from titanpod.device.backend import Backend
+from titanpod.device.chips import ChipSpec, measure_cpu_peak
+from titanpod.device.memory import MemoryStats, host_memory_stats
+
+
+class CpuBackend(Backend):
+    """PyTorch on the host CPU."""
+
+    lane = "cpu"
+    device_type = "cpu"
+    dist_backend = "gloo"
+    compile_backend = "inductor"
+
+    def __init__(self) -> None:
+        self._chip: ChipSpec | None = None
+
+    def device(self, local_rank: int = 0) -> torch.device:
+        """The host: every rank uses ``cpu``."""
+        return torch.device("cpu")
+
+    def device_count(self) -> int:
+        """One: the host."""
+        return 1
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: CPU ops finish before they return."""
+
+    def memory_stats(self) -> MemoryStats:
+        """The process's resident set size, now and at its peak."""
+        return host_memory_stats()
+
+    def chip(self) -> ChipSpec:
+        """The measured fp32 matmul peak of this CPU (measured once per backend)."""
+        if self._chip is None:
+            self._chip = measure_cpu_peak()
+        return self._chip

@@ -1,0 +1,74 @@
+"""The xla lane: PyTorch code on JAX devices through torchax, compiled with ``jax.jit``.
+
+Tensors on this lane have ``device.type == "jax"`` and must be made inside
+``backend.runtime()`` (torchax's environment). Collectives come from XLA's SPMD
+partitioner, given shardings over a ``jax.sharding.Mesh``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from titanpod.device.backend import Backend
+from titanpod.device.chips import ChipSpec, chip_by_name, measure_cpu_peak
+from titanpod.device.memory import MemoryStats, host_memory_stats
+
+
+class XlaBackend(Backend):
+    """torchax over JAX: runs wherever JAX does (CPU, GPU, TPU)."""
+
+    lane = "xla"
+    device_type = "jax"
+    dist_backend = None
+    compile_backend = None
+
+    def __init__(self) -> None:
+        import jax
+        import torchax
+
+        self._jax: Any = jax
+        self._env: Any = torchax.default_env()
+        self._chip: ChipSpec | None = None
+
+    def device(self, local_rank: int = 0) -> torch.device:
+        """torchax's device; the arrays behind it live on JAX's devices."""
+        return torch.device("jax", 0)
+
+    def device_count(self) -> int:
+        """JAX devices of this process."""
+        return self._jax.local_device_count()
+
+    def runtime(self) -> contextlib.AbstractContextManager[Any]:
+        """torchax's environment: inside it, torch ops on ``jax`` tensors run as JAX ops."""
+        return self._env
+
+    def synchronize(self) -> None:
+        """Wait for every computation JAX has dispatched."""
+        self._jax.effects_barrier()
+        for array in self._jax.live_arrays():
+            array.block_until_ready()
+
+    def memory_stats(self) -> MemoryStats:
+        """Device memory from JAX; the host's resident set where JAX keeps no statistics (CPU)."""
+        stats = self._jax.local_devices()[0].memory_stats()
+        if not stats:
+            return host_memory_stats()
+        used = int(stats.get("bytes_in_use", 0))
+        return MemoryStats(used, int(stats.get("peak_bytes_in_use", used)), stats.get("bytes_limit"), "device")
+
+    def chip(self) -> ChipSpec:
+        """The chip from JAX's device kind; measured when JAX runs on the CPU."""
+        if self._chip is None:
+            device = self._jax.local_devices()[0]
+            self._chip = measure_cpu_peak() if device.platform == "cpu" else chip_by_name(device.device_kind)
+        return self._chip
+
+    def build_mesh(self, axes: Mapping[str, int]) -> Any:
+        """A ``jax.sharding.Mesh`` over every JAX device of the job."""
+        from titanpod.device.mesh import build_jax_mesh
+
+        return build_jax_mesh(axes)

@@ -1,0 +1,16 @@
+"""The device part of a run's config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Where a run executes."""
+
+    lane: str = "auto"
+    """``auto``, ``cpu``, ``cuda``, ``xla``, ``tpu`` or ``torch_xla``. Anything but ``auto``
+    wins over the ``TITANPOD_LANE`` environment variable."""
+    chip: str | None = None
+    """Chip name for MFU (``v5p``, ``h100`` ...) when it cannot be detected; ``None`` detects it."""

@@ -1,0 +1,58 @@
+"""The swappable ops behind a model's slots, and their PyTorch references.
+
+Legend: B batch, S sequence, H query heads, K key/value heads, D head dim, M model dim,
+V vocabulary.
+
+A model takes a ``ModelOps`` when it is built; other layers (titanpod.kernels) provide
+faster ops with the same signatures and prove them equal to these references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+"""Label value that contributes nothing to the loss (padding, prompts)."""
+
+
+class AttentionOp(Protocol):
+    """Causal self-attention over already-projected, already-rotated heads."""
+
+    def __call__(self, q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
+        """Return the attended values, shape [B, H, S, D]; H is a multiple of K (GQA)."""
+        ...
+
+
+class HeadLossOp(Protocol):
+    """Output projection and mean token cross-entropy, fused or not."""
+
+    def __call__(
+        self, h_BSM: torch.Tensor, weight_VM: torch.Tensor, labels_BS: torch.Tensor
+    ) -> torch.Tensor:
+        """Return the mean cross-entropy over labels that are not ``IGNORE_INDEX`` (fp32 scalar)."""
+        ...
+
+
+def sdpa_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
+    """Reference attention: ``torch.nn.functional.scaled_dot_product_attention``, causal, GQA."""
+    return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=True)
+
+
+def linear_cross_entropy(h_BSM: torch.Tensor, weight_VM: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
+    """Reference head + loss: full logits, then ``F.cross_entropy`` in fp32."""
+    logits_BSV = F.linear(h_BSM, weight_VM)
+    return F.cross_entropy(logits_BSV.flatten(0, 1).float(), labels_BS.flatten(), ignore_index=IGNORE_INDEX)
+
+
+@dataclass(frozen=True)
+class ModelOps:
+    """The ops a model calls through its slots. Defaults are the PyTorch references."""
+
+    attention: AttentionOp = sdpa_attention
+    """Attention slot (titanpod.kernels offers Splash attention)."""
+    head_loss: HeadLossOp = linear_cross_entropy
+    """Output head + loss slot (titanpod.kernels offers a fused, chunked version)."""

@@ -1,0 +1,61 @@
+"""Rotary position embeddings in the rotate-half layout (the Hugging Face one).
+
+Legend: B batch, S sequence, H heads, D head dim.
+
+The angles are computed per forward from positions, so a model needs no rotary buffers:
+nothing to initialise after building on the meta device and nothing in checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's frequency scaling ("llama3" rope type) for long context."""
+
+    factor: float = 8.0
+    """How much the context is stretched for the low frequencies."""
+    low_freq_factor: float = 1.0
+    """Wavelengths above ``original_max_position_embeddings / low_freq_factor`` are scaled fully."""
+    high_freq_factor: float = 4.0
+    """Wavelengths below ``original_max_position_embeddings / high_freq_factor`` are kept."""
+    original_max_position_embeddings: int = 8192
+    """Context length of the model before scaling."""
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: Llama3RopeScaling | None = None) -> torch.Tensor:
+    """The ``head_dim / 2`` rotary frequencies, with Llama 3.1 scaling when given (fp32)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if scaling is not None:
+        low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
+        high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+        inv_freq = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+        in_between = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+        inv_freq = torch.where(in_between, blended, inv_freq)
+    return inv_freq.float()
+
+
+def rotary_cos_sin(
+    positions_S: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape [S, D] for the given positions (D = 2 x len(inv_freq))."""
+    angles_SD2 = positions_S.float()[:, None] * inv_freq.to(positions_S.device)[None, :]
+    angles_SD = torch.cat((angles_SD2, angles_SD2), dim=-1)
+    return angles_SD.cos().to(dtype), angles_SD.sin().to(dtype)
+
+
+def apply_rotary(x_BHSD: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (i, i + D/2) of every head by the position's angles."""
+    half = x_BHSD.shape[-1] // 2
+    rotated = torch.cat((-x_BHSD[..., half:], x_BHSD[..., :half]), dim=-1)
+    return x_BHSD * cos_SD + rotated * sin_SD
