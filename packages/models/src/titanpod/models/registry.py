@@ -26,9 +26,7 @@ class ModelFamily:
     """Flavor name -> args dataclass."""
 
 
-FAMILIES: Mapping[str, ModelFamily] = {
-    "llama3": ModelFamily("llama3", Llama3, LLAMA3_FLAVORS),
-}
+FAMILIES: Mapping[str, ModelFamily] = {"llama3": ModelFamily("llama3", Llama3, LLAMA3_FLAVORS)}
 """Every model family titanpod ships."""
 
 
@@ -45,7 +43,9 @@ def get_flavor(family: str, flavor: str) -> Any:
     return _choose(f"{family} flavor", flavor, _choose("model family", family, FAMILIES).flavors)
 
 
-def build_model(family: str, flavor: str, ops: ModelOps | None = None, device: torch.device | str = "meta") -> nn.Module:
+def build_model(
+    family: str, flavor: str, ops: ModelOps | None = None, device: torch.device | str = "meta"
+) -> nn.Module:
     """Build ``family``/``flavor`` with the given slot ops, uninitialised, on ``device``.
 
     On the meta device nothing is allocated; move with ``model.to_empty(device=...)`` and

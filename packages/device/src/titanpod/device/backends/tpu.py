@@ -7,6 +7,7 @@ torch_tpu patches ``torch.compile``'s default.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -49,10 +50,8 @@ class TpuBackend(Backend):
 
     def reset_peak_memory(self) -> None:
         """Reset the peak counter, where torch_tpu supports it."""
-        try:
+        with contextlib.suppress(RuntimeError, NotImplementedError, AttributeError):
             torch.accelerator.memory.reset_peak_memory_stats()
-        except (RuntimeError, NotImplementedError, AttributeError):
-            pass
 
     def chip(self) -> ChipSpec:
         """The TPU generation, from the slice type the VM advertises."""

@@ -30,9 +30,7 @@ class AttentionOp(Protocol):
 class HeadLossOp(Protocol):
     """Output projection and mean token cross-entropy, fused or not."""
 
-    def __call__(
-        self, h_BSM: torch.Tensor, weight_VM: torch.Tensor, labels_BS: torch.Tensor
-    ) -> torch.Tensor:
+    def __call__(self, h_BSM: torch.Tensor, weight_VM: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
         """Return the mean cross-entropy over labels that are not ``IGNORE_INDEX`` (fp32 scalar)."""
         ...
 

@@ -1,0 +1,61 @@
+"""Training metrics: MFU, a JSONL log, and the numbers of one report."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+def mfu(flops_per_token: float, tokens_per_second: float, devices: int, peak_flops_per_device: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the devices' summed peak.
+
+    ``flops_per_token x tokens_per_second / (devices x peak_flops_per_device)``, with
+    ``tokens_per_second`` counted over the whole job. See
+    ``titanpod.models.decoder_flops_per_token`` for what the FLOPs count.
+    """
+    return flops_per_token * tokens_per_second / (devices * peak_flops_per_device)
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """What one report says about the steps since the previous one."""
+
+    step: int
+    """Last optimizer step covered (1-based)."""
+    loss: float
+    """Mean training loss over the covered steps."""
+    grad_norm: float
+    """Global gradient norm before clipping, at ``step``."""
+    lr: float
+    """Learning rate used at ``step``."""
+    tokens_per_second: float
+    """Tokens trained per second over the covered steps, whole job."""
+    tflops_per_second: float
+    """Model TFLOP/s per device over the covered steps."""
+    mfu: float
+    """Model FLOPs utilisation over the covered steps (0..1)."""
+    peak_memory_gib: float
+    """Peak memory of this process's device so far (host RSS on a CPU)."""
+    elapsed_seconds: float
+    """Wall time since training started."""
+
+
+class JsonlWriter:
+    """Appends one JSON object per line, flushed at once so a crash loses nothing written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a", encoding="utf-8")
+
+    def write(self, record: StepMetrics | dict[str, Any]) -> None:
+        """Append ``record`` as one line."""
+        row = asdict(record) if isinstance(record, StepMetrics) else record
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
