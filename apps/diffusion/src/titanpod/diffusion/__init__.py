@@ -1,1 +1,1 @@
-"""placeholder"""
+"""titanpod-diffusion: not available yet."""

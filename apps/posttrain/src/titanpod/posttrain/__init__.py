@@ -1,1 +1,1 @@
-"""placeholder"""
+"""titanpod-posttrain: not available yet."""

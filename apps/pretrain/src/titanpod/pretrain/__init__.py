@@ -1,1 +1,1 @@
-"""placeholder"""
+"""titanpod-pretrain: train a language model from a named recipe."""

@@ -25,11 +25,17 @@ def _distinct_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def save_weights(model: nn.Module, directory: Path, metadata: Mapping[str, object] | None = None) -> Path:
+def save_weights(
+    model: nn.Module,
+    directory: Path,
+    metadata: Mapping[str, object] | None = None,
+    extra_files: Mapping[str, str] | None = None,
+) -> Path:
     """Write ``model``'s weights to ``directory/model.safetensors``, atomically; return the file.
 
-    ``metadata`` is stored as JSON strings in the safetensors header. The directory
-    appears only when the file is complete.
+    ``metadata`` is stored as JSON strings in the safetensors header; ``extra_files`` maps
+    file names to text written beside the weights (a recipe, a config). The directory
+    appears only when everything in it is complete.
     """
     header = {"format": "pt", **{key: json.dumps(value) for key, value in (metadata or {}).items()}}
     with atomic_directory(Path(directory)) as staging:
@@ -38,6 +44,8 @@ def save_weights(model: nn.Module, directory: Path, metadata: Mapping[str, objec
             str(staging / WEIGHTS_FILE),
             metadata=header,
         )
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text, encoding="utf-8")
     return Path(directory) / WEIGHTS_FILE
 
 

@@ -1,0 +1,88 @@
+"""``titanpod-pretrain``: pick a recipe, override any field, train, and report.
+
+titanpod-pretrain                                  # llama3_debug on this machine
+titanpod-pretrain --list-recipes
+titanpod-pretrain --recipe llama3_debug --train.steps 20 --device.lane cpu
+titanpod-pretrain --help                           # every field of the recipe
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import tyro
+from rich.console import Console
+from rich.table import Table
+
+from titanpod.recipes import DEFAULT_RECIPE, RECIPES, PretrainResult, Recipe, get_recipe, run_pretraining
+
+
+def parse_recipe(argv: list[str]) -> Recipe | None:
+    """The recipe named by ``--recipe`` with the remaining flags applied; ``None`` after ``--list-recipes``."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE)
+    parser.add_argument("--list-recipes", action="store_true")
+    known, rest = parser.parse_known_args(argv)
+    if known.list_recipes:
+        for name, build in RECIPES.items():
+            print(f"{name:24s} {(build.__doc__ or '').strip()}")
+        return None
+    base = get_recipe(known.recipe)
+    return tyro.cli(
+        Recipe,
+        default=base,
+        args=rest,
+        prog="titanpod-pretrain",
+        description=(
+            f"Train the recipe chosen with --recipe NAME (default {DEFAULT_RECIPE}; see --list-recipes). "
+            f"Every field below overrides it. Now showing: {known.recipe}."
+        ),
+        config=(tyro.conf.FlagConversionOff,),
+    )
+
+
+def print_summary(console: Console, result: PretrainResult) -> None:
+    """A short table of what the run did and where it wrote."""
+    summary = result.summary
+    losses = summary.losses
+    window = min(10, len(losses))
+    table = Table(title="titanpod-pretrain summary", show_header=False)
+    table.add_row("lane", result.lane)
+    table.add_row("parameters", f"{result.parameters:,}")
+    table.add_row("steps", f"{summary.steps_done}" + (" (interrupted)" if summary.interrupted else ""))
+    if losses:
+        table.add_row(f"loss, first {window} steps (mean)", f"{statistics.fmean(losses[:window]):.4f}")
+        table.add_row(f"loss, last {window} steps (mean)", f"{statistics.fmean(losses[-window:]):.4f}")
+    table.add_row("tokens/s (after step 1)", f"{summary.tokens_per_second:,.0f}")
+    table.add_row("MFU", f"{summary.mfu:.1%}")
+    table.add_row("peak memory", f"{summary.peak_memory_gib:.2f} GiB")
+    table.add_row("wall time", f"{summary.wall_seconds:.1f} s")
+    console.print(table)
+    console.print(f"run directory: {result.run_dir} (recipe.json, metrics.jsonl)", soft_wrap=True)
+    console.print(f"weights: {result.weights_path or 'not saved'}", soft_wrap=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``titanpod-pretrain``; returns the process exit code."""
+    console = Console()
+    try:
+        recipe = parse_recipe(sys.argv[1:] if argv is None else argv)
+    except (KeyError, ValueError) as error:
+        console.print(f"[red]error:[/] {error.args[0] if error.args else error}")
+        return 2
+    if recipe is None:
+        return 0
+    console.print_json(recipe.to_json())
+    try:
+        result = run_pretraining(recipe, console)
+    except (KeyError, ValueError, RuntimeError, NotImplementedError, OSError) as error:
+        console.print(f"[red]error:[/] {error}")
+        return 1
+    print_summary(console, result)
+    return 130 if result.summary.interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

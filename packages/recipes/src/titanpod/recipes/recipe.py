@@ -1,0 +1,92 @@
+"""The typed recipe: one object that decides everything a run does."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from titanpod.device import DeviceConfig
+from titanpod.graph import TrainConfig
+from titanpod.recipes.data.config import DataConfig
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to build."""
+
+    family: str = "llama3"
+    """Model family, e.g. ``llama3``."""
+    flavor: str = "debug"
+    """Named size within the family, e.g. ``debug`` or ``8B``."""
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where a run writes, and what."""
+
+    runs_dir: str = "runs"
+    """Parent folder of run directories (relative paths are from the working directory)."""
+    run_name: str | None = None
+    """Run directory name; ``None`` means ``<recipe>-<YYYYmmdd-HHMMSS>``."""
+    save_weights: bool = True
+    """Write the final weights as safetensors under ``checkpoints/step-NNNNNN``."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A complete, reproducible description of a training run."""
+
+    name: str = "custom"
+    """Recipe name, used in run directory names."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model."""
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    """Where it runs."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """What it trains on."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """How it trains."""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """What it writes."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as plain JSON-able data."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The recipe as indented JSON (what is saved beside every run and checkpoint)."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Recipe:
+        """Rebuild a recipe from ``to_dict`` output; unknown fields are an error that names them."""
+        _reject_unknown("recipe", data, cls)
+        values: dict[str, Any] = dict(data)
+        for name, section in _SECTIONS.items():
+            if name in data:
+                _reject_unknown(f"recipe section {name!r}", data[name], section)
+                values[name] = section(**data[name])
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path: Path) -> Recipe:
+        """Read a recipe saved by ``to_json``."""
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+_SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "device": DeviceConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "output": OutputConfig,
+}
+
+
+def _reject_unknown(where: str, data: dict[str, Any], kind: type) -> None:
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(kind)})
+    if unknown:
+        raise ValueError(f"Unknown fields in {where}: {', '.join(unknown)}.")

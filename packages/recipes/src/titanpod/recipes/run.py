@@ -1,0 +1,118 @@
+"""Building a pretraining run from a recipe and running it to the end."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from torch import nn
+
+from titanpod.checkpoint import save_weights
+from titanpod.device import Backend, get_backend, process_info
+from titanpod.graph import JsonlWriter, TrainSummary, train
+from titanpod.models import build_model
+from titanpod.recipes.data import PackedBatches, builtin_corpus_path, builtin_tokenizer_path, load_tokenizer
+from titanpod.recipes.data.packing import pack_documents
+from titanpod.recipes.data.tokenizer import end_of_text_id
+from titanpod.recipes.recipe import Recipe
+
+
+@dataclass
+class PretrainResult:
+    """What a finished pretraining run leaves behind."""
+
+    run_dir: Path
+    """The run directory: recipe.json, metrics.jsonl, checkpoints/."""
+    summary: TrainSummary
+    """The training loop's summary."""
+    weights_path: Path | None
+    """The saved weights, if any."""
+    lane: str
+    """The lane the run used."""
+    parameters: int
+    """Parameter count of the model."""
+
+
+def prepare_run_dir(recipe: Recipe) -> Path:
+    """Create the run directory and write the recipe into it; fail early if it cannot be written."""
+    name = recipe.output.run_name or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(recipe.output.runs_dir) / name
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "recipe.json").write_text(recipe.to_json(), encoding="utf-8")
+    except OSError as error:
+        raise PermissionError(
+            f"Cannot write the run directory {run_dir}: {error.strerror}. "
+            "Choose another with --output.runs-dir or --output.run-name."
+        ) from error
+    return run_dir
+
+
+def build_batches(recipe: Recipe, vocab_size: int, rank: int, world_size: int) -> PackedBatches:
+    """Tokenize the recipe's data and pack it into batches for this process."""
+    data = recipe.data
+    if data.source != "builtin":
+        raise ValueError(f"Unknown data.source {data.source!r}: this version reads only 'builtin'.")
+    tokenizer_path = builtin_tokenizer_path() if data.tokenizer == "builtin" else Path(data.tokenizer)
+    tokenizer = load_tokenizer(tokenizer_path)
+    if tokenizer.get_vocab_size() > vocab_size:
+        raise ValueError(
+            f"The tokenizer at {tokenizer_path} has {tokenizer.get_vocab_size():,} tokens but the model's vocabulary "
+            f"has {vocab_size:,} rows; pick a model flavor with a larger vocabulary or a smaller tokenizer."
+        )
+    documents = builtin_corpus_path().read_text(encoding="utf-8").split("\n\n")
+    tokens_N = pack_documents(documents, tokenizer, end_of_text_id(tokenizer))
+    return PackedBatches(tokens_N, data.seq_len, data.batch_size, recipe.train.seed, rank, world_size)
+
+
+def build_initialised_model(recipe: Recipe, backend: Backend) -> nn.Module:
+    """Build the recipe's model on the meta device, then materialise and initialise it on the backend's device."""
+    model = build_model(recipe.model.family, recipe.model.flavor)
+    model.to_empty(device=backend.device(process_info().local_rank))
+    model.init_weights(recipe.train.seed)  # type: ignore[operator]
+    return model
+
+
+def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainResult:
+    """Train the recipe's model on its data and write metrics and weights to a new run directory."""
+    info = process_info()
+    if info.world_size > 1:
+        raise NotImplementedError(
+            "Multi-process pretraining needs a sharding plan from titanpod.parallel, which this version lacks; "
+            "run one process (without torchrun)."
+        )
+    backend = get_backend(recipe.device.lane)
+    run_dir = prepare_run_dir(recipe)
+    torch.manual_seed(recipe.train.seed)
+    model = build_initialised_model(recipe, backend)
+    batches = build_batches(recipe, model.args.vocab_size, info.rank, info.world_size)  # type: ignore[union-attr]
+    parameters = sum(p.numel() for p in model.parameters())
+    if console is not None:
+        console.print(
+            f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family} {recipe.model.flavor}: "
+            f"{parameters:,} parameters; {batches.batches_per_epoch} batches per epoch; run directory {run_dir}"
+        )
+    writer = JsonlWriter(run_dir / "metrics.jsonl")
+    try:
+        summary = train(
+            model,
+            batches,
+            recipe.train,
+            backend,
+            flops_per_token=model.flops_per_token(recipe.data.seq_len),  # type: ignore[operator]
+            world_size=info.world_size,
+            on_report=writer.write,
+            console=console,
+        )
+    finally:
+        writer.close()
+    weights_path = None
+    if recipe.output.save_weights and summary.steps_done > 0:
+        step_dir = run_dir / "checkpoints" / f"step-{summary.steps_done:06d}"
+        weights_path = save_weights(
+            model, step_dir, {"step": summary.steps_done}, extra_files={"recipe.json": recipe.to_json()}
+        )
+    return PretrainResult(run_dir, summary, weights_path, backend.lane, parameters)
