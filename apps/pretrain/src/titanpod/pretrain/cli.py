@@ -14,6 +14,7 @@ import sys
 
 import tyro
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, PretrainResult, Recipe, get_recipe, run_pretraining
@@ -64,21 +65,27 @@ def print_summary(console: Console, result: PretrainResult) -> None:
     console.print(f"weights: {result.weights_path or 'not saved'}", soft_wrap=True)
 
 
+def print_error(error: BaseException) -> None:
+    """Print ``error`` to stderr, unwrapped and with no markup read into its text."""
+    text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(text))}", soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``titanpod-pretrain``; returns the process exit code."""
     console = Console()
     try:
         recipe = parse_recipe(sys.argv[1:] if argv is None else argv)
     except (KeyError, ValueError) as error:
-        console.print(f"[red]error:[/] {error.args[0] if error.args else error}")
+        print_error(error)
         return 2
     if recipe is None:
         return 0
     console.print_json(recipe.to_json())
     try:
         result = run_pretraining(recipe, console)
-    except (KeyError, ValueError, RuntimeError, NotImplementedError, OSError) as error:
-        console.print(f"[red]error:[/] {error}")
+    except (KeyError, ValueError, RuntimeError, OSError) as error:  # NotImplementedError is a RuntimeError
+        print_error(error)
         return 1
     print_summary(console, result)
     return 130 if result.summary.interrupted else 0

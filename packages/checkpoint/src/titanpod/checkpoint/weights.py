@@ -63,7 +63,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
     tensors = _distinct_tensors(model)
     expected = {name: tuple(t.shape) for name, t in tensors.items()}
     with safe_open(str(path), framework="pt") as handle:
-        found = {name: tuple(handle.get_slice(name).get_shape()) for name in handle}
+        found = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118 - safe_open is not iterable
         problems = [f"missing: {name} {shape}" for name, shape in expected.items() if name not in found]
         problems += [f"unexpected: {name} {shape}" for name, shape in found.items() if name not in expected]
         problems += [

@@ -44,7 +44,7 @@ def prepare_run_dir(recipe: Recipe) -> Path:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "recipe.json").write_text(recipe.to_json(), encoding="utf-8")
     except OSError as error:
-        raise PermissionError(
+        raise OSError(
             f"Cannot write the run directory {run_dir}: {error.strerror}. "
             "Choose another with --output.runs-dir or --output.run-name."
         ) from error

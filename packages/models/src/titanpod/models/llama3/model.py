@@ -85,9 +85,14 @@ class Llama3(nn.Module):
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(TransformerBlock(args, self.ops) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        if args.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+        # A tied model has no output layer of its own: the head reads the embedding table, so
+        # no two parameters alias (aliases break under to_empty, sharding and safetensors).
+        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The output projection, [V, M]: the embedding table when embeddings are tied."""
+        return self.tok_embeddings.weight if self.output is None else self.output.weight
 
     def hidden_states(self, tokens_BS: torch.Tensor) -> torch.Tensor:
         """Final-norm hidden states, shape [B, S, M]."""
@@ -101,11 +106,11 @@ class Llama3(nn.Module):
 
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
         """Next-token logits, shape [B, S, V]."""
-        return self.output(self.hidden_states(tokens_BS))
+        return F.linear(self.hidden_states(tokens_BS), self.head_weight)
 
     def loss(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy against ``labels_BS`` (``IGNORE_INDEX`` skipped)."""
-        return self.ops.head_loss(self.hidden_states(tokens_BS), self.output.weight, labels_BS)
+        return self.ops.head_loss(self.hidden_states(tokens_BS), self.head_weight, labels_BS)
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:

@@ -1,0 +1,63 @@
+"""The chip table and the CPU peak probe."""
+
+import pytest
+
+from titanpod.device import CHIPS, chip_by_name, measure_cpu_peak
+from titanpod.device.chips import GB, GiB
+
+
+@pytest.mark.parametrize(
+    ("name", "tflops", "memory"),
+    [
+        ("v4", 275, 32 * GiB),
+        ("v5e", 197, 16 * GiB),
+        ("v5p", 459, 95 * GiB),
+        ("v6e", 918, 32 * GiB),
+        ("h100", 989, 80 * GB),
+        ("h200", 989, 141 * GB),
+        ("b200", 2250, 180 * GB),
+    ],
+)
+def test_published_peaks_per_device(name, tflops, memory):
+    chip = CHIPS[name]
+    assert chip.peak_flops == tflops * 1e12
+    assert chip.memory_bytes == memory
+    assert chip.devices_per_chip == 1
+
+
+def test_v7_splits_the_chip_into_two_devices():
+    v7 = CHIPS["v7"]
+    assert v7.devices_per_chip == 2
+    assert v7.peak_flops * 2 == pytest.approx(2307e12)
+    assert v7.memory_bytes * 2 == 192 * GB
+
+
+@pytest.mark.parametrize(
+    ("spelling", "canonical"),
+    [
+        ("v5p-128", "v5p"),
+        ("TPU v5p", "v5p"),
+        ("TPU v5 lite", "v5e"),
+        ("v5litepod-16", "v5e"),
+        ("TPU v6 lite", "v6e"),
+        ("trillium", "v6e"),
+        ("TPU7x", "v7"),
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA B200", "b200"),
+    ],
+)
+def test_loose_names_find_the_chip(spelling, canonical):
+    assert chip_by_name(spelling).name == canonical
+
+
+def test_unknown_chip_lists_the_known_ones():
+    with pytest.raises(KeyError, match=r"known chips: v4, v5e, v5p.*Did you mean 'v5p'"):
+        chip_by_name("v5q")
+
+
+def test_cpu_probe_measures_a_positive_matmul_rate():
+    chip = measure_cpu_peak(size=256, seconds=0.05)
+    assert chip.measured and chip.name == "cpu"
+    assert 1e8 < chip.peak_flops < 1e14  # between a toaster and a rack of GPUs
+    assert chip.memory_bytes > 0

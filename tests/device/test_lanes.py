@@ -1,0 +1,92 @@
+"""Lane resolution: config first, then TITANPOD_LANE, then the automatic order; clear errors."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from titanpod.device import LaneUnavailableError, get_backend, resolve_lane
+from titanpod.device.lanes import auto_lane, check_lane_name, tpu_attached, unavailable_reason
+
+
+def test_cpu_machine_resolves_auto_to_cpu():
+    assert not torch.cuda.is_available()  # this suite runs on CPU-only machines
+    assert resolve_lane("auto", environ={}) == "cpu"
+    assert auto_lane() == "cpu"
+
+
+def test_environment_variable_overrides_auto():
+    assert resolve_lane("auto", environ={"TITANPOD_LANE": "xla"}) == "xla"
+    assert resolve_lane("auto", environ={"TITANPOD_LANE": " CPU "}) == "cpu"
+    assert resolve_lane("auto", environ={"TITANPOD_LANE": "auto"}) == "cpu"
+    assert resolve_lane("auto", environ={"TITANPOD_LANE": ""}) == "cpu"
+
+
+def test_config_wins_over_environment_variable():
+    assert resolve_lane("cpu", environ={"TITANPOD_LANE": "tpu"}) == "cpu"
+
+
+def test_unknown_lane_names_the_choices_and_the_closest():
+    with pytest.raises(ValueError, match=r"Unknown lane 'tpus'.*Did you mean 'tpu'"):
+        resolve_lane("tpus", environ={})
+    with pytest.raises(ValueError, match="Unknown lane 'gpu'"):
+        resolve_lane("auto", environ={"TITANPOD_LANE": "gpu"})
+    assert check_lane_name("torch-xla") == "torch_xla"
+
+
+def test_tpu_lane_without_torch_tpu_says_how_to_install_it():
+    with pytest.raises(LaneUnavailableError) as caught:
+        resolve_lane("tpu", environ={})
+    message = str(caught.value)
+    assert "torch_tpu" in message
+    assert "titanpod-device[tpu]" in message
+    assert "run's config" in message
+
+
+def test_error_names_the_environment_variable_when_it_chose_the_lane():
+    with pytest.raises(LaneUnavailableError, match="TITANPOD_LANE"):
+        resolve_lane("auto", environ={"TITANPOD_LANE": "cuda"})
+
+
+def test_cuda_and_torch_xla_errors_name_the_fix():
+    cuda = unavailable_reason("cuda")
+    assert cuda is not None and "CUDA" in cuda and "TITANPOD_LANE=cpu" in cuda
+    legacy = unavailable_reason("torch_xla")
+    assert legacy is not None and "pip install torch_xla" in legacy
+
+
+def test_tpu_probe_reads_device_nodes_and_pci_vendors(tmp_path: Path):
+    assert not tpu_attached(tmp_path)
+    pci = tmp_path / "sys/bus/pci/devices/0000:00:04.0"
+    pci.mkdir(parents=True)
+    (pci / "vendor").write_text("0x8086\n")
+    assert not tpu_attached(tmp_path)
+    (pci / "vendor").write_text("0x1ae0\n")
+    assert tpu_attached(tmp_path)
+    other = tmp_path / "other"
+    (other / "dev").mkdir(parents=True)
+    (other / "dev/accel0").touch()
+    assert tpu_attached(other)
+
+
+def test_cpu_backend_basics():
+    backend = get_backend("cpu")
+    assert backend.lane == "cpu"
+    assert backend.device() == torch.device("cpu")
+    assert backend.dist_backend == "gloo" and backend.compile_backend == "inductor"
+    backend.synchronize()
+    stats = backend.memory_stats()
+    assert stats.kind == "host"
+    assert 0 < stats.current_bytes <= stats.peak_bytes
+    assert stats.limit_bytes is not None and stats.peak_bytes < stats.limit_bytes
+
+
+def test_xla_backend_runs_torch_ops_on_jax_arrays():
+    backend = get_backend("xla")
+    assert backend.device().type == "jax"
+    with backend.runtime():
+        x = torch.arange(6.0, device=backend.device()).reshape(2, 3)
+        total = (x * 2).sum()
+        assert total.device.type == "jax"
+        assert float(total.cpu()) == 30.0
+    backend.synchronize()

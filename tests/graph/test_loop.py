@@ -1,0 +1,62 @@
+"""The eager training loop on a tiny model."""
+
+import itertools
+
+import pytest
+import torch
+
+from titanpod.device import get_backend
+from titanpod.graph import TrainConfig, train
+from titanpod.models.llama3 import Llama3, Llama3Args
+
+TINY = Llama3Args(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=16, ffn_dim=48, max_seq_len=32)
+
+
+def tiny_model() -> Llama3:
+    with torch.device("meta"):
+        model = Llama3(TINY)
+    model.to_empty(device="cpu")
+    model.init_weights(0)
+    return model
+
+
+def repeating_batches():
+    """A fixed pattern the model can learn: token i is followed by i + 1 (mod 16)."""
+    sequence = torch.arange(17) % 16
+    batch = sequence.expand(4, 17)
+    return itertools.repeat((batch[:, :-1], batch[:, 1:]))
+
+
+def test_loss_falls_and_reports_arrive_every_log_interval():
+    reports = []
+    config = TrainConfig(steps=30, lr=1e-2, warmup_steps=2, log_every=10, grad_clip=1.0)
+    summary = train(
+        tiny_model(), repeating_batches(), config, get_backend("cpu"), flops_per_token=1e6, on_report=reports.append
+    )
+    assert summary.steps_done == 30 and len(summary.losses) == 30
+    assert summary.losses[-1] < 0.5 * summary.losses[0]
+    assert [r.step for r in reports] == [10, 20, 30]
+    assert reports[0].loss == pytest.approx(sum(summary.losses[:10]) / 10)
+    assert reports[-1].lr == pytest.approx(config.lr * config.min_lr_ratio)
+    assert summary.tokens_per_second > 0 and summary.mfu > 0
+    assert not summary.interrupted
+
+
+def test_same_seed_same_losses():
+    config = TrainConfig(steps=5, warmup_steps=1, log_every=5)
+    first = train(tiny_model(), repeating_batches(), config, get_backend("cpu"), flops_per_token=1.0)
+    second = train(tiny_model(), repeating_batches(), config, get_backend("cpu"), flops_per_token=1.0)
+    assert first.losses == second.losses
+
+
+def test_ctrl_c_stops_after_the_finished_steps():
+    def interrupted_after(n):
+        for index, batch in enumerate(repeating_batches()):
+            if index == n:
+                raise KeyboardInterrupt
+            yield batch
+
+    config = TrainConfig(steps=20, warmup_steps=1, log_every=4)
+    summary = train(tiny_model(), interrupted_after(6), config, get_backend("cpu"), flops_per_token=1.0)
+    assert summary.interrupted
+    assert summary.steps_done == 6 and len(summary.losses) == 6

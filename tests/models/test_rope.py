@@ -1,0 +1,43 @@
+"""Rotary embeddings: rotate-half layout, relative-position property, Llama 3.1 scaling."""
+
+import math
+
+import torch
+
+from titanpod.models.common.rope import Llama3RopeScaling, apply_rotary, inverse_frequencies, rotary_cos_sin
+
+
+def test_unscaled_frequencies_are_theta_powers():
+    inv = inverse_frequencies(8, 10000.0)
+    expected = torch.tensor([10000.0 ** (-i / 8) for i in (0, 2, 4, 6)])
+    torch.testing.assert_close(inv, expected)
+
+
+def test_scores_depend_only_on_relative_position():
+    inv = inverse_frequencies(16, 500000.0)
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
+    def score(pos_q: int, pos_k: int) -> torch.Tensor:
+        cos, sin = rotary_cos_sin(torch.tensor([pos_q, pos_k]), inv, torch.float32)
+        rq = apply_rotary(q, cos[:1], sin[:1])
+        rk = apply_rotary(k, cos[1:], sin[1:])
+        return (rq * rk).sum()
+
+    torch.testing.assert_close(score(5, 2), score(13, 10))
+    torch.testing.assert_close(score(0, 0), (q * k).sum())
+
+
+def test_llama31_scaling_keeps_high_and_divides_low_frequencies():
+    scaling = Llama3RopeScaling(
+        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+    )
+    plain = inverse_frequencies(128, 500000.0)
+    scaled = inverse_frequencies(128, 500000.0, scaling)
+    wavelength = 2 * math.pi / plain
+    high = wavelength < 8192 / 4
+    low = wavelength > 8192 / 1
+    torch.testing.assert_close(scaled[high], plain[high])
+    torch.testing.assert_close(scaled[low], plain[low] / 8)
+    middle = ~(high | low)
+    assert middle.any()
+    assert torch.all(scaled[middle] < plain[middle]) and torch.all(scaled[middle] > plain[middle] / 8)

@@ -1,0 +1,46 @@
+"""Recipes: lookup, JSON round trip, and errors that name the field."""
+
+import dataclasses
+
+import pytest
+
+from titanpod.recipes import RECIPES, Recipe, get_recipe, run_pretraining
+from titanpod.recipes.run import build_batches
+
+
+def test_every_named_recipe_builds_and_round_trips_through_json(tmp_path):
+    for name in RECIPES:
+        recipe = get_recipe(name)
+        assert recipe.name == name
+        path = tmp_path / f"{name}.json"
+        path.write_text(recipe.to_json())
+        assert Recipe.load(path) == recipe
+
+
+def test_unknown_recipe_suggests_the_closest():
+    with pytest.raises(KeyError, match="Did you mean 'llama3_debug'"):
+        get_recipe("llama3_debgu")
+
+
+def test_unknown_fields_are_named():
+    data = get_recipe("llama3_debug").to_dict()
+    data["train"]["stepz"] = 3
+    with pytest.raises(ValueError, match="recipe section 'train': stepz"):
+        Recipe.from_dict(data)
+    with pytest.raises(ValueError, match="Unknown fields in recipe: optimiser"):
+        Recipe.from_dict({"optimiser": {}})
+
+
+def test_tokenizer_larger_than_the_model_vocabulary_is_rejected_before_training():
+    recipe = get_recipe("llama3_debug")
+    with pytest.raises(ValueError, match=r"tokenizer .* has 1,\d+ tokens but the model's vocabulary has 512 rows"):
+        build_batches(recipe, vocab_size=512, rank=0, world_size=1)
+
+
+def test_unwritable_run_directory_fails_before_any_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    recipe = get_recipe("llama3_debug")
+    recipe = dataclasses.replace(recipe, output=dataclasses.replace(recipe.output, runs_dir=str(blocker)))
+    with pytest.raises(OSError, match="Cannot write the run directory"):
+        run_pretraining(recipe)
