@@ -1,6 +1,8 @@
 """The eager training loop on a tiny model."""
 
 import itertools
+import os
+import signal
 
 import pytest
 import torch
@@ -49,14 +51,25 @@ def test_same_seed_same_losses():
     assert first.losses == second.losses
 
 
-def test_ctrl_c_stops_after_the_finished_steps():
-    def interrupted_after(n):
+def test_ctrl_c_finishes_the_step_in_flight_then_stops():
+    def ctrl_c_during(step_index):
         for index, batch in enumerate(repeating_batches()):
-            if index == n:
-                raise KeyboardInterrupt
+            if index == step_index:
+                os.kill(os.getpid(), signal.SIGINT)
             yield batch
 
     config = TrainConfig(steps=20, warmup_steps=1, log_every=4)
-    summary = train(tiny_model(), interrupted_after(6), config, get_backend("cpu"), flops_per_token=1.0)
+    summary = train(tiny_model(), ctrl_c_during(5), config, get_backend("cpu"), flops_per_token=1.0)
     assert summary.interrupted
     assert summary.steps_done == 6 and len(summary.losses) == 6
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_exception_out_of_the_data_stops_with_the_finished_steps():
+    def broken_after(n):
+        yield from itertools.islice(repeating_batches(), n)
+        raise KeyboardInterrupt
+
+    config = TrainConfig(steps=20, warmup_steps=1, log_every=4)
+    summary = train(tiny_model(), broken_after(3), config, get_backend("cpu"), flops_per_token=1.0)
+    assert summary.interrupted and summary.steps_done == 3

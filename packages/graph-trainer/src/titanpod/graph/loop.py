@@ -18,6 +18,7 @@ from torch import nn
 
 from titanpod.device import Backend
 from titanpod.graph.config import TrainConfig
+from titanpod.graph.interrupt import stop_after_step
 from titanpod.graph.metrics import StepMetrics, mfu
 from titanpod.graph.optimizer import build_adamw
 from titanpod.graph.schedule import lr_multiplier
@@ -84,8 +85,9 @@ def train(
     """Train ``model`` (which must have ``loss(tokens, labels)``) for ``config.steps`` steps.
 
     Losses stay on the device and are read back every ``config.log_every`` steps, so the
-    loop waits for the device only when it reports. Ctrl-C stops after the current step
-    and returns a summary marked ``interrupted``; the model keeps the weights it reached.
+    loop waits for the device only when it reports. Ctrl-C lets the step in flight finish,
+    then stops and returns a summary marked ``interrupted``; the model keeps the weights it
+    reached. A second Ctrl-C interrupts at once.
     """
     if backend.lane == "xla":
         raise NotImplementedError(
@@ -104,7 +106,7 @@ def train(
     start = last_report = time.perf_counter()
     first_step_end = start
     grad_norm = torch.zeros(())
-    with _progress(console) as progress:
+    with _progress(console) as progress, stop_after_step() as stop:
         task = progress.add_task("train", total=config.steps, loss="-", tps="-")
         try:
             for step in range(1, config.steps + 1):
@@ -150,7 +152,10 @@ def train(
                     tokens_since, last_report = 0, now
                     progress.update(task, loss=f"{report.loss:.4f}", tps=f"{tps:,.0f}")
                 progress.update(task, completed=step)
-        except KeyboardInterrupt:
+                if stop.requested and step < config.steps:
+                    interrupted = True
+                    break
+        except KeyboardInterrupt:  # a second Ctrl-C, or a signal outside the main thread
             interrupted = True
     backend.synchronize()
     end = time.perf_counter()
