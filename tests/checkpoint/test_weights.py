@@ -7,14 +7,14 @@ import torch
 from safetensors import safe_open
 
 from titanpod.checkpoint import CheckpointMismatchError, atomic_directory, load_weights, save_weights
-from titanpod.models.llama3 import Llama3, Llama3Args
+from titanpod.models import DecoderArgs, Transformer
 
-ARGS = Llama3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=64, ffn_dim=48)
+ARGS = DecoderArgs(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=64, ffn_dim=48)
 
 
-def model(seed: int, args: Llama3Args = ARGS) -> Llama3:
+def model(seed: int, args: DecoderArgs = ARGS) -> Transformer:
     with torch.device("meta"):
-        built = Llama3(args)
+        built = Transformer(args)
     built.to_empty(device="cpu")
     built.init_weights(seed)
     return built
@@ -33,7 +33,7 @@ def test_round_trip_is_bit_exact(tmp_path):
 
 
 def test_tied_weights_are_stored_once(tmp_path):
-    tied = Llama3Args(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=64, ffn_dim=48, tie_embeddings=True)
+    tied = DecoderArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=64, ffn_dim=48, tie_embeddings=True)
     path = save_weights(model(0, tied), tmp_path / "w")
     with safe_open(str(path), framework="pt") as handle:
         names = set(handle.keys())
@@ -45,7 +45,7 @@ def test_tied_weights_are_stored_once(tmp_path):
 
 def test_mismatch_lists_every_problem_and_leaves_the_model_untouched(tmp_path):
     path = save_weights(model(0), tmp_path / "w")
-    other_args = Llama3Args(dim=32, n_layers=3, n_heads=2, n_kv_heads=1, vocab_size=80, ffn_dim=48)
+    other_args = DecoderArgs(dim=32, n_layers=3, n_heads=2, n_kv_heads=1, vocab_size=80, ffn_dim=48)
     target = model(1, other_args)
     before = {k: v.clone() for k, v in target.state_dict().items()}
     with pytest.raises(CheckpointMismatchError) as caught:

@@ -9,14 +9,14 @@ import torch
 
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
-from titanpod.models.llama3 import Llama3, Llama3Args
+from titanpod.models import DecoderArgs, Transformer
 
-TINY = Llama3Args(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=16, ffn_dim=48, max_seq_len=32)
+TINY = DecoderArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=16, ffn_dim=48, max_seq_len=32)
 
 
-def tiny_model() -> Llama3:
+def tiny_model() -> Transformer:
     with torch.device("meta"):
-        model = Llama3(TINY)
+        model = Transformer(TINY)
     model.to_empty(device="cpu")
     model.init_weights(0)
     return model

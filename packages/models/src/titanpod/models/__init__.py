@@ -1,22 +1,38 @@
 """titanpod.models: single-device PyTorch model code, built on the meta device.
 
-A family is a model class, an args dataclass and named flavors. Each model takes a
-``ModelOps`` for its swappable slots; the defaults are PyTorch references.
+Llama 3, Qwen 3 and Qwen 3 MoE are one ``Transformer`` class configured by ``DecoderArgs``;
+a family is a set of named flavors and a Hugging Face adapter. Each model takes a
+``ModelOps`` for its swappable slots (attention, head + loss, expert matmul); the defaults
+are PyTorch references.
 """
 
+from titanpod.models.common.args import DecoderArgs, MoEArgs
 from titanpod.models.common.counting import decoder_flops_per_token, parameter_count
-from titanpod.models.common.ops import IGNORE_INDEX, ModelOps, linear_cross_entropy, sdpa_attention
+from titanpod.models.common.ops import (
+    IGNORE_INDEX,
+    ModelOps,
+    linear_cross_entropy,
+    looped_grouped_matmul,
+    sdpa_attention,
+)
+from titanpod.models.common.rope import Llama3RopeScaling
+from titanpod.models.common.transformer import Transformer
 from titanpod.models.registry import FAMILIES, ModelFamily, build_model, get_flavor
 
 __all__ = [
     "FAMILIES",
     "IGNORE_INDEX",
+    "DecoderArgs",
+    "Llama3RopeScaling",
+    "MoEArgs",
     "ModelFamily",
     "ModelOps",
+    "Transformer",
     "build_model",
     "decoder_flops_per_token",
     "get_flavor",
     "linear_cross_entropy",
+    "looped_grouped_matmul",
     "parameter_count",
     "sdpa_attention",
 ]

@@ -3,34 +3,40 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
+from titanpod.models.common.args import DecoderArgs
 from titanpod.models.common.ops import ModelOps
-from titanpod.models.llama3 import LLAMA3_FLAVORS, Llama3
+from titanpod.models.common.transformer import Transformer
+from titanpod.models.llama3 import LLAMA3_FLAVORS
+from titanpod.models.qwen3 import QWEN3_FLAVORS
+from titanpod.models.qwen3_moe import QWEN3_MOE_FLAVORS
 
 
 @dataclass(frozen=True)
 class ModelFamily:
-    """How to build one family: its class and its named shapes."""
+    """One model family: its name and its named shapes (all are built as ``Transformer``)."""
 
     name: str
     """Family name used in recipes, e.g. ``llama3``."""
-    model_class: Callable[..., nn.Module]
-    """Called as ``model_class(args, ops)``."""
-    flavors: Mapping[str, Any]
-    """Flavor name -> args dataclass."""
+    flavors: Mapping[str, DecoderArgs]
+    """Flavor name -> shape."""
 
 
-FAMILIES: Mapping[str, ModelFamily] = {"llama3": ModelFamily("llama3", Llama3, LLAMA3_FLAVORS)}
+FAMILIES: Mapping[str, ModelFamily] = {
+    "llama3": ModelFamily("llama3", LLAMA3_FLAVORS),
+    "qwen3": ModelFamily("qwen3", QWEN3_FLAVORS),
+    "qwen3_moe": ModelFamily("qwen3_moe", QWEN3_MOE_FLAVORS),
+}
 """Every model family titanpod ships."""
 
 
-def _choose(kind: str, name: str, options: Mapping[str, Any]) -> Any:
+def choose(kind: str, name: str, options: Mapping[str, Any]) -> Any:
+    """``options[name]``, or a ``KeyError`` that lists the options and names the closest."""
     if name in options:
         return options[name]
     close = difflib.get_close_matches(name, list(options), n=1)
@@ -38,19 +44,20 @@ def _choose(kind: str, name: str, options: Mapping[str, Any]) -> Any:
     raise KeyError(f"Unknown {kind} {name!r}; choose one of {', '.join(options)}.{hint}")
 
 
-def get_flavor(family: str, flavor: str) -> Any:
-    """The args dataclass of ``family``'s ``flavor``; ``KeyError`` names the closest match."""
-    return _choose(f"{family} flavor", flavor, _choose("model family", family, FAMILIES).flavors)
+def get_flavor(family: str, flavor: str) -> DecoderArgs:
+    """The shape of ``family``'s ``flavor``; ``KeyError`` names the closest match."""
+    return choose(f"{family} flavor", flavor, choose("model family", family, FAMILIES).flavors)
 
 
 def build_model(
-    family: str, flavor: str, ops: ModelOps | None = None, device: torch.device | str = "meta"
-) -> nn.Module:
-    """Build ``family``/``flavor`` with the given slot ops, uninitialised, on ``device``.
+    family: str, flavor: str | DecoderArgs, ops: ModelOps | None = None, device: torch.device | str = "meta"
+) -> Transformer:
+    """Build ``family`` at a named ``flavor`` (or explicit args) with the given slot ops, uninitialised.
 
-    On the meta device nothing is allocated; move with ``model.to_empty(device=...)`` and
-    call ``model.init_weights(seed)``.
+    On the meta device (the default) nothing is allocated; move with
+    ``model.to_empty(device=...)`` and call ``model.init_weights(seed)``.
     """
-    args = get_flavor(family, flavor)
+    choose("model family", family, FAMILIES)
+    args = get_flavor(family, flavor) if isinstance(flavor, str) else flavor
     with torch.device(device):
-        return FAMILIES[family].model_class(args, ops)
+        return Transformer(args, ops)

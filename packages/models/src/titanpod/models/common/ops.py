@@ -1,7 +1,8 @@
 """The swappable ops behind a model's slots, and their PyTorch references.
 
 Legend: B batch, S sequence, H query heads, K key/value heads, D head dim, M model dim,
-V vocabulary.
+V vocabulary, T rows (tokens routed to experts, grouped by expert), E experts, I input
+width, O output width.
 
 A model takes a ``ModelOps`` when it is built; other layers (titanpod.kernels) provide
 faster ops with the same signatures and prove them equal to these references.
@@ -35,6 +36,14 @@ class HeadLossOp(Protocol):
         ...
 
 
+class ExpertMatmulOp(Protocol):
+    """Grouped matmul: rows of ``x`` are grouped by expert; each group meets its own weight."""
+
+    def __call__(self, x_TI: torch.Tensor, w_EOI: torch.Tensor, group_sizes_E: torch.Tensor) -> torch.Tensor:
+        """Return [T, O]: rows of group e times ``w_EOI[e].T``; groups are consecutive, sizes sum to T."""
+        ...
+
+
 def sdpa_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
     """Reference attention: ``torch.nn.functional.scaled_dot_product_attention``, causal, GQA."""
     return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=True)
@@ -46,6 +55,13 @@ def linear_cross_entropy(h_BSM: torch.Tensor, weight_VM: torch.Tensor, labels_BS
     return F.cross_entropy(logits_BSV.flatten(0, 1).float(), labels_BS.flatten(), ignore_index=IGNORE_INDEX)
 
 
+def looped_grouped_matmul(x_TI: torch.Tensor, w_EOI: torch.Tensor, group_sizes_E: torch.Tensor) -> torch.Tensor:
+    """Reference grouped matmul: one ``x_g @ w_e.T`` per expert, concatenated."""
+    groups = torch.split(x_TI, group_sizes_E.tolist())
+    outputs = [group @ w_EOI[e].T for e, group in enumerate(groups)]
+    return torch.cat(outputs) if outputs else x_TI.new_empty(0, w_EOI.shape[1])
+
+
 @dataclass(frozen=True)
 class ModelOps:
     """The ops a model calls through its slots. Defaults are the PyTorch references."""
@@ -54,3 +70,5 @@ class ModelOps:
     """Attention slot (titanpod.kernels offers Splash attention)."""
     head_loss: HeadLossOp = linear_cross_entropy
     """Output head + loss slot (titanpod.kernels offers a fused, chunked version)."""
+    expert_matmul: ExpertMatmulOp = looped_grouped_matmul
+    """Expert matmul slot of MoE layers (titanpod.kernels offers a grouped-matmul kernel)."""

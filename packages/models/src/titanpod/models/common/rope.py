@@ -28,9 +28,14 @@ class Llama3RopeScaling:
     """Context length of the model before scaling."""
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: Llama3RopeScaling | None = None) -> torch.Tensor:
-    """The ``head_dim / 2`` rotary frequencies, with Llama 3.1 scaling when given (fp32)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+def inverse_frequencies(
+    head_dim: int, theta: float, scaling: Llama3RopeScaling | None = None, device: torch.device | None = None
+) -> torch.Tensor:
+    """The ``head_dim / 2`` rotary frequencies, with Llama 3.1 scaling when given.
+
+    Computed in fp32, as the published reference implementations do, so angles match theirs.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
     if scaling is not None:
         low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
         high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
@@ -42,14 +47,14 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: Llama3RopeScaling 
         inv_freq = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
         in_between = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
         inv_freq = torch.where(in_between, blended, inv_freq)
-    return inv_freq.float()
+    return inv_freq
 
 
 def rotary_cos_sin(
     positions_S: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of shape [S, D] for the given positions (D = 2 x len(inv_freq))."""
-    angles_SD2 = positions_S.float()[:, None] * inv_freq.to(positions_S.device)[None, :]
+    angles_SD2 = positions_S.float()[:, None] * inv_freq[None, :]
     angles_SD = torch.cat((angles_SD2, angles_SD2), dim=-1)
     return angles_SD.cos().to(dtype), angles_SD.sin().to(dtype)
 

@@ -1,7 +1,5 @@
 """Llama 3 / 3.1 / 3.2: GQA, SwiGLU, RMSNorm, RoPE with the Llama 3.1 frequency scaling."""
 
-from titanpod.models.llama3.args import Llama3Args
 from titanpod.models.llama3.flavors import LLAMA3_FLAVORS
-from titanpod.models.llama3.model import Llama3
 
-__all__ = ["LLAMA3_FLAVORS", "Llama3", "Llama3Args"]
+__all__ = ["LLAMA3_FLAVORS"]

@@ -9,15 +9,14 @@ import math
 import pytest
 import torch
 
-from titanpod.models import IGNORE_INDEX, ModelOps, build_model, get_flavor, parameter_count
-from titanpod.models.llama3 import Llama3, Llama3Args
+from titanpod.models import IGNORE_INDEX, DecoderArgs, ModelOps, Transformer, build_model, get_flavor, parameter_count
 
-TINY = Llama3Args(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=96, max_seq_len=64)
+TINY = DecoderArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=96, max_seq_len=64)
 
 
-def tiny_model(seed: int = 0, ops: ModelOps | None = None) -> Llama3:
+def tiny_model(seed: int = 0, ops: ModelOps | None = None) -> Transformer:
     with torch.device("meta"):
-        model = Llama3(TINY, ops)
+        model = Transformer(TINY, ops)
     model.to_empty(device="cpu")
     model.init_weights(seed)
     return model
@@ -115,9 +114,9 @@ def test_slots_route_attention_and_head_loss_through_the_given_ops():
 
 
 def test_tied_embeddings_use_the_table_as_the_head_after_materialising():
-    args = Llama3Args(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=64, ffn_dim=48, tie_embeddings=True)
+    args = DecoderArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=64, ffn_dim=48, tie_embeddings=True)
     with torch.device("meta"):
-        model = Llama3(args)
+        model = Transformer(args)
     assert model.flops_per_token(8) == 6 * parameter_count(model) + 12 * 1 * 2 * 16 * 8
     model.to_empty(device="cpu")
     model.init_weights(0)
@@ -130,6 +129,6 @@ def test_tied_embeddings_use_the_table_as_the_head_after_materialising():
 
 def test_args_reject_inconsistent_heads():
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        Llama3Args(dim=64, n_heads=4, n_kv_heads=3)
+        DecoderArgs(dim=64, n_heads=4, n_kv_heads=3)
     with pytest.raises(ValueError, match="divisible by n_heads"):
-        Llama3Args(dim=65, n_heads=4, n_kv_heads=2)
+        DecoderArgs(dim=65, n_heads=4, n_kv_heads=2)

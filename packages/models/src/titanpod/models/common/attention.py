@@ -1,0 +1,43 @@
+"""Grouped-query self-attention with rotary embeddings; the core op is a slot.
+
+Legend: B batch, S sequence, M model dim, H query heads, K key/value heads, D head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from titanpod.models.common.args import DecoderArgs
+from titanpod.models.common.norms import RMSNorm
+from titanpod.models.common.ops import AttentionOp
+from titanpod.models.common.rope import apply_rotary
+
+
+class Attention(nn.Module):
+    """Project to heads, optionally RMSNorm each head (Qwen 3), rotate, attend, project back."""
+
+    def __init__(self, args: DecoderArgs, attention_op: AttentionOp) -> None:
+        super().__init__()
+        self.n_heads = args.n_heads
+        self.n_kv_heads = args.n_kv_heads
+        self.head_dim = args.resolved_head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
+        self.attention_op = attention_op
+
+    def forward(self, x_BSM: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor) -> torch.Tensor:
+        B, S, _ = x_BSM.shape
+        q_BSHD = self.wq(x_BSM).view(B, S, self.n_heads, self.head_dim)
+        k_BSKD = self.wk(x_BSM).view(B, S, self.n_kv_heads, self.head_dim)
+        v_BKSD = self.wv(x_BSM).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q_BSHD, k_BSKD = self.q_norm(q_BSHD), self.k_norm(k_BSKD)
+        q_BHSD = apply_rotary(q_BSHD.transpose(1, 2), cos_SD, sin_SD)
+        k_BKSD = apply_rotary(k_BSKD.transpose(1, 2), cos_SD, sin_SD)
+        out_BHSD = self.attention_op(q_BHSD, k_BKSD, v_BKSD)
+        return self.wo(out_BHSD.transpose(1, 2).reshape(B, S, -1))

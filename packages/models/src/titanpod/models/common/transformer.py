@@ -1,0 +1,148 @@
+"""A decoder-only transformer in plain single-device PyTorch: Llama 3, Qwen 3, Qwen 3 MoE.
+
+Legend: B batch, S sequence, M model dim, D head dim, V vocabulary, N tokens (B x S),
+E experts.
+
+Build on the meta device, move with ``to_empty``, then ``init_weights``. Parallelism,
+kernels and compilation are applied from outside; the swappable ops arrive as ``ModelOps``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titanpod.models.common.args import DecoderArgs
+from titanpod.models.common.attention import Attention
+from titanpod.models.common.counting import decoder_flops_per_token, parameter_count
+from titanpod.models.common.feed_forward import FeedForward
+from titanpod.models.common.moe import MoE, load_balancing_loss
+from titanpod.models.common.norms import RMSNorm
+from titanpod.models.common.ops import ModelOps
+from titanpod.models.common.rope import inverse_frequencies, rotary_cos_sin
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: attention then a dense or mixture-of-experts feed-forward, each residual."""
+
+    def __init__(self, args: DecoderArgs, ops: ModelOps) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args, ops.attention)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward: nn.Module = (
+            MoE(args.dim, args.moe, ops.expert_matmul) if args.moe else FeedForward(args.dim, args.ffn_dim)
+        )
+
+    def forward(
+        self, x_BSM: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block's output and, for an MoE block, its router logits [N, E]."""
+        h_BSM = x_BSM + self.attention(self.attention_norm(x_BSM), cos_SD, sin_SD)
+        ffn_out = self.feed_forward(self.ffn_norm(h_BSM))
+        if isinstance(ffn_out, tuple):
+            return h_BSM + ffn_out[0], ffn_out[1]
+        return h_BSM + ffn_out, None
+
+
+class Transformer(nn.Module):
+    """A decoder-only language model. ``forward`` gives logits; ``loss`` trains it."""
+
+    def __init__(self, args: DecoderArgs, ops: ModelOps | None = None) -> None:
+        super().__init__()
+        self.args = args
+        self.ops = ops or ModelOps()
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(TransformerBlock(args, self.ops) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        # A tied model has no output layer of its own: the head reads the embedding table, so
+        # no two parameters alias (aliases break under to_empty, sharding and safetensors).
+        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The output projection, [V, M]: the embedding table when embeddings are tied."""
+        return self.tok_embeddings.weight if self.output is None else self.output.weight
+
+    def hidden_states_and_router_logits(self, tokens_BS: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Final-norm hidden states [B, S, M], and every MoE layer's router logits [N, E]."""
+        h_BSM = self.tok_embeddings(tokens_BS)
+        positions_S = torch.arange(tokens_BS.shape[1], device=tokens_BS.device)
+        inv_freq = inverse_frequencies(
+            self.args.resolved_head_dim, self.args.rope_theta, self.args.rope_scaling, device=tokens_BS.device
+        )
+        cos_SD, sin_SD = rotary_cos_sin(positions_S, inv_freq, h_BSM.dtype)
+        router_logits: list[torch.Tensor] = []
+        for layer in self.layers:
+            h_BSM, logits_NE = layer(h_BSM, cos_SD, sin_SD)
+            if logits_NE is not None:
+                router_logits.append(logits_NE)
+        return self.norm(h_BSM), router_logits
+
+    def hidden_states(self, tokens_BS: torch.Tensor) -> torch.Tensor:
+        """Final-norm hidden states, shape [B, S, M]."""
+        return self.hidden_states_and_router_logits(tokens_BS)[0]
+
+    def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
+        """Next-token logits, shape [B, S, V]."""
+        return F.linear(self.hidden_states(tokens_BS), self.head_weight)
+
+    def loss_terms(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``cross_entropy`` (mean over labelled tokens) and, for MoE models, ``load_balancing``."""
+        h_BSM, router_logits = self.hidden_states_and_router_logits(tokens_BS)
+        terms = {"cross_entropy": self.ops.head_loss(h_BSM, self.head_weight, labels_BS)}
+        if self.args.moe is not None:
+            terms["load_balancing"] = load_balancing_loss(router_logits, self.args.moe.n_experts, self.args.moe.top_k)
+        return terms
+
+    def loss(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
+        """The training loss: cross-entropy, plus ``aux_loss_coef`` x load balancing for MoE models."""
+        terms = self.loss_terms(tokens_BS, labels_BS)
+        if self.args.moe is None:
+            return terms["cross_entropy"]
+        return terms["cross_entropy"] + self.args.moe.aux_loss_coef * terms["load_balancing"]
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """Initialise every parameter in place from ``seed``, on whatever device it lives.
+
+        Embeddings, projections, routers and experts get a normal of std 0.02 truncated at
+        3 std; the projections into the residual stream (``wo``, ``w2``) are shrunk by
+        ``1/sqrt(2 x n_layers)``; norm scales are one. Values are drawn on the CPU, so the
+        same seed gives the same weights on every device type.
+        """
+        generator = torch.Generator().manual_seed(seed)
+        residual_std = 0.02 / math.sqrt(2 * self.args.n_layers)
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+                continue
+            std = residual_std if name.endswith(("wo.weight", "w2.weight", "experts.w2")) else 0.02
+            values = torch.empty(param.shape).normal_(0.0, std, generator=generator)
+            param.copy_(values.clamp_(-3 * std, 3 * std))
+
+    def active_parameter_count(self) -> int:
+        """Parameters one token uses: all of them, less the experts its router does not choose."""
+        total = parameter_count(self)
+        moe = self.args.moe
+        if moe is None:
+            return total
+        per_expert = 3 * self.args.dim * moe.expert_ffn_dim
+        return total - self.args.n_layers * (moe.n_experts - moe.top_k) * per_expert
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 x (active parameters but the input embedding) + attention.
+
+        See ``titanpod.models.common.counting.decoder_flops_per_token`` for the convention.
+        """
+        input_table = 0 if self.args.tie_embeddings else self.tok_embeddings.weight.numel()
+        return decoder_flops_per_token(
+            matmul_params=self.active_parameter_count() - input_table,
+            n_layers=self.args.n_layers,
+            n_heads=self.args.n_heads,
+            head_dim=self.args.resolved_head_dim,
+            seq_len=seq_len,
+        )

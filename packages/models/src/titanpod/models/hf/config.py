@@ -1,0 +1,154 @@
+"""config.json <-> ``DecoderArgs`` for the Hugging Face Llama, Qwen3 and Qwen3Moe classes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from titanpod.models.common.args import DecoderArgs, MoEArgs
+from titanpod.models.common.rope import Llama3RopeScaling
+
+HF_ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "llama3": ("LlamaForCausalLM", "llama"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
+}
+"""titanpod family -> (Hugging Face architecture, model_type)."""
+
+
+class UnsupportedConfigError(ValueError):
+    """A config.json describes a model titanpod cannot represent exactly."""
+
+
+def _family_of(config: dict[str, Any]) -> str:
+    architectures = config.get("architectures") or []
+    model_type = config.get("model_type")
+    for family, (architecture, family_type) in HF_ARCHITECTURES.items():
+        if architecture in architectures or (not architectures and model_type == family_type):
+            return family
+    known = ", ".join(architecture for architecture, _ in HF_ARCHITECTURES.values())
+    raise UnsupportedConfigError(
+        f"config.json describes {architectures or model_type!r}, which titanpod does not read; supported: {known}."
+    )
+
+
+def _rope(config: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
+    parameters = config.get("rope_parameters") or {}
+    theta = config.get("rope_theta", parameters.get("rope_theta"))
+    if theta is None:
+        raise UnsupportedConfigError("config.json has neither rope_theta nor rope_parameters.rope_theta.")
+    scaling = config.get("rope_scaling") or parameters
+    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    if rope_type == "default":
+        return float(theta), None
+    if rope_type != "llama3":
+        raise UnsupportedConfigError(
+            f"RoPE type {rope_type!r} is not supported; titanpod reads 'default' and 'llama3'."
+        )
+    return float(theta), Llama3RopeScaling(
+        factor=float(scaling["factor"]),
+        low_freq_factor=float(scaling["low_freq_factor"]),
+        high_freq_factor=float(scaling["high_freq_factor"]),
+        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+    )
+
+
+def _require(config: dict[str, Any], key: str, allowed: object, default: object) -> None:
+    value = config.get(key, default)
+    if value != allowed:
+        raise UnsupportedConfigError(f"config.json sets {key}={value!r}; titanpod supports only {allowed!r}.")
+
+
+def _moe(config: dict[str, Any]) -> MoEArgs:
+    _require(config, "decoder_sparse_step", 1, 1)
+    _require(config, "mlp_only_layers", [], [])
+    return MoEArgs(
+        n_experts=int(config.get("num_experts", config.get("num_local_experts", 0))),
+        top_k=int(config["num_experts_per_tok"]),
+        expert_ffn_dim=int(config["moe_intermediate_size"]),
+        norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+        aux_loss_coef=float(config.get("router_aux_loss_coef", 0.001)),
+    )
+
+
+def args_from_hf_config(config: dict[str, Any]) -> tuple[str, DecoderArgs]:
+    """The titanpod family and ``DecoderArgs`` of a Hugging Face config.json (as a dict).
+
+    Raises ``UnsupportedConfigError`` naming the field for anything that would change the
+    arithmetic and that titanpod does not implement (biases, other activations, sliding
+    windows, other RoPE types, dense layers inside an MoE model).
+    """
+    family = _family_of(config)
+    _require(config, "hidden_act", "silu", "silu")
+    _require(config, "attention_bias", False, False)
+    _require(config, "mlp_bias", False, False)
+    _require(config, "use_sliding_window", False, False)
+    theta, scaling = _rope(config)
+    head_dim = config.get("head_dim")
+    if head_dim is not None and int(head_dim) * int(config["num_attention_heads"]) == int(config["hidden_size"]):
+        head_dim = None  # the default; keeps args equal to the named flavors
+    args = DecoderArgs(
+        dim=int(config["hidden_size"]),
+        n_layers=int(config["num_hidden_layers"]),
+        n_heads=int(config["num_attention_heads"]),
+        n_kv_heads=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
+        vocab_size=int(config["vocab_size"]),
+        ffn_dim=int(config["intermediate_size"]),
+        head_dim=None if head_dim is None else int(head_dim),
+        norm_eps=float(config["rms_norm_eps"]),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_seq_len=int(config.get("max_position_embeddings", 8192)),
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qk_norm=family in ("qwen3", "qwen3_moe"),
+        moe=_moe(config) if family == "qwen3_moe" else None,
+    )
+    return family, args
+
+
+def hf_config_from_args(family: str, args: DecoderArgs, dtype: str = "float32") -> dict[str, Any]:
+    """A Hugging Face config.json (as a dict) for ``args``, in the published checkpoints' style."""
+    if family not in HF_ARCHITECTURES:
+        raise UnsupportedConfigError(
+            f"No Hugging Face form for family {family!r}; known: {', '.join(HF_ARCHITECTURES)}."
+        )
+    architecture, model_type = HF_ARCHITECTURES[family]
+    config: dict[str, Any] = {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "hidden_size": args.dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "vocab_size": args.vocab_size,
+        "intermediate_size": args.ffn_dim,
+        "head_dim": args.resolved_head_dim,
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "max_position_embeddings": args.max_seq_len,
+        "tie_word_embeddings": args.tie_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "dtype": dtype,
+    }
+    if family == "llama3":
+        config["mlp_bias"] = False
+    if args.rope_scaling is not None:
+        scaling = args.rope_scaling
+        config["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        }
+    if args.moe is not None:
+        config.update(
+            num_experts=args.moe.n_experts,
+            num_experts_per_tok=args.moe.top_k,
+            moe_intermediate_size=args.moe.expert_ffn_dim,
+            norm_topk_prob=args.moe.norm_topk_prob,
+            router_aux_loss_coef=args.moe.aux_loss_coef,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    return config
