@@ -1,7 +1,25 @@
-"""titanpod.checkpoint: weights and trainer state on disk, written atomically."""
+"""titanpod.checkpoint: weights on disk, written atomically; Hugging Face checkpoints in and out."""
 
 from titanpod.checkpoint.atomic import atomic_directory
 from titanpod.checkpoint.errors import CheckpointMismatchError
+from titanpod.checkpoint.hf_files import LoadedCheckpoint, load_hf_checkpoint, save_hf_checkpoint
+from titanpod.checkpoint.hub import pull, push, resolve_source
+from titanpod.checkpoint.model_files import MODEL_FILE, load_model, save_model
 from titanpod.checkpoint.weights import WEIGHTS_FILE, load_weights, save_weights
 
-__all__ = ["WEIGHTS_FILE", "CheckpointMismatchError", "atomic_directory", "load_weights", "save_weights"]
+__all__ = [
+    "MODEL_FILE",
+    "WEIGHTS_FILE",
+    "CheckpointMismatchError",
+    "LoadedCheckpoint",
+    "atomic_directory",
+    "load_hf_checkpoint",
+    "load_model",
+    "load_weights",
+    "pull",
+    "push",
+    "resolve_source",
+    "save_hf_checkpoint",
+    "save_model",
+    "save_weights",
+]

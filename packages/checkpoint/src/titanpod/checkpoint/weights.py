@@ -80,3 +80,19 @@ def load_weights(model: nn.Module, path: Path) -> None:
         with torch.no_grad():
             for name, tensor in tensors.items():
                 tensor.copy_(handle.get_tensor(name))
+
+
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+
+
+def stored_dtype(path: Path) -> torch.dtype:
+    """The floating dtype of the first tensor in a ``model.safetensors`` (or its directory)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / WEIGHTS_FILE
+    with safe_open(str(path), framework="pt") as handle:
+        for name in handle.keys():  # noqa: SIM118 - safe_open is not iterable
+            dtype = handle.get_slice(name).get_dtype()
+            if dtype in _SAFETENSORS_DTYPES:
+                return _SAFETENSORS_DTYPES[dtype]
+    return torch.float32

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from torch import nn
 
-from titanpod.checkpoint import save_weights
+from titanpod.checkpoint import save_model
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import JsonlWriter, TrainSummary, train
-from titanpod.models import build_model
+from titanpod.models import Transformer, build_model
 from titanpod.recipes.data import PackedBatches, builtin_corpus_path, builtin_tokenizer_path, load_tokenizer
 from titanpod.recipes.data.packing import pack_documents
 from titanpod.recipes.data.tokenizer import end_of_text_id
@@ -68,11 +67,11 @@ def build_batches(recipe: Recipe, vocab_size: int, rank: int, world_size: int) -
     return PackedBatches(tokens_N, data.seq_len, data.batch_size, recipe.train.seed, rank, world_size)
 
 
-def build_initialised_model(recipe: Recipe, backend: Backend) -> nn.Module:
+def build_initialised_model(recipe: Recipe, backend: Backend) -> Transformer:
     """Build the recipe's model on the meta device, then materialise and initialise it on the backend's device."""
     model = build_model(recipe.model.family, recipe.model.flavor)
     model.to_empty(device=backend.device(process_info().local_rank))
-    model.init_weights(recipe.train.seed)  # type: ignore[operator]
+    model.init_weights(recipe.train.seed)
     return model
 
 
@@ -88,7 +87,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     run_dir = prepare_run_dir(recipe)
     torch.manual_seed(recipe.train.seed)
     model = build_initialised_model(recipe, backend)
-    batches = build_batches(recipe, model.args.vocab_size, info.rank, info.world_size)  # type: ignore[union-attr]
+    batches = build_batches(recipe, model.args.vocab_size, info.rank, info.world_size)
     parameters = sum(p.numel() for p in model.parameters())
     if console is not None:
         console.print(
@@ -102,7 +101,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             batches,
             recipe.train,
             backend,
-            flops_per_token=model.flops_per_token(recipe.data.seq_len),  # type: ignore[operator]
+            flops_per_token=model.flops_per_token(recipe.data.seq_len),
             world_size=info.world_size,
             on_report=writer.write,
             console=console,
@@ -112,7 +111,11 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     weights_path = None
     if recipe.output.save_weights and summary.steps_done > 0:
         step_dir = run_dir / "checkpoints" / f"step-{summary.steps_done:06d}"
-        weights_path = save_weights(
-            model, step_dir, {"step": summary.steps_done}, extra_files={"recipe.json": recipe.to_json()}
+        weights_path = save_model(
+            model,
+            recipe.model.family,
+            step_dir,
+            {"step": summary.steps_done},
+            extra_files={"recipe.json": recipe.to_json()},
         )
     return PretrainResult(run_dir, summary, weights_path, backend.lane, parameters)

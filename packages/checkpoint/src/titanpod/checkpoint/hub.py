@@ -1,0 +1,92 @@
+"""Pull checkpoints from the Hugging Face Hub and push them back, through huggingface_hub.
+
+With ``HF_HUB_OFFLINE=1`` a pull is answered from the local cache alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+from titanpod.checkpoint.hf_files import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
+
+CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken"]
+"""Files a pull fetches: configs, index, shards and tokenizer files; never pickles."""
+
+
+def pull(repo_id: str, revision: str | None = None, cache_dir: Path | str | None = None) -> Path:
+    """Download (or find in the cache) a model repository's checkpoint files; return the snapshot folder."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(
+            repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=CHECKPOINT_PATTERNS, repo_type="model"
+        )
+    except LocalEntryNotFoundError as error:
+        raise FileNotFoundError(
+            f"{repo_id} is not in the local Hugging Face cache and the Hub cannot be reached "
+            f"(offline, or HF_HUB_OFFLINE=1). Download it where the Hub is reachable, or pass a local folder. "
+            f"({error})"
+        ) from error
+    return Path(folder)
+
+
+def resolve_source(source: str, revision: str | None = None, cache_dir: Path | str | None = None) -> Path:
+    """A local checkpoint folder as is, or a Hub id (``org/name``) pulled into the cache."""
+    path = Path(source)
+    if path.exists():
+        if not path.is_dir():
+            raise NotADirectoryError(f"{source} is a file; give the checkpoint folder.")
+        return path
+    if source.count("/") != 1 or source.startswith(("/", ".")):
+        raise FileNotFoundError(f"{source} is neither a local folder nor a Hub id like 'org/name'.")
+    return pull(source, revision, cache_dir)
+
+
+class HubApi(Protocol):
+    """The part of ``huggingface_hub.HfApi`` a push uses."""
+
+    def create_repo(self, repo_id: str, *, private: bool | None, exist_ok: bool, repo_type: str) -> Any: ...
+
+    def upload_folder(self, *, repo_id: str, folder_path: str, commit_message: str, repo_type: str) -> Any: ...
+
+
+def check_checkpoint_folder(folder: Path) -> list[str]:
+    """The files of a complete Hugging Face checkpoint folder; ``FileNotFoundError`` names what is missing."""
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"{folder} has no {CONFIG_FILE}; export the checkpoint first.")
+    if (folder / INDEX_FILE).is_file():
+        shards = sorted(set(json.loads((folder / INDEX_FILE).read_text())["weight_map"].values()))
+        missing = [shard for shard in shards if not (folder / shard).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{folder} lacks shards listed in its index: {', '.join(missing)}.")
+        return [CONFIG_FILE, INDEX_FILE, *shards]
+    if (folder / SINGLE_FILE).is_file():
+        return [CONFIG_FILE, SINGLE_FILE]
+    raise FileNotFoundError(f"{folder} has no {SINGLE_FILE} or {INDEX_FILE}.")
+
+
+def push(
+    folder: Path | str,
+    repo_id: str,
+    *,
+    private: bool = True,
+    commit_message: str = "Upload from titanpod",
+    api: HubApi | None = None,
+    token: str | None = None,
+) -> list[str]:
+    """Check ``folder`` is a complete checkpoint, create ``repo_id`` if needed and upload it.
+
+    Returns the checkpoint files uploaded. ``api`` defaults to ``huggingface_hub.HfApi(token=token)``.
+    """
+    files = check_checkpoint_folder(Path(folder))
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message, repo_type="model")
+    return files
