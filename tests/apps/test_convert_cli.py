@@ -12,6 +12,8 @@ import torch
 
 from tests.hf_models import hf_model, save_sharded
 from titanpod.checkpoint import load_model
+from titanpod.pretrain.cli import main as pretrain_main
+from titanpod.pretrain.convert import main as convert_main
 
 HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -54,8 +56,7 @@ def test_import_from_offline_hub_cache_then_export_matches_transformers(tmp_path
     family, model = load_model(tmp_path / "ours")
     assert family == "qwen3_moe" and model.args.moe is not None and model.args.moe.n_experts == 8
 
-    exported = convert("export", tmp_path / "ours", tmp_path / "back", "--max-shard-size", "80KB")
-    assert exported.returncode == 0, exported.stderr
+    assert convert_main(["export", str(tmp_path / "ours"), str(tmp_path / "back"), "--max-shard-size", "80KB"]) == 0
     ids = torch.randint(0, 2048, (2, 16))
     assert (logits_of(tmp_path / "back", ids) - logits_of(source, ids)).abs().max().item() <= 1e-4
 
@@ -65,16 +66,12 @@ def test_import_from_offline_hub_cache_then_export_matches_transformers(tmp_path
     assert not (tmp_path / "nothing").exists()
 
 
-def test_pretrain_checkpoint_exports_to_transformers(tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-m", "titanpod.pretrain.cli", "--train.steps", "2", "--train.warmup-steps", "1",
-         "--data.seq-len", "16", "--data.batch-size", "2", "--output.run-name", "r"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
+def test_pretrain_checkpoint_exports_to_transformers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    short_run = ["--train.steps", "2", "--train.warmup-steps", "1", "--data.seq-len", "16", "--data.batch-size", "2"]
+    assert pretrain_main([*short_run, "--output.run-name", "r"]) == 0
     checkpoint = tmp_path / "runs" / "r" / "checkpoints" / "step-000002"
-    exported = convert("export", checkpoint, tmp_path / "hf", "--dtype", "bfloat16")
-    assert exported.returncode == 0, exported.stderr
+    assert convert_main(["export", str(checkpoint), str(tmp_path / "hf"), "--dtype", "bfloat16"]) == 0
     _, ours = load_model(checkpoint)
     ids = torch.randint(0, 2048, (1, 12))
     with torch.no_grad():
@@ -82,7 +79,6 @@ def test_pretrain_checkpoint_exports_to_transformers(tmp_path):
     assert (logits_of(tmp_path / "hf", ids).float() - expected).abs().max().item() <= 1e-2
 
 
-def test_export_of_a_folder_that_is_not_a_checkpoint_fails_clearly(tmp_path):
-    result = convert("export", tmp_path, tmp_path / "out")
-    assert result.returncode == 1
-    assert "not a titanpod model checkpoint" in result.stderr
+def test_export_of_a_folder_that_is_not_a_checkpoint_fails_clearly(tmp_path, capsys):
+    assert convert_main(["export", str(tmp_path), str(tmp_path / "out")]) == 1
+    assert "not a titanpod model checkpoint" in capsys.readouterr().err
