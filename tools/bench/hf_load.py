@@ -69,7 +69,6 @@ def main() -> None:
         _phase(args.phase[0], Path(args.phase[1]))
         return
 
-
     from titanpod.checkpoint import save_hf_checkpoint
     from titanpod.models import DecoderArgs, build_model
 
