@@ -73,6 +73,7 @@ def test_unavailable_lane_fails_before_training_with_the_fix(tmp_path):
     assert result.returncode == 1
     assert "pip install 'titanpod-device[tpu]'" in result.stderr
     assert "loss" not in result.stdout  # no training started
+    assert not (tmp_path / "runs").exists()
 
 
 def test_unbuilt_apps_say_so(tmp_path):

@@ -12,7 +12,7 @@ from rich.console import Console
 from titanpod.checkpoint import save_model
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import JsonlWriter, TrainSummary, train
-from titanpod.models import Transformer, build_model
+from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.recipes.data import PackedBatches, builtin_corpus_path, builtin_tokenizer_path, load_tokenizer
 from titanpod.recipes.data.packing import pack_documents
 from titanpod.recipes.data.tokenizer import end_of_text_id
@@ -84,11 +84,11 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             "run one process (without torchrun)."
         )
     backend = get_backend(recipe.device.lane)
-    run_dir = prepare_run_dir(recipe)
     torch.manual_seed(recipe.train.seed)
     model = build_initialised_model(recipe, backend)
     batches = build_batches(recipe, model.args.vocab_size, info.rank, info.world_size)
-    parameters = sum(p.numel() for p in model.parameters())
+    run_dir = prepare_run_dir(recipe)  # only once the run is known to build, so failures leave no folder
+    parameters = parameter_count(model)
     if console is not None:
         console.print(
             f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family} {recipe.model.flavor}: "
