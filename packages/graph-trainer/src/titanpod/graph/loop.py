@@ -15,6 +15,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from titanpod.device import Backend
 from titanpod.graph.config import TrainConfig
@@ -78,11 +79,18 @@ def train(
     backend: Backend,
     *,
     flops_per_token: float,
-    world_size: int = 1,
+    data_parallel: int = 1,
+    devices: int = 1,
+    reduce_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
     on_report: Callable[[StepMetrics], None] | None = None,
     console: Console | None = None,
 ) -> TrainSummary:
     """Train ``model`` (which must have ``loss(tokens, labels)``) for ``config.steps`` steps.
+
+    Sharded training: each process passes its own batches; ``data_parallel`` is the number
+    of distinct data shards (global tokens = local tokens x ``data_parallel``), ``devices``
+    the number of processes, and ``reduce_loss`` averages a loss over the data shards for
+    reporting. Gradients are reduced by the model's own sharding (titanpod.parallel).
 
     Losses stay on the device and are read back every ``config.log_every`` steps, so the
     loop waits for the device only when it reports. Ctrl-C lets the step in flight finish,
@@ -119,10 +127,12 @@ def train(
                 loss.backward()
                 max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
                 grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
+                if isinstance(grad_norm, DTensor):
+                    grad_norm = grad_norm.full_tensor()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                pending.append(loss.detach())
-                step_tokens = tokens_BS.numel() * world_size
+                pending.append(loss.detach() if reduce_loss is None else reduce_loss(loss.detach()))
+                step_tokens = tokens_BS.numel() * data_parallel
                 tokens_since += step_tokens
                 if step == 1:
                     backend.synchronize()
@@ -141,8 +151,8 @@ def train(
                         grad_norm=float(grad_norm),
                         lr=lr,
                         tokens_per_second=tps,
-                        tflops_per_second=flops_per_token * tps / world_size / 1e12,
-                        mfu=mfu(flops_per_token, tps, world_size, peak),
+                        tflops_per_second=flops_per_token * tps / devices / 1e12,
+                        mfu=mfu(flops_per_token, tps, devices, peak),
                         peak_memory_gib=backend.memory_stats().peak_bytes / 1024**3,
                         elapsed_seconds=now - start,
                     )
@@ -166,7 +176,7 @@ def train(
         steps_done=len(losses),
         losses=losses,
         tokens_per_second=tps_all,
-        mfu=mfu(flops_per_token, tps_all, world_size, peak),
+        mfu=mfu(flops_per_token, tps_all, devices, peak),
         peak_memory_gib=backend.memory_stats().peak_bytes / 1024**3,
         wall_seconds=end - start,
         interrupted=interrupted,

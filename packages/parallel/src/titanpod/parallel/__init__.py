@@ -1,4 +1,24 @@
-"""titanpod.parallel: declarative sharding plans and their DTensor and XLA SPMD appliers.
+"""titanpod.parallel: declarative sharding plans and their appliers.
 
-Nothing here yet: plans for the model families arrive with the parallelism work.
+A plan (``ShardingPlan``) says, per parameter, which tensor dimension each mesh axis
+(``dp_replicate``, ``fsdp``, ``ep``, ``tp``) splits. The torch executor
+(``titanpod.parallel.torch_executor.parallelize``) applies it with DTensor parameters
+(SimpleFSDP), tensor-parallel regions and expert dispatch; the XLA executor
+(``titanpod.parallel.xla_executor``) turns it into ``NamedSharding``s for XLA's SPMD partitioner.
 """
+
+from titanpod.parallel.config import DATA_AXES, MESH_AXES, ParallelConfig
+from titanpod.parallel.errors import PlanError
+from titanpod.parallel.plan import ParamRule, ShardingPlan
+from titanpod.parallel.plans import DECODER_PLAN, PLANS
+
+__all__ = [
+    "DATA_AXES",
+    "DECODER_PLAN",
+    "MESH_AXES",
+    "PLANS",
+    "ParallelConfig",
+    "ParamRule",
+    "PlanError",
+    "ShardingPlan",
+]

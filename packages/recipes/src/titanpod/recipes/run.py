@@ -102,7 +102,6 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             recipe.train,
             backend,
             flops_per_token=model.flops_per_token(recipe.data.seq_len),
-            world_size=info.world_size,
             on_report=writer.write,
             console=console,
         )

@@ -19,8 +19,6 @@ class Attention(nn.Module):
 
     def __init__(self, args: DecoderArgs, attention_op: AttentionOp) -> None:
         super().__init__()
-        self.n_heads = args.n_heads
-        self.n_kv_heads = args.n_kv_heads
         self.head_dim = args.resolved_head_dim
         self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
@@ -32,9 +30,11 @@ class Attention(nn.Module):
 
     def forward(self, x_BSM: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor) -> torch.Tensor:
         B, S, _ = x_BSM.shape
-        q_BSHD = self.wq(x_BSM).view(B, S, self.n_heads, self.head_dim)
-        k_BSKD = self.wk(x_BSM).view(B, S, self.n_kv_heads, self.head_dim)
-        v_BKSD = self.wv(x_BSM).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # Head counts come from the projections' widths, so the same code runs on a tensor-
+        # parallel shard that holds only some of the heads.
+        q_BSHD = self.wq(x_BSM).view(B, S, -1, self.head_dim)
+        k_BSKD = self.wk(x_BSM).view(B, S, -1, self.head_dim)
+        v_BKSD = self.wv(x_BSM).view(B, S, -1, self.head_dim).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q_BSHD, k_BSKD = self.q_norm(q_BSHD), self.k_norm(k_BSKD)
         q_BHSD = apply_rotary(q_BSHD.transpose(1, 2), cos_SD, sin_SD)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titanpod.models.common.args import MoEArgs
-from titanpod.models.common.ops import ExpertMatmulOp
+from titanpod.models.common.ops import BatchMeanOp, ExpertMatmulOp, local_batch_mean
 
 
 class GroupedExperts(nn.Module):
@@ -57,15 +57,18 @@ class MoE(nn.Module):
         return out_NM.view_as(x_BSM), logits_NE
 
 
-def load_balancing_loss(router_logits: list[torch.Tensor], n_experts: int, top_k: int) -> torch.Tensor:
+def load_balancing_loss(
+    router_logits: list[torch.Tensor], n_experts: int, top_k: int, batch_mean: BatchMeanOp = local_batch_mean
+) -> torch.Tensor:
     """Switch-style auxiliary loss over all MoE layers' router logits, pooled (as Hugging Face does).
 
     ``E x sum_k sum_e f[k, e] x P[e]``: f is the fraction of tokens whose k-th choice is
-    expert e, P the mean router probability of e, both over every token of every layer.
-    Equals ``top_k`` when routing is perfectly balanced.
+    expert e, P the mean router probability of e, both over every token of every layer and,
+    through ``batch_mean``, of the whole global batch. Equals ``top_k`` when routing is
+    perfectly balanced.
     """
     probs_LNE = F.softmax(torch.cat(router_logits).float(), dim=-1)
     chosen = probs_LNE.topk(top_k, dim=-1).indices
-    fraction_KE = F.one_hot(chosen, n_experts).float().mean(dim=0)
-    mean_prob_E = probs_LNE.mean(dim=0)
+    fraction_KE = batch_mean(F.one_hot(chosen, n_experts).float().mean(dim=0))
+    mean_prob_E = batch_mean(probs_LNE.mean(dim=0))
     return n_experts * (fraction_KE * mean_prob_E).sum()

@@ -44,6 +44,19 @@ class ExpertMatmulOp(Protocol):
         ...
 
 
+class BatchMeanOp(Protocol):
+    """Mean of per-batch statistics over the whole global batch."""
+
+    def __call__(self, statistic: torch.Tensor) -> torch.Tensor:
+        """Return the statistic averaged over every process's share of the batch (same shape)."""
+        ...
+
+
+def local_batch_mean(statistic: torch.Tensor) -> torch.Tensor:
+    """Reference batch mean: the whole batch is on this process, so the statistic already is it."""
+    return statistic
+
+
 def sdpa_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
     """Reference attention: ``torch.nn.functional.scaled_dot_product_attention``, causal, GQA."""
     return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=True)
@@ -72,3 +85,6 @@ class ModelOps:
     """Output head + loss slot (titanpod.kernels offers a fused, chunked version)."""
     expert_matmul: ExpertMatmulOp = looped_grouped_matmul
     """Expert matmul slot of MoE layers (titanpod.kernels offers a grouped-matmul kernel)."""
+    batch_mean: BatchMeanOp = local_batch_mean
+    """Averages batch statistics (MoE routing loads) over a batch split across processes;
+    titanpod.parallel installs an all-reduce here, so sharded training balances the global batch."""

@@ -95,7 +95,8 @@ class Transformer(nn.Module):
         h_BSM, router_logits = self.hidden_states_and_router_logits(tokens_BS)
         terms = {"cross_entropy": self.ops.head_loss(h_BSM, self.head_weight, labels_BS)}
         if self.args.moe is not None:
-            terms["load_balancing"] = load_balancing_loss(router_logits, self.args.moe.n_experts, self.args.moe.top_k)
+            moe = self.args.moe
+            terms["load_balancing"] = load_balancing_loss(router_logits, moe.n_experts, moe.top_k, self.ops.batch_mean)
         return terms
 
     def loss(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,31 @@
+"""The sharding plans of the model families (Llama 3, Qwen 3 and Qwen 3 MoE share one)."""
+
+from __future__ import annotations
+
+from titanpod.parallel.plan import ParamRule, ShardingPlan
+
+_LAYER = r"layers\.\d+\."
+
+DECODER_PLAN = ShardingPlan(
+    params=(
+        ParamRule(r"tok_embeddings\.weight", shard_dim=0),
+        ParamRule(r"output\.weight", shard_dim=0),
+        ParamRule(r"norm\.weight", shard_dim=0),
+        ParamRule(_LAYER + r"(attention_norm|ffn_norm)\.weight", shard_dim=0),
+        # column-parallel: heads (or hidden units) split over tp, so shard the input width
+        ParamRule(_LAYER + r"attention\.(wq|wk|wv)\.weight", shard_dim=1, tp_dim=0),
+        ParamRule(_LAYER + r"feed_forward\.(w1|w3)\.weight", shard_dim=1, tp_dim=0),
+        # row-parallel: the input width is split over tp, so shard the output width
+        ParamRule(_LAYER + r"attention\.wo\.weight", shard_dim=0, tp_dim=1),
+        ParamRule(_LAYER + r"feed_forward\.w2\.weight", shard_dim=0, tp_dim=1),
+        # per-head norms see only this rank's heads: their gradients add up over tp
+        ParamRule(_LAYER + r"attention\.(q_norm|k_norm)\.weight", shard_dim=0, tp_grad="sum"),
+        ParamRule(_LAYER + r"feed_forward\.router\.weight", shard_dim=1),
+        ParamRule(_LAYER + r"feed_forward\.experts\.(w1|w2|w3)", shard_dim=1, ep_dim=0),
+    ),
+    tp_regions=(_LAYER + r"attention", _LAYER + r"feed_forward"),
+)
+"""Every decoder family's plan: FSDP everywhere, TP over heads and feed-forward width, EP over experts."""
+
+PLANS: dict[str, ShardingPlan] = {"llama3": DECODER_PLAN, "qwen3": DECODER_PLAN, "qwen3_moe": DECODER_PLAN}
+"""Family name -> plan."""

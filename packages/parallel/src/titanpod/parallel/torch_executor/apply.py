@@ -1,0 +1,91 @@
+"""Applying a sharding plan to a model with the torch executor."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from titanpod.device import Backend, ensure_process_group
+from titanpod.parallel.config import DATA_AXES, MESH_AXES, ParallelConfig
+from titanpod.parallel.errors import PlanError
+from titanpod.parallel.plan import ShardingPlan
+from titanpod.parallel.torch_executor.collectives import mean_over
+from titanpod.parallel.torch_executor.expert_parallel import make_expert_parallel
+from titanpod.parallel.torch_executor.simple_fsdp import layout_for, shard_module_params
+from titanpod.parallel.torch_executor.tensor_parallel import apply_tensor_parallel
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ParallelModel:
+    """A model with its parameters sharded over a mesh, and where this rank stands in it."""
+
+    model: nn.Module
+    """The same module object, its parameters now DTensors."""
+    mesh: Any
+    """The ``DeviceMesh`` with axes ``dp_replicate``, ``fsdp``, ``ep``, ``tp``."""
+    axes: dict[str, int]
+    """Axis sizes."""
+    data_rank: int
+    """Index of this rank's data shard (tp ranks share one)."""
+    data_world: int
+    """Number of data shards: dp_replicate x fsdp x ep."""
+    data_axes: tuple[str, ...]
+    """The mesh dimensions whose ranks read different data."""
+
+    def mean_over_data(self, value: torch.Tensor) -> torch.Tensor:
+        """The mean of ``value`` over the data-parallel ranks (the loss for reporting, routing loads)."""
+        if not self.data_axes:
+            return value
+        group = self.mesh[self.data_axes]
+        return mean_over(value, group._flatten() if len(self.data_axes) > 1 else group)
+
+
+def parallelize(model: nn.Module, plan: ShardingPlan, config: ParallelConfig, backend: Backend) -> ParallelModel:
+    """Shard ``model`` (built and initialised identically on every rank) by ``plan`` over all processes.
+
+    Checks the plan against the model and the mesh first: a dimension that does not divide,
+    a parameter no rule covers or an unsupported combination is a ``PlanError`` before any
+    tensor is moved.
+    """
+    info = ensure_process_group(backend)
+    axes = config.mesh_axes(info.world_size)
+    named = dict(model.named_parameters())
+    plan.check(named, axes)
+    has_experts = any(plan.rule_for(name).ep_dim is not None for name in named)
+    if axes["ep"] > 1 and not has_experts:
+        raise PlanError(f"ep={axes['ep']} but the model has no experts; use ep=1.")
+    if axes["tp"] > 1 and has_experts:
+        raise PlanError("Tensor parallelism of mixture-of-experts layers is not supported; use ep instead of tp.")
+    # Only axes that split something become mesh dimensions: a size-1 axis would add no-op collectives.
+    mesh_axes = tuple(axis for axis in MESH_AXES if axes[axis] > 1) or ("fsdp",)
+    mesh = backend.build_mesh({axis: axes[axis] for axis in mesh_axes})
+    param_dtype, reduce_dtype = _DTYPES[config.param_dtype], _DTYPES[config.reduce_dtype]
+    if axes["tp"] > 1:
+        apply_tensor_parallel(model, plan.tp_regions, mesh["tp"])
+    for module_name, module in list(model.named_modules()):
+        own = {name: p for name, p in module._parameters.items() if p is not None}
+        if not own:
+            continue
+        prefix = f"{module_name}." if module_name else ""
+        layouts = {name: layout_for(plan.rule_for(prefix + name), axes, mesh_axes) for name in own}
+        expert = any(plan.rule_for(prefix + name).ep_dim is not None for name in own)
+        shard_module_params(module, layouts, mesh, param_dtype, reduce_dtype)
+        if expert and axes["ep"] > 1:
+            make_expert_parallel(module, mesh["ep"])
+    coordinate = dict(zip(mesh_axes, mesh.get_coordinate() or [0] * len(mesh_axes), strict=True))
+    data_rank = 0
+    for axis in DATA_AXES:
+        data_rank = data_rank * axes[axis] + coordinate.get(axis, 0)
+    data_axes = tuple(axis for axis in DATA_AXES if axis in mesh_axes and axes[axis] > 1)
+    sharded = ParallelModel(model, mesh, axes, data_rank, math.prod(axes[a] for a in DATA_AXES), data_axes)
+    ops = getattr(model, "ops", None)
+    if ops is not None and hasattr(ops, "batch_mean"):  # batch statistics (MoE loads) over the global batch
+        model.ops = dataclasses.replace(ops, batch_mean=sharded.mean_over_data)  # type: ignore[assignment]
+    return sharded

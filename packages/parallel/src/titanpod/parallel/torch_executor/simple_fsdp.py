@@ -1,0 +1,95 @@
+"""SimpleFSDP: parameters stored as sharded DTensors and gathered where the model reads them.
+
+The gather is a DTensor redistribution (all-gather) inside the forward, and its backward
+is the reduce-scatter of the gradient, so both are ordinary ops that ``make_fx`` and
+``torch.compile`` can see, bucket and reorder. State-dict names do not change: each
+module's class gains a property per parameter that returns the gathered tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+
+from titanpod.parallel.plan import ParamRule
+from titanpod.parallel.torch_executor.collectives import scale_grad
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """The three placements of one parameter on the mesh (one entry per mesh axis)."""
+
+    stored: tuple[Placement, ...]
+    """How the parameter (and its gradient and optimizer state) lives between steps."""
+    compute: tuple[Placement, ...]
+    """What the model computes with: whole over the data axes, split where tp/ep split it."""
+    grad: tuple[Placement, ...]
+    """How the computed gradient relates across ranks before it is reduced into ``stored``."""
+    grad_scale: float
+    """Extra factor on the gradient (experts: their tokens came from every ep rank)."""
+
+
+def layout_for(rule: ParamRule, axes: dict[str, int], mesh_axes: tuple[str, ...]) -> ParamLayout:
+    """The placements a plan rule gives a parameter on a mesh whose dimensions are ``mesh_axes``."""
+    expert = rule.ep_dim is not None
+    stored, compute, grad = [], [], []
+    for axis in mesh_axes:
+        if axis == "tp":
+            split = Shard(rule.tp_dim) if rule.tp_dim is not None else Replicate()
+            stored.append(split)
+            compute.append(split)
+            grad.append(Partial("sum") if rule.tp_grad == "sum" and rule.tp_dim is None else split)
+        elif axis == "ep" and expert:
+            stored.append(Shard(rule.ep_dim))  # type: ignore[arg-type]
+            compute.append(Shard(rule.ep_dim))  # type: ignore[arg-type]
+            grad.append(Shard(rule.ep_dim))  # type: ignore[arg-type]
+        else:  # a data axis: stored sharded (not over dp_replicate), computed whole, gradient averaged
+            stored.append(Replicate() if axis == "dp_replicate" else Shard(rule.shard_dim))
+            compute.append(Replicate())
+            grad.append(Partial("avg"))
+    grad_scale = 1.0 / axes.get("ep", 1) if expert else 1.0
+    return ParamLayout(tuple(stored), tuple(compute), tuple(grad), grad_scale)
+
+
+def make_gather(
+    layout: ParamLayout, param_dtype: torch.dtype, reduce_dtype: torch.dtype
+) -> Callable[[DTensor], torch.Tensor]:
+    """The function that turns a stored DTensor parameter into the local tensor the model computes with."""
+
+    def gather(stored: DTensor) -> torch.Tensor:
+        whole = stored.redistribute(placements=layout.compute, forward_dtype=param_dtype, backward_dtype=reduce_dtype)
+        local = whole.to_local(grad_placements=layout.grad)
+        return local if layout.grad_scale == 1.0 else scale_grad(local, layout.grad_scale)
+
+    return gather
+
+
+def _gathering_class(cls: type[nn.Module], names: tuple[str, ...]) -> type[nn.Module]:
+    def reader(name: str) -> property:
+        return property(lambda self: self._titanpod_gather[name](self._parameters[name]))
+
+    return type(f"Sharded{cls.__name__}", (cls,), {name: reader(name) for name in names})
+
+
+def shard_module_params(
+    module: nn.Module,
+    layouts: dict[str, ParamLayout],
+    mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+) -> None:
+    """Replace ``module``'s own parameters by sharded DTensors and make reads of them gather."""
+    names = tuple(layouts)
+    for name in names:
+        param = module._parameters[name]
+        assert param is not None
+        module._parameters[name] = nn.Parameter(distribute_tensor(param.data, mesh, layouts[name].stored))
+    module._titanpod_gather = {  # type: ignore[assignment]
+        name: make_gather(layouts[name], param_dtype, reduce_dtype) for name in names
+    }
+    module.__class__ = _gathering_class(type(module), names)

@@ -1,0 +1,56 @@
+"""The XLA executor: a sharding plan as ``NamedSharding``s, for XLA's SPMD partitioner.
+
+Parameters are placed on a ``jax.sharding.Mesh`` (from ``titanpod.device``'s xla lane)
+by the same rules the torch executor uses; a ``jax.jit``-ed step over them then gets its
+all-gathers and gradient reductions from the partitioner. Imports jax only when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from titanpod.parallel.config import DATA_AXES
+from titanpod.parallel.plan import ShardingPlan
+
+
+def _present(axes: Mapping[str, int], names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(name for name in names if axes.get(name, 1) > 1)
+
+
+def param_partition_spec(plan: ShardingPlan, name: str, ndim: int, axes: Mapping[str, int]) -> Any:
+    """The ``PartitionSpec`` of parameter ``name``: its shard dimension over the data shard axes
+    (``fsdp``, plus ``ep`` for non-experts), its tp dimension over ``tp``, its expert dimension over ``ep``."""
+    from jax.sharding import PartitionSpec
+
+    rule = plan.rule_for(name)
+    expert = rule.ep_dim is not None
+    dims: list[list[str]] = [[] for _ in range(ndim)]
+    dims[rule.shard_dim].extend(_present(axes, ("fsdp",) if expert else ("fsdp", "ep")))
+    if rule.tp_dim is not None:
+        dims[rule.tp_dim].extend(_present(axes, ("tp",)))
+    if expert:
+        dims[rule.ep_dim].extend(_present(axes, ("ep",)))  # type: ignore[index]
+    return PartitionSpec(*(tuple(d) if len(d) > 1 else (d[0] if d else None) for d in dims))
+
+
+def batch_partition_spec(axes: Mapping[str, int], ndim: int = 2) -> Any:
+    """The ``PartitionSpec`` of a batch: its first dimension split over every data axis."""
+    from jax.sharding import PartitionSpec
+
+    data = _present(axes, DATA_AXES)
+    return PartitionSpec(data or None, *([None] * (ndim - 1)))
+
+
+def place_params(params: Mapping[str, Any], plan: ShardingPlan, mesh: Any, axes: Mapping[str, int]) -> dict[str, Any]:
+    """Put each parameter (a CPU torch tensor or array) on ``mesh`` with the plan's sharding; returns jax arrays."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+
+    placed = {}
+    for name, value in params.items():
+        array = np.asarray(value.detach().cpu()) if hasattr(value, "detach") else np.asarray(value)
+        spec = param_partition_spec(plan, name, array.ndim, axes)
+        placed[name] = jax.device_put(array, NamedSharding(mesh, spec))
+    return placed

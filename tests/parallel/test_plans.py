@@ -1,0 +1,65 @@
+"""Sharding plans as data: coverage of every parameter, divisibility, degrees, placements."""
+
+from __future__ import annotations
+
+import pytest
+from torch.distributed.tensor import Partial, Replicate, Shard
+
+from titanpod.models import FAMILIES, build_model
+from titanpod.parallel import PLANS, ParallelConfig, ParamRule, PlanError
+from titanpod.parallel.torch_executor.simple_fsdp import layout_for
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_parameter_of_every_flavor_has_a_rule(family):
+    for flavor in FAMILIES[family].flavors:
+        for name, _ in build_model(family, flavor).named_parameters():
+            PLANS[family].rule_for(name)
+
+
+def test_parallel_degrees_fill_fsdp_and_name_the_problem():
+    assert ParallelConfig().mesh_axes(8) == {"dp_replicate": 1, "fsdp": 8, "ep": 1, "tp": 1}
+    assert ParallelConfig(dp_replicate=2, tp=2).mesh_axes(8) == {"dp_replicate": 2, "fsdp": 2, "ep": 1, "tp": 2}
+    with pytest.raises(PlanError, match=r"does not divide into 6 processes"):
+        ParallelConfig(tp=4).mesh_axes(6)
+    with pytest.raises(PlanError, match=r"product is 4"):
+        ParallelConfig(fsdp=3).mesh_axes(4)
+    with pytest.raises(PlanError, match="at least 1"):
+        ParallelConfig(tp=0).mesh_axes(4)
+
+
+def test_dimensions_that_do_not_divide_are_all_listed():
+    model = build_model("llama3", "debug")  # 4 kv heads x 16 = 64 rows in wk; ffn 768
+    named = dict(model.named_parameters())
+    with pytest.raises(PlanError) as caught:
+        PLANS["llama3"].check(named, {"dp_replicate": 1, "fsdp": 1, "ep": 1, "tp": 128})
+    message = str(caught.value)
+    assert "layers.0.attention.wk.weight (64, 256): dimension 0 (64) cannot split 128 ways" in message
+    assert "layers.5.attention.wv.weight" in message and "Choose parallel degrees" in message
+    assert "feed_forward" not in message  # 768 splits 128 ways
+    PLANS["llama3"].check(named, {"dp_replicate": 1, "fsdp": 4, "ep": 1, "tp": 2})
+
+
+def test_a_parameter_without_a_rule_is_named():
+    with pytest.raises(PlanError, match=r"'lm_head\.bias'"):
+        PLANS["llama3"].rule_for("lm_head.bias")
+
+
+def test_placements_of_a_column_parallel_weight_under_hsdp_and_tp():
+    axes = {"dp_replicate": 2, "fsdp": 2, "ep": 1, "tp": 2}
+    layout = layout_for(ParamRule("w", shard_dim=1, tp_dim=0), axes, ("dp_replicate", "fsdp", "tp"))
+    assert layout.stored == (Replicate(), Shard(1), Shard(0))
+    assert layout.compute == (Replicate(), Replicate(), Shard(0))
+    assert layout.grad == (Partial("avg"), Partial("avg"), Shard(0))
+    assert layout.grad_scale == 1.0
+
+
+def test_placements_of_experts_and_per_head_norms():
+    axes = {"dp_replicate": 1, "fsdp": 2, "ep": 2, "tp": 1}
+    experts = layout_for(ParamRule("e", shard_dim=1, ep_dim=0), axes, ("fsdp", "ep"))
+    assert experts.stored == (Shard(1), Shard(0)) and experts.compute == (Replicate(), Shard(0))
+    assert experts.grad == (Partial("avg"), Shard(0)) and experts.grad_scale == 0.5
+    dense = layout_for(ParamRule("d", shard_dim=0), axes, ("fsdp", "ep"))
+    assert dense.stored == (Shard(0), Shard(0)) and dense.grad == (Partial("avg"), Partial("avg"))
+    norm = layout_for(ParamRule("n", shard_dim=0, tp_grad="sum"), {"fsdp": 2, "tp": 2}, ("fsdp", "tp"))
+    assert norm.compute == (Replicate(), Replicate()) and norm.grad == (Partial("avg"), Partial("sum"))

@@ -1,0 +1,77 @@
+"""Train a debug model for a few steps, single-process or sharded under torchrun, and write
+the per-step losses (averaged over data shards) and this rank's parameter bytes as JSON.
+
+    python tests/parallel/train_worker.py --family llama3 --out losses.json
+    torchrun --nproc-per-node 4 tests/parallel/train_worker.py --family llama3 --fsdp 4 --out losses.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from titanpod.device import get_backend
+from titanpod.graph import TrainConfig, train
+from titanpod.models import build_model
+from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.parallel.torch_executor import parallelize
+from titanpod.recipes.data import (
+    PackedBatches,
+    builtin_corpus_path,
+    builtin_tokenizer_path,
+    load_tokenizer,
+    pack_documents,
+)
+from titanpod.recipes.data.tokenizer import end_of_text_id
+
+
+def local_parameter_bytes(model: torch.nn.Module) -> int:
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in model.parameters())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--family", default="llama3")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--global-batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=32)
+    for axis in ("dp-replicate", "fsdp", "ep", "tp"):
+        parser.add_argument(f"--{axis}", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    backend = get_backend("cpu")
+    model = build_model(args.family, "debug", device="cpu")
+    model.init_weights(0)
+    full_bytes = local_parameter_bytes(model)
+    tokenizer = load_tokenizer(builtin_tokenizer_path())
+    documents = builtin_corpus_path().read_text(encoding="utf-8").split("\n\n")[:300]
+    tokens = pack_documents(documents, tokenizer, end_of_text_id(tokenizer))
+    if "WORLD_SIZE" in os.environ:
+        config = ParallelConfig(dp_replicate=args.dp_replicate, fsdp=args.fsdp, ep=args.ep, tp=args.tp)
+        sharded = parallelize(model, PLANS[args.family], config, backend)
+        data_rank, data_world, reduce_loss = sharded.data_rank, sharded.data_world, sharded.mean_over_data
+    else:
+        data_rank, data_world, reduce_loss = 0, 1, None
+    batches = PackedBatches(tokens, args.seq_len, args.global_batch // data_world, 0, data_rank, data_world)
+    config = TrainConfig(steps=args.steps, lr=3e-3, warmup_steps=2, log_every=args.steps, grad_clip=1.0)
+    summary = train(
+        model, batches, config, backend, flops_per_token=1.0, data_parallel=data_world, reduce_loss=reduce_loss
+    )
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        result = {"losses": summary.losses, "param_bytes": local_parameter_bytes(model), "full_bytes": full_bytes}
+        args.out.write_text(json.dumps(result))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
