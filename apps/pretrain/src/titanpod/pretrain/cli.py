@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from titanpod.device import process_info
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, PretrainResult, Recipe, get_recipe, run_pretraining
 
 
@@ -81,13 +82,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if recipe is None:
         return 0
-    console.print_json(recipe.to_json())
+    main_process = process_info().is_main  # under torchrun only rank 0 speaks
+    if main_process:
+        console.print_json(recipe.to_json())
     try:
-        result = run_pretraining(recipe, console)
+        result = run_pretraining(recipe, console if main_process else None)
     except (KeyError, ValueError, RuntimeError, OSError) as error:  # NotImplementedError is a RuntimeError
         print_error(error)
         return 1
-    print_summary(console, result)
+    if main_process:
+        print_summary(console, result)
     return 130 if result.summary.interrupted else 0
 
 

@@ -25,6 +25,8 @@ class ParallelConfig:
     """Ranks that split the experts of MoE layers between them (they also shard the other parameters)."""
     tp: int = 1
     """Ranks that split attention heads and feed-forward width (tensor parallelism)."""
+    sequence_parallel: bool = True
+    """With tp > 1, also split the sequence of the activations between tp regions (norms, residuals)."""
     param_dtype: str = "float32"
     """Dtype parameters are gathered in for compute (mixed precision keeps fp32 masters)."""
     reduce_dtype: str = "float32"

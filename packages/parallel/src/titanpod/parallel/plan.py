@@ -26,9 +26,10 @@ class ParamRule:
     """Tensor dimension split over ``tp``; ``None`` keeps the parameter whole on every tp rank."""
     ep_dim: int | None = None
     """Tensor dimension split over ``ep`` (experts); such a parameter is an expert parameter."""
-    tp_grad: Literal["replicate", "sum"] = "replicate"
-    """For a tp-whole parameter used inside a tensor-parallel region on split activations
-    (per-head norms), ``sum`` adds up the tp ranks' partial gradients."""
+    tp_grad: Literal["replicate", "sum", "sum_if_sequence_parallel"] = "replicate"
+    """For a tp-whole parameter whose tp ranks see different activations, ``sum`` adds up their
+    partial gradients: per-head norms inside a region always, norms between regions
+    (``sum_if_sequence_parallel``) when the sequence is split over tp."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class ShardingPlan:
     tp_regions: tuple[str, ...] = ()
     """Patterns of modules whose input is the same on every tp rank and whose output is a
     partial sum over tp (attention, dense feed-forward): entered and left with a collective."""
+    sequence_starts: tuple[str, ...] = ()
+    """With sequence parallelism: modules whose whole output each tp rank cuts to its sequence chunk."""
+    sequence_ends: tuple[str, ...] = ()
+    """With sequence parallelism: modules whose chunked output is gathered whole for the head and loss."""
 
     def rule_for(self, name: str) -> ParamRule:
         """The rule of parameter ``name``; ``PlanError`` if no rule matches."""

@@ -10,8 +10,8 @@ DECODER_PLAN = ShardingPlan(
     params=(
         ParamRule(r"tok_embeddings\.weight", shard_dim=0),
         ParamRule(r"output\.weight", shard_dim=0),
-        ParamRule(r"norm\.weight", shard_dim=0),
-        ParamRule(_LAYER + r"(attention_norm|ffn_norm)\.weight", shard_dim=0),
+        ParamRule(r"norm\.weight", shard_dim=0, tp_grad="sum_if_sequence_parallel"),
+        ParamRule(_LAYER + r"(attention_norm|ffn_norm)\.weight", shard_dim=0, tp_grad="sum_if_sequence_parallel"),
         # column-parallel: heads (or hidden units) split over tp, so shard the input width
         ParamRule(_LAYER + r"attention\.(wq|wk|wv)\.weight", shard_dim=1, tp_dim=0),
         ParamRule(_LAYER + r"feed_forward\.(w1|w3)\.weight", shard_dim=1, tp_dim=0),
@@ -24,6 +24,8 @@ DECODER_PLAN = ShardingPlan(
         ParamRule(_LAYER + r"feed_forward\.experts\.(w1|w2|w3)", shard_dim=1, ep_dim=0),
     ),
     tp_regions=(_LAYER + r"attention", _LAYER + r"feed_forward"),
+    sequence_starts=(r"tok_embeddings",),
+    sequence_ends=(r"norm",),
 )
 """Every decoder family's plan: FSDP everywhere, TP over heads and feed-forward width, EP over experts."""
 

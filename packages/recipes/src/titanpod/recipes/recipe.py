@@ -10,6 +10,7 @@ from typing import Any
 
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
+from titanpod.parallel import ParallelConfig
 from titanpod.recipes.data.config import DataConfig
 
 
@@ -45,6 +46,8 @@ class Recipe:
     """The model."""
     device: DeviceConfig = field(default_factory=DeviceConfig)
     """Where it runs."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """How it splits over processes (under torchrun); one process ignores it."""
     data: DataConfig = field(default_factory=DataConfig)
     """What it trains on."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -80,6 +83,7 @@ class Recipe:
 _SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "device": DeviceConfig,
+    "parallel": ParallelConfig,
     "data": DataConfig,
     "train": TrainConfig,
     "output": OutputConfig,

@@ -7,12 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from rich.console import Console
 
 from titanpod.checkpoint import save_model
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import JsonlWriter, TrainSummary, train
 from titanpod.models import Transformer, build_model, parameter_count
+from titanpod.parallel import PLANS
+from titanpod.parallel.torch_executor import parallelize, unshard
 from titanpod.recipes.data import PackedBatches, builtin_corpus_path, builtin_tokenizer_path, load_tokenizer
 from titanpod.recipes.data.packing import pack_documents
 from titanpod.recipes.data.tokenizer import end_of_text_id
@@ -76,25 +79,32 @@ def build_initialised_model(recipe: Recipe, backend: Backend) -> Transformer:
 
 
 def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainResult:
-    """Train the recipe's model on its data and write metrics and weights to a new run directory."""
+    """Train the recipe's model on its data and write metrics and weights to a new run directory.
+
+    Under torchrun the model is sharded by its family's plan and ``recipe.parallel``; only
+    rank 0 prints and writes.
+    """
     info = process_info()
-    if info.world_size > 1:
-        raise NotImplementedError(
-            "Multi-process pretraining needs a sharding plan from titanpod.parallel, which this version lacks; "
-            "run one process (without torchrun)."
-        )
     backend = get_backend(recipe.device.lane)
     torch.manual_seed(recipe.train.seed)
     model = build_initialised_model(recipe, backend)
-    batches = build_batches(recipe, model.args.vocab_size, info.rank, info.world_size)
-    run_dir = prepare_run_dir(recipe)  # only once the run is known to build, so failures leave no folder
     parameters = parameter_count(model)
+    sharded = None
+    if info.world_size > 1:
+        sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend)
+        data_rank, data_world = sharded.data_rank, sharded.data_world
+    else:
+        data_rank, data_world = 0, 1
+    batches = build_batches(recipe, model.args.vocab_size, data_rank, data_world)
+    if not info.is_main:
+        console = None
+    run_dir = prepare_run_dir(recipe) if info.is_main else Path(recipe.output.runs_dir)
     if console is not None:
         console.print(
             f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family} {recipe.model.flavor}: "
             f"{parameters:,} parameters; {batches.batches_per_epoch} batches per epoch; run directory {run_dir}"
         )
-    writer = JsonlWriter(run_dir / "metrics.jsonl")
+    writer = JsonlWriter(run_dir / "metrics.jsonl") if info.is_main else None
     try:
         summary = train(
             model,
@@ -102,13 +112,19 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             recipe.train,
             backend,
             flops_per_token=model.flops_per_token(recipe.data.seq_len),
-            on_report=writer.write,
+            data_parallel=data_world,
+            devices=info.world_size,
+            reduce_loss=None if sharded is None else sharded.mean_over_data,
+            on_report=None if writer is None else writer.write,
             console=console,
         )
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
+    if sharded is not None and recipe.output.save_weights:
+        unshard(model)  # every rank takes part; rank 0 writes
     weights_path = None
-    if recipe.output.save_weights and summary.steps_done > 0:
+    if recipe.output.save_weights and summary.steps_done > 0 and info.is_main:
         step_dir = run_dir / "checkpoints" / f"step-{summary.steps_done:06d}"
         weights_path = save_model(
             model,
@@ -117,4 +133,6 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             {"step": summary.steps_done},
             extra_files={"recipe.json": recipe.to_json()},
         )
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return PretrainResult(run_dir, summary, weights_path, backend.lane, parameters)

@@ -16,7 +16,7 @@ from titanpod.parallel.errors import PlanError
 from titanpod.parallel.plan import ShardingPlan
 from titanpod.parallel.torch_executor.collectives import mean_over
 from titanpod.parallel.torch_executor.expert_parallel import make_expert_parallel
-from titanpod.parallel.torch_executor.simple_fsdp import layout_for, shard_module_params
+from titanpod.parallel.torch_executor.simple_fsdp import layout_for, shard_module_params, unshard_module_params
 from titanpod.parallel.torch_executor.tensor_parallel import apply_tensor_parallel
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -47,6 +47,17 @@ class ParallelModel:
         return mean_over(value, group._flatten() if len(self.data_axes) > 1 else group)
 
 
+def unshard(model: nn.Module) -> nn.Module:
+    """Gather every sharded parameter whole and remove the parallel wrappers' classes, in place.
+
+    The parameters come back on every rank (a collective), e.g. to write a single-file
+    checkpoint. Tensor-parallel hooks stay; use the model for saving, not for more sharded steps.
+    """
+    for module in model.modules():
+        unshard_module_params(module)
+    return model
+
+
 def parallelize(model: nn.Module, plan: ShardingPlan, config: ParallelConfig, backend: Backend) -> ParallelModel:
     """Shard ``model`` (built and initialised identically on every rank) by ``plan`` over all processes.
 
@@ -67,14 +78,15 @@ def parallelize(model: nn.Module, plan: ShardingPlan, config: ParallelConfig, ba
     mesh_axes = tuple(axis for axis in MESH_AXES if axes[axis] > 1) or ("fsdp",)
     mesh = backend.build_mesh({axis: axes[axis] for axis in mesh_axes})
     param_dtype, reduce_dtype = _DTYPES[config.param_dtype], _DTYPES[config.reduce_dtype]
+    sequence_parallel = config.sequence_parallel and axes["tp"] > 1
     if axes["tp"] > 1:
-        apply_tensor_parallel(model, plan.tp_regions, mesh["tp"])
+        apply_tensor_parallel(model, plan, mesh["tp"], sequence_parallel)
     for module_name, module in list(model.named_modules()):
         own = {name: p for name, p in module._parameters.items() if p is not None}
         if not own:
             continue
         prefix = f"{module_name}." if module_name else ""
-        layouts = {name: layout_for(plan.rule_for(prefix + name), axes, mesh_axes) for name in own}
+        layouts = {name: layout_for(plan.rule_for(prefix + name), axes, mesh_axes, sequence_parallel) for name in own}
         expert = any(plan.rule_for(prefix + name).ep_dim is not None for name in own)
         shard_module_params(module, layouts, mesh, param_dtype, reduce_dtype)
         if expert and axes["ep"] > 1:

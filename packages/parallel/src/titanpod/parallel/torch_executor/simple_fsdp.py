@@ -34,16 +34,21 @@ class ParamLayout:
     """Extra factor on the gradient (experts: their tokens came from every ep rank)."""
 
 
-def layout_for(rule: ParamRule, axes: dict[str, int], mesh_axes: tuple[str, ...]) -> ParamLayout:
+def layout_for(
+    rule: ParamRule, axes: dict[str, int], mesh_axes: tuple[str, ...], sequence_parallel: bool = False
+) -> ParamLayout:
     """The placements a plan rule gives a parameter on a mesh whose dimensions are ``mesh_axes``."""
     expert = rule.ep_dim is not None
+    partial_over_tp = rule.tp_dim is None and (
+        rule.tp_grad == "sum" or (rule.tp_grad == "sum_if_sequence_parallel" and sequence_parallel)
+    )
     stored, compute, grad = [], [], []
     for axis in mesh_axes:
         if axis == "tp":
             split = Shard(rule.tp_dim) if rule.tp_dim is not None else Replicate()
             stored.append(split)
             compute.append(split)
-            grad.append(Partial("sum") if rule.tp_grad == "sum" and rule.tp_dim is None else split)
+            grad.append(Partial("sum") if partial_over_tp else split)
         elif axis == "ep" and expert:
             stored.append(Shard(rule.ep_dim))  # type: ignore[arg-type]
             compute.append(Shard(rule.ep_dim))  # type: ignore[arg-type]
@@ -92,4 +97,21 @@ def shard_module_params(
     module._titanpod_gather = {  # type: ignore[assignment]
         name: make_gather(layouts[name], param_dtype, reduce_dtype) for name in names
     }
+    module._titanpod_plain_class = type(module)  # type: ignore[assignment]
     module.__class__ = _gathering_class(type(module), names)
+
+
+def unshard_module_params(module: nn.Module) -> None:
+    """Undo ``shard_module_params`` (and any later class swap): whole parameters, the plain class.
+
+    A collective: every rank of the mesh must call it, in the same module order.
+    """
+    plain = getattr(module, "_titanpod_plain_class", None)
+    if plain is None:
+        return
+    for name in module._titanpod_gather:  # type: ignore[union-attr]
+        sharded = module._parameters[name]
+        assert isinstance(sharded, DTensor)
+        module._parameters[name] = nn.Parameter(sharded.full_tensor())
+    del module._titanpod_gather, module._titanpod_plain_class
+    module.__class__ = plain
