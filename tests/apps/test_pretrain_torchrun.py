@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from tests.parallel.test_torchrun import free_port
 from titanpod.checkpoint import load_model
