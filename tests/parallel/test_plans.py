@@ -63,3 +63,9 @@ def test_placements_of_experts_and_per_head_norms():
     assert dense.stored == (Shard(0), Shard(0)) and dense.grad == (Partial("avg"), Partial("avg"))
     norm = layout_for(ParamRule("n", shard_dim=0, tp_grad="sum"), {"fsdp": 2, "tp": 2}, ("fsdp", "tp"))
     assert norm.compute == (Replicate(), Replicate()) and norm.grad == (Partial("avg"), Partial("sum"))
+
+
+def test_an_axis_the_mesh_lacks_is_named():
+    named = dict(build_model("llama3", "debug").named_parameters())
+    with pytest.raises(PlanError, match=r"Mesh axes cp are not ones a plan can use; the axes are dp_replicate"):
+        PLANS["llama3"].check(named, {"fsdp": 2, "cp": 2})

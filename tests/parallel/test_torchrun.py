@@ -45,18 +45,19 @@ def single_process(tmp_path_factory):
 
 
 CASES = {
-    "fsdp4": ("llama3", ["--fsdp", "4"]),
-    "fsdp2_tp2": ("llama3", ["--fsdp", "2", "--tp", "2"]),
-    "hsdp2x2": ("llama3", ["--dp-replicate", "2", "--fsdp", "2"]),
-    "ep2_fsdp2": ("qwen3_moe", ["--fsdp", "2", "--ep", "2"]),
+    "fsdp4": ("llama3", ["--fsdp", "4"], 4),
+    "fsdp2_tp2": ("llama3", ["--fsdp", "2", "--tp", "2"], 4),  # with sequence parallelism
+    "hsdp2x2": ("llama3", ["--dp-replicate", "2", "--fsdp", "2"], 4),
+    "ep2_fsdp2": ("qwen3_moe", ["--fsdp", "2", "--ep", "2"], 4),
+    "tp2_no_sequence_parallel": ("llama3", ["--fsdp", "1", "--tp", "2", "--no-sequence-parallel"], 2),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_sharded_losses_equal_single_process(case, single_process, tmp_path):
-    family, args = CASES[case]
-    sharded = run_worker(tmp_path / "losses.json", "--family", family, *args, processes=4)
+    family, args, processes = CASES[case]
+    sharded = run_worker(tmp_path / "losses.json", "--family", family, *args, processes=processes)
     reference = single_process[family]["losses"]
     assert len(sharded["losses"]) == len(reference) == 10
     for step, (got, want) in enumerate(zip(sharded["losses"], reference, strict=True), 1):

@@ -36,3 +36,29 @@ def test_traced_simple_fsdp_step_holds_one_gather_and_one_reduce_scatter_per_par
     params, gathers, scatters = map(int, result.stdout.split())
     assert params == 57  # 6 layers x 9 + embeddings, final norm, output
     assert gathers == params and scatters == params
+
+
+MIXED_PRECISION = """
+import torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from titanpod.device import get_backend
+from titanpod.models import build_model
+from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.parallel.torch_executor import parallelize
+
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+model = build_model("llama3", "debug", device="cpu")
+model.init_weights(0)
+config = ParallelConfig(fsdp=2, param_dtype="bfloat16", reduce_dtype="float32")
+parallelize(model, PLANS["llama3"], config, get_backend("cpu"))
+wq = model.layers[0].attention.wq
+stored = wq._parameters["weight"]
+model.loss(torch.randint(0, 2048, (2, 8)), torch.randint(0, 2048, (2, 8))).backward()
+print(wq.weight.dtype, stored.dtype, tuple(stored.to_local().shape), stored.grad.dtype)
+"""
+
+
+def test_mixed_precision_computes_in_param_dtype_and_keeps_fp32_masters_and_grads():
+    result = run_python(MIXED_PRECISION, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["torch.bfloat16", "torch.float32", "(256,", "128)", "torch.float32"]

@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=32)
     for axis in ("dp-replicate", "fsdp", "ep", "tp"):
         parser.add_argument(f"--{axis}", type=int, default=1)
+    parser.add_argument("--no-sequence-parallel", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -55,7 +56,13 @@ def main() -> None:
     documents = builtin_corpus_path().read_text(encoding="utf-8").split("\n\n")[:300]
     tokens = pack_documents(documents, tokenizer, end_of_text_id(tokenizer))
     if "WORLD_SIZE" in os.environ:
-        config = ParallelConfig(dp_replicate=args.dp_replicate, fsdp=args.fsdp, ep=args.ep, tp=args.tp)
+        config = ParallelConfig(
+            dp_replicate=args.dp_replicate,
+            fsdp=args.fsdp,
+            ep=args.ep,
+            tp=args.tp,
+            sequence_parallel=not args.no_sequence_parallel,
+        )
         sharded = parallelize(model, PLANS[args.family], config, backend)
         data_rank, data_world, reduce_loss = sharded.data_rank, sharded.data_world, sharded.mean_over_data
     else:

@@ -11,6 +11,7 @@ from typing import Literal
 
 import torch
 
+from titanpod.parallel.config import MESH_AXES
 from titanpod.parallel.errors import PlanError
 
 
@@ -55,6 +56,11 @@ class ShardingPlan:
 
     def check(self, named_params: dict[str, torch.Tensor], axes: dict[str, int]) -> None:
         """Check every parameter's split dimensions divide by their axis sizes; ``PlanError`` lists all that do not."""
+        unknown = sorted(set(axes) - set(MESH_AXES))
+        if unknown:
+            raise PlanError(
+                f"Mesh axes {', '.join(unknown)} are not ones a plan can use; the axes are {', '.join(MESH_AXES)}."
+            )
         shard_ways = {"expert": axes.get("fsdp", 1), "other": axes.get("fsdp", 1) * axes.get("ep", 1)}
         problems = []
         for name, param in named_params.items():
