@@ -1,158 +1,91 @@
-"""Differentiable collectives for tensor and expert parallelism, written with functional
-collectives so they show up as ordinary ops in a traced graph."""
+"""Differentiable collectives for tensor, sequence and expert parallelism.
+
+Written with functional collectives, so they show up as ordinary ops in a traced graph.
+Each op pairs what happens going forward with what its gradient needs going back.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 
-
-class _EnterTensorParallel(torch.autograd.Function):
-    """Identity forward; the backward sums the input gradient over the tp ranks."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-        ctx.mesh = mesh
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return funcol.wait_tensor(funcol.all_reduce(grad.contiguous(), "sum", ctx.mesh)), None
+Step = Callable[[torch.Tensor, Any], torch.Tensor]
 
 
-class _LeaveTensorParallel(torch.autograd.Function):
-    """Sum the partial output over the tp ranks; the backward passes the gradient through."""
+def _differentiable(name: str, forward: Step, backward: Step) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+    """An op that runs ``forward(x, arg)`` and whose gradient is ``backward(grad, arg)``."""
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-        return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "sum", mesh))
+    def run_forward(ctx: Any, x: torch.Tensor, arg: Any) -> torch.Tensor:
+        ctx.arg = arg
+        return forward(x, arg)
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
+    def run_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return backward(grad, ctx.arg), None
 
-
-def enter_tensor_parallel(x: torch.Tensor, tp_mesh: DeviceMesh) -> torch.Tensor:
-    """Mark ``x`` (equal on every tp rank) as the input of a tensor-parallel region."""
-    return _EnterTensorParallel.apply(x, tp_mesh)
+    function = type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(run_forward), "backward": staticmethod(run_backward)})  # fmt: skip
+    return function.apply
 
 
-def leave_tensor_parallel(x: torch.Tensor, tp_mesh: DeviceMesh) -> torch.Tensor:
-    """Add up a region's partial outputs over the tp ranks."""
-    return _LeaveTensorParallel.apply(x, tp_mesh)
+def _same(x: torch.Tensor, _arg: Any) -> torch.Tensor:
+    return x.view_as(x)
 
 
-class _ScaleGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:
-        ctx.scale = scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad * ctx.scale, None
+def _sum(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "sum", mesh))
 
 
-def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """Identity forward; multiplies the gradient by ``scale`` on the way back."""
-    return _ScaleGrad.apply(x, scale)
+def _mean(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "avg", mesh))
 
 
-class _MeanForward(torch.autograd.Function):
-    """Average over the group going forward; pass the gradient through unchanged going back."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: DeviceMesh) -> torch.Tensor:
-        return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "avg", group))
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
+def _gather_sequence(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    return funcol.wait_tensor(funcol.all_gather_tensor(x.contiguous(), 1, mesh))
 
 
-def mean_over(x: torch.Tensor, group: DeviceMesh) -> torch.Tensor:
-    """The mean of ``x`` over ``group``. Its gradient reaches each rank's own ``x`` unscaled, which
-    is right when every rank computes the same loss from the mean and gradients are then
-    averaged over the same group."""
-    return _MeanForward.apply(x, group)
+def _sum_scatter_sequence(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    return funcol.wait_tensor(funcol.reduce_scatter_tensor(x.contiguous(), "sum", 1, mesh))
+
+
+def _own_sequence_chunk(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    return x.chunk(mesh.size(), dim=1)[mesh.get_local_rank()].contiguous()
+
+
+def _scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return x * scale
+
+
+enter_tensor_parallel = _differentiable("EnterTensorParallel", _same, _sum)
+"""Enter a tp region with a tensor every tp rank holds whole: identity; the gradient sums over tp."""
+
+leave_tensor_parallel = _differentiable("LeaveTensorParallel", _sum, _same)
+"""Leave a tp region: sum the partial outputs over tp; the gradient passes through."""
+
+gather_sequence = _differentiable("GatherSequence", _gather_sequence, _sum_scatter_sequence)
+"""Enter a sequence-parallel region: [B, S/tp, ...] -> [B, S, ...]; the gradient reduce-scatters."""
+
+scatter_sum_sequence = _differentiable("ScatterSumSequence", _sum_scatter_sequence, _gather_sequence)
+"""Leave a sequence-parallel region: partial [B, S, ...] -> summed [B, S/tp, ...]; the gradient all-gathers."""
+
+keep_sequence_chunk = _differentiable("KeepSequenceChunk", _own_sequence_chunk, _gather_sequence)
+"""Start sequence parallelism from a tensor every rank holds whole: keep this rank's chunk."""
+
+gather_sequence_for_all = _differentiable("GatherSequenceForAll", _gather_sequence, _own_sequence_chunk)
+"""End sequence parallelism before work every tp rank repeats whole (head and loss); the
+gradient, the same on every rank, is cut back to this rank's chunk."""
+
+mean_over = _differentiable("MeanOver", _mean, _same)
+"""The mean over a group. Its gradient reaches each rank's own input unscaled, which is right
+when every rank computes the same loss from the mean and gradients are then averaged."""
+
+scale_grad = _differentiable("ScaleGrad", _same, _scaled)
+"""Identity going forward; multiplies the gradient by the given factor going back."""
 
 
 def all_to_all(x: torch.Tensor, send_sizes: list[int], receive_sizes: list[int], mesh: DeviceMesh) -> torch.Tensor:
     """Send ``send_sizes[r]`` rows to rank r of ``mesh`` and receive ``receive_sizes[r]`` from it (differentiable)."""
-    out = funcol.all_to_all_single_autograd(x.contiguous(), receive_sizes, send_sizes, mesh)
-    return funcol.wait_tensor(out)
-
-
-class _GatherSequence(torch.autograd.Function):
-    """All-gather the sequence dimension; the backward reduce-scatters it (sums partial gradients)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-        ctx.mesh = mesh
-        return funcol.wait_tensor(funcol.all_gather_tensor(x.contiguous(), 1, mesh))
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return funcol.wait_tensor(funcol.reduce_scatter_tensor(grad.contiguous(), "sum", 1, ctx.mesh)), None
-
-
-class _ScatterSumSequence(torch.autograd.Function):
-    """Sum partial outputs and keep this rank's sequence chunk; the backward all-gathers."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-        ctx.mesh = mesh
-        return funcol.wait_tensor(funcol.reduce_scatter_tensor(x.contiguous(), "sum", 1, mesh))
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return funcol.wait_tensor(funcol.all_gather_tensor(grad.contiguous(), 1, ctx.mesh)), None
-
-
-class _KeepSequenceChunk(torch.autograd.Function):
-    """Keep this rank's chunk of a tensor every rank holds whole; the backward all-gathers the chunks."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-        ctx.mesh = mesh
-        return x.chunk(mesh.size(), dim=1)[mesh.get_local_rank()].contiguous()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return funcol.wait_tensor(funcol.all_gather_tensor(grad.contiguous(), 1, ctx.mesh)), None
-
-
-class _GatherSequenceForAll(torch.autograd.Function):
-    """All-gather the sequence for a computation every rank repeats whole; the backward keeps the chunk."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-        ctx.mesh = mesh
-        return funcol.wait_tensor(funcol.all_gather_tensor(x.contiguous(), 1, mesh))
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad.chunk(ctx.mesh.size(), dim=1)[ctx.mesh.get_local_rank()].contiguous(), None
-
-
-def gather_sequence(x: torch.Tensor, tp_mesh: DeviceMesh) -> torch.Tensor:
-    """Enter a sequence-parallel region: [B, S/tp, ...] -> [B, S, ...]."""
-    return _GatherSequence.apply(x, tp_mesh)
-
-
-def scatter_sum_sequence(x: torch.Tensor, tp_mesh: DeviceMesh) -> torch.Tensor:
-    """Leave a sequence-parallel region: partial [B, S, ...] -> summed [B, S/tp, ...]."""
-    return _ScatterSumSequence.apply(x, tp_mesh)
-
-
-def keep_sequence_chunk(x: torch.Tensor, tp_mesh: DeviceMesh) -> torch.Tensor:
-    """Start sequence parallelism from a whole tensor: [B, S, ...] -> this rank's [B, S/tp, ...]."""
-    return _KeepSequenceChunk.apply(x, tp_mesh)
-
-
-def gather_sequence_for_all(x: torch.Tensor, tp_mesh: DeviceMesh) -> torch.Tensor:
-    """End sequence parallelism before work every tp rank repeats whole (the output head and loss)."""
-    return _GatherSequenceForAll.apply(x, tp_mesh)
+    return funcol.wait_tensor(funcol.all_to_all_single_autograd(x.contiguous(), receive_sizes, send_sizes, mesh))
