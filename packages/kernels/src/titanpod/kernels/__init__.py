@@ -1,5 +1,9 @@
 """titanpod.kernels: JAX/Pallas functions as PyTorch ops, swapped into model slots.
 
-Nothing here yet: the ``jax_op`` bridge and the kernels arrive with the kernels work; until
-then models run their PyTorch reference ops (``titanpod.models.ModelOps``).
+``jax_op`` turns a JAX function into a traceable PyTorch op with autograd; the kernels
+built on it (and their PyTorch references) fill ``titanpod.models.ModelOps`` slots.
 """
+
+from titanpod.kernels.jax_op import JaxOp, jax_op
+
+__all__ = ["JaxOp", "jax_op"]

@@ -1,0 +1,194 @@
+"""``jax_op``: a JAX function (a Pallas kernel included) as a PyTorch custom op with autograd.
+
+The op is a ``torch.library`` custom op: ``make_fx`` and ``torch.compile`` see one node.
+Its fake (meta) implementation comes from ``jax.eval_shape``; its gradient is a second
+custom op running ``jax.vjp``. On the CPU (and CUDA) inputs reach JAX through DLPack
+without copies; outputs are copied out of JAX's buffers. On the tpu lane the forward and
+backward are handed to ``torch.tpu.pallas.jax_op``, which runs them on the TPU directly.
+
+Legend: none; shapes belong to the wrapped function.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+NAMESPACE = "titanpod"
+
+_TORCH_TO_JAX = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+                 torch.int32: "int32", torch.int64: "int64", torch.bool: "bool"}  # fmt: skip
+
+
+def _to_jax(tensor: torch.Tensor) -> Any:
+    import jax
+
+    if tensor.dtype not in _TORCH_TO_JAX:
+        raise TypeError(f"jax_op cannot pass a {tensor.dtype} tensor to JAX; use one of {list(_TORCH_TO_JAX)}.")
+    return jax.dlpack.from_dlpack(tensor.detach().contiguous())
+
+
+def _to_torch(array: Any, device: torch.device) -> torch.Tensor:
+    if len(array.sharding.device_set) > 1:  # spread over a mesh: assemble it on the host
+        import numpy as np
+
+        return torch.from_numpy(np.array(array)).to(device)
+    # A tensor made by from_dlpack shares JAX's buffer, which JAX may reuse: copy it out.
+    return torch.from_dlpack(array).to(device).clone()
+
+
+def _torch_dtype(jax_dtype: Any) -> torch.dtype:
+    name = str(jax_dtype)
+    for torch_dtype, jax_name in _TORCH_TO_JAX.items():
+        if jax_name == name:
+            return torch_dtype
+    raise TypeError(f"jax_op cannot return JAX dtype {name} to PyTorch.")
+
+
+def _shape_structs(tensors: Sequence[torch.Tensor]) -> list[Any]:
+    import jax
+    import jax.numpy as jnp
+
+    return [jax.ShapeDtypeStruct(tuple(t.shape), jnp.dtype(_TORCH_TO_JAX[t.dtype])) for t in tensors]
+
+
+def _as_tuple(result: Any) -> tuple[Any, ...]:
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+@dataclass(frozen=True)
+class JaxOp:
+    """A JAX function registered as a PyTorch op; call it with tensors.
+
+    Every floating-point input receives a gradient; integer inputs (ids, sizes) receive none.
+    """
+
+    name: str
+    """The op's qualified name, ``titanpod::<name>``."""
+    fn: Callable[..., Any]
+    """The JAX function: positional arrays in, one array or a tuple of arrays out."""
+    forward_op: Any
+    """The registered forward custom op (``Tensor[] -> Tensor[]``)."""
+    backward_op: Any
+    """The registered backward custom op (inputs + output cotangents -> floating inputs' gradients)."""
+
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        outputs = self.forward_op(list(inputs))
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _floating(tensors: Sequence[torch.Tensor]) -> list[int]:
+    return [i for i, t in enumerate(tensors) if t.is_floating_point()]
+
+
+def _vjp_function(fn: Callable[..., Any], n_inputs: int, wrt: list[int]) -> Callable[..., tuple[Any, ...]]:
+    """JAX function: (inputs..., output cotangents...) -> gradients of the ``wrt`` inputs."""
+    import jax
+
+    def vjp(*arrays: Any) -> tuple[Any, ...]:
+        primals, cotangents = arrays[:n_inputs], arrays[n_inputs:]
+
+        def of_wrt(*values: Any) -> Any:
+            full = list(primals)
+            for index, value in zip(wrt, values, strict=True):
+                full[index] = value
+            return fn(*full)
+
+        out, pullback = jax.vjp(of_wrt, *(primals[i] for i in wrt))
+        return pullback(tuple(cotangents) if isinstance(out, (tuple, list)) else cotangents[0])
+
+    return vjp
+
+
+def _run(
+    fn: Callable[..., Any], tensors: list[torch.Tensor], specs: Sequence[Any] | None, mesh: Any
+) -> list[torch.Tensor]:
+    import jax
+
+    device = tensors[0].device
+    if device.type == "tpu":
+        return list(_tpu_delegate(fn)(*tensors))
+    arrays = list(map(_to_jax, tensors))
+    if mesh is not None and specs is not None:
+        arrays = [
+            jax.device_put(a, jax.sharding.NamedSharding(mesh, spec)) for a, spec in zip(arrays, specs, strict=True)
+        ]
+    results = _as_tuple(jax.jit(fn)(*arrays))
+    return [_to_torch(result, device) for result in results]
+
+
+def _tpu_delegate(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a torch_tpu op, which runs JAX on the TPU's own buffers (not run here: needs a TPU)."""
+    import jax
+    import torch_tpu  # noqa: F401 - provides torch.tpu
+
+    def typed(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+        return _as_tuple(fn(*arrays))
+
+    return torch.tpu.pallas.jax_op(f"{NAMESPACE}::tpu_{id(fn)}", typed)  # type: ignore[attr-defined]
+
+
+def jax_op(
+    name: str,
+    fn: Callable[..., Any],
+    *,
+    mesh: Any = None,
+    in_specs: tuple[Any, ...] | None = None,
+    out_specs: Any = None,
+) -> JaxOp:
+    """Register ``fn`` (JAX arrays in, an array or a tuple of arrays out) as the op ``titanpod::<name>``.
+
+    With a ``jax.sharding.Mesh`` and partition specs, ``fn`` runs once per shard
+    (``jax.shard_map``) on the xla lane's sharded arrays. Each name registers once per
+    process: build ops when a model is set up, not per step.
+    """
+    qualified = f"{NAMESPACE}::{name}"
+    n_inputs = len(inspect.signature(fn).parameters)
+    if mesh is not None:
+        import jax
+
+        if in_specs is None or out_specs is None:
+            raise ValueError(f"jax_op {name!r}: a mesh needs in_specs and out_specs (one PartitionSpec per array).")
+        fn = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+
+    out_list = list(out_specs) if isinstance(out_specs, (tuple, list)) else [out_specs]
+
+    @torch.library.custom_op(qualified, mutates_args=())
+    def forward_op(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return _run(fn, inputs, in_specs, mesh)
+
+    @forward_op.register_fake
+    def _(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        import jax
+
+        shapes = _as_tuple(jax.eval_shape(fn, *_shape_structs(inputs)))
+        return [torch.empty(s.shape, dtype=_torch_dtype(s.dtype), device=inputs[0].device) for s in shapes]
+
+    @torch.library.custom_op(f"{qualified}_backward", mutates_args=())
+    def backward_op(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        specs = None if in_specs is None else [*in_specs, *out_list]
+        return _run(_vjp_function(fn, n_inputs, _floating(tensors[:n_inputs])), tensors, specs, mesh)
+
+    @backward_op.register_fake
+    def _(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [torch.empty_like(tensors[i]) for i in _floating(tensors[:n_inputs])]
+
+    def setup_context(ctx: Any, inputs: tuple[list[torch.Tensor]], output: list[torch.Tensor]) -> None:
+        ctx.save_for_backward(*inputs[0])
+        ctx.output_like = [torch.empty_like(o, device="meta") for o in output]
+
+    def backward(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[list[torch.Tensor | None]]:
+        inputs = list(ctx.saved_tensors)
+        cotangents = [
+            g if g is not None else torch.zeros(like.shape, dtype=like.dtype, device=inputs[0].device)
+            for g, like in zip(grads, ctx.output_like, strict=True)
+        ]
+        input_grads = iter(backward_op(inputs + cotangents))
+        return ([next(input_grads) if t.is_floating_point() else None for t in inputs],)
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
+    return JaxOp(qualified, fn, forward_op, backward_op)
