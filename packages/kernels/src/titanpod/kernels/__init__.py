@@ -1,9 +1,26 @@
-"""titanpod.kernels: JAX/Pallas functions as PyTorch ops, swapped into model slots.
+"""titanpod.kernels: JAX/Pallas functions as PyTorch ops, swapped into model slots by config.
 
-``jax_op`` turns a JAX function into a traceable PyTorch op with autograd; the kernels
-built on it (and their PyTorch references) fill ``titanpod.models.ModelOps`` slots.
+``jax_op`` turns a JAX function into a traceable PyTorch op with autograd. On it stand
+Splash attention and the megablox grouped matmul; beside them, a chunked output
+projection + cross-entropy in plain PyTorch. ``model_ops(KernelConfig)`` picks what fills
+each ``titanpod.models.ModelOps`` slot; the PyTorch references stay the defaults.
 """
 
+from titanpod.kernels.chunked_loss import chunked_linear_cross_entropy
+from titanpod.kernels.grouped_matmul import GroupedMatmulConfig, MegabloxGroupedMatmul
 from titanpod.kernels.jax_op import JaxOp, jax_op
+from titanpod.kernels.splash import SplashAttention, SplashConfig, local_causal_sdpa
+from titanpod.kernels.swaps import KernelConfig, model_ops
 
-__all__ = ["JaxOp", "jax_op"]
+__all__ = [
+    "GroupedMatmulConfig",
+    "JaxOp",
+    "KernelConfig",
+    "MegabloxGroupedMatmul",
+    "SplashAttention",
+    "SplashConfig",
+    "chunked_linear_cross_entropy",
+    "jax_op",
+    "local_causal_sdpa",
+    "model_ops",
+]

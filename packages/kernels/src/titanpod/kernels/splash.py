@@ -1,0 +1,113 @@
+"""Splash attention (JAX's Pallas TPU kernel) behind the model's attention slot.
+
+Legend: B batch, H query heads, K key/value heads, G query heads per key/value head,
+S sequence, D head dim.
+
+The kernel runs per (batch, kv head) with the G query heads of that group (its MQA
+form), under ``jax.vmap``; off a TPU it runs in Pallas interpret mode. One op is
+registered per distinct (S, G, D, dtype) the model meets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from titanpod.kernels.jax_op import JaxOp, jax_op
+
+LANES = 128
+"""Splash attention's tiles are whole multiples of the TPU's 128 lanes."""
+
+
+@dataclass(frozen=True)
+class SplashConfig:
+    """Splash attention's mask and tiles."""
+
+    block_q: int = 512
+    """Query rows per tile (capped at the sequence length)."""
+    block_kv: int = 512
+    """Key/value rows per tile (capped at the sequence length)."""
+    window: int | None = None
+    """Local attention: each query sees itself and the ``window`` keys before it; ``None`` is plain causal."""
+    interpret: bool | None = None
+    """Run Pallas in interpret mode; ``None`` does so unless JAX's default backend is a TPU."""
+
+
+def _interpret(config: SplashConfig) -> bool:
+    if config.interpret is not None:
+        return config.interpret
+    import jax
+
+    return jax.default_backend() != "tpu"
+
+
+@dataclass
+class SplashAttention:
+    """Callable with the ``AttentionOp`` signature: causal (optionally local) GQA attention."""
+
+    config: SplashConfig = field(default_factory=SplashConfig)
+    """Mask and tiles."""
+    _ops: dict[tuple[Any, ...], JaxOp] = field(default_factory=dict, repr=False)
+
+    def _op(self, S: int, G: int, D: int, dtype: torch.dtype) -> JaxOp:
+        key = (S, G, D, dtype)
+        if key not in self._ops:
+            self._ops[key] = jax_op(f"splash_{id(self)}_{S}_{G}_{D}_{str(dtype).split('.')[-1]}", self._kernel(S, G, D))
+        return self._ops[key]
+
+    def _kernel(self, S: int, G: int, D: int) -> Any:
+        import jax
+        from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+        block_q, block_kv = min(self.config.block_q, S), min(self.config.block_kv, S)
+        if S % block_q or S % block_kv or block_q % LANES or block_kv % LANES:
+            raise ValueError(
+                f"Splash attention needs tiles that are multiples of {LANES} and a sequence ({S}) that is a "
+                f"multiple of its tiles (block_q={block_q}, block_kv={block_kv}); change data.seq_len or the "
+                "kernel's block sizes, or use attention 'sdpa'."
+            )
+        if self.config.window is None:
+            head_mask = splash.CausalMask((S, S))
+        else:
+            head_mask = splash.LocalMask((S, S), window_size=(self.config.window, 0), offset=0)
+        tiles = splash.BlockSizes(
+            block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
+            block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
+            block_q_dq=block_q, block_kv_dq=block_kv,
+        )  # fmt: skip
+        kernel = splash.make_splash_mqa_single_device(
+            mask=splash.MultiHeadMask([head_mask] * G), block_sizes=tiles, interpret=_interpret(self.config)
+        )
+
+        def attention(q_BHSD: Any, k_BKSD: Any, v_BKSD: Any) -> Any:
+            B, K = k_BKSD.shape[:2]
+            q_BKGSD = (q_BHSD * (D**-0.5)).astype(q_BHSD.dtype).reshape(B, K, G, S, D)
+            out_BKGSD = jax.vmap(jax.vmap(kernel))(q_BKGSD, k_BKSD, v_BKSD)
+            return out_BKGSD.reshape(B, K * G, S, D)
+
+        return attention
+
+    def __call__(self, q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
+        _, H, S, D = q_BHSD.shape
+        K = k_BKSD.shape[1]
+        if H % K:
+            raise ValueError(f"Splash attention needs query heads ({H}) to be a multiple of key/value heads ({K}).")
+        if q_BHSD.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"Splash attention runs in float32 or bfloat16, not {q_BHSD.dtype}.")
+        return self._op(S, H // K, D, q_BHSD.dtype)(q_BHSD, k_BKSD, v_BKSD)
+
+
+def local_causal_sdpa(window: int):
+    """Reference for local attention: SDPA with an explicit band mask (query i sees keys i-window..i)."""
+
+    def attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
+        S = q_BHSD.shape[2]
+        i = torch.arange(S, device=q_BHSD.device)
+        band_SS = (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - window)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q_BHSD, k_BKSD, v_BKSD, attn_mask=band_SS, enable_gqa=True
+        )
+
+    return attention

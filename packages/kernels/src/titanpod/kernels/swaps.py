@@ -1,0 +1,53 @@
+"""Choosing the ops behind a model's slots by config, before the model is built."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from titanpod.kernels.chunked_loss import chunked_linear_cross_entropy
+from titanpod.kernels.grouped_matmul import GroupedMatmulConfig, MegabloxGroupedMatmul
+from titanpod.kernels.splash import SplashAttention, SplashConfig, local_causal_sdpa
+from titanpod.models import ModelOps, linear_cross_entropy, looped_grouped_matmul, sdpa_attention
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Which implementation fills each slot."""
+
+    attention: str = "sdpa"
+    """``sdpa`` (PyTorch's scaled_dot_product_attention) or ``splash`` (Pallas splash attention)."""
+    head_loss: str = "reference"
+    """``reference`` (full logits + cross-entropy) or ``chunked`` (never materialises all logits)."""
+    expert_matmul: str = "loop"
+    """``loop`` (one matmul per expert) or ``gmm`` (megablox grouped matmul)."""
+    window: int | None = None
+    """Local attention window for ``sdpa`` and ``splash`` (keys before each query); ``None`` is causal."""
+    splash: SplashConfig = field(default_factory=SplashConfig)
+    """Splash attention's tiles (its window comes from ``window``)."""
+    grouped_matmul: GroupedMatmulConfig = field(default_factory=GroupedMatmulConfig)
+    """Grouped matmul tiles."""
+    chunk_rows: int | None = None
+    """Rows of logits per chunk for ``chunked``; ``None`` fits 256 MiB of fp32 logits."""
+
+
+_CHOICES = {"attention": ("sdpa", "splash"), "head_loss": ("reference", "chunked"), "expert_matmul": ("loop", "gmm")}
+
+
+def model_ops(config: KernelConfig) -> ModelOps:
+    """The ``ModelOps`` a config asks for; ``ValueError`` names a choice that does not exist."""
+    for slot, options in _CHOICES.items():
+        if getattr(config, slot) not in options:
+            raise ValueError(f"kernels.{slot} must be one of {', '.join(options)}, got {getattr(config, slot)!r}.")
+    if config.attention == "splash":
+        splash = SplashConfig(config.splash.block_q, config.splash.block_kv, config.window, config.splash.interpret)
+        attention = SplashAttention(splash)
+    else:
+        attention = sdpa_attention if config.window is None else local_causal_sdpa(config.window)
+    head_loss = (
+        functools.partial(chunked_linear_cross_entropy, chunk_rows=config.chunk_rows)
+        if config.head_loss == "chunked"
+        else linear_cross_entropy
+    )
+    expert = MegabloxGroupedMatmul(config.grouped_matmul) if config.expert_matmul == "gmm" else looped_grouped_matmul
+    return ModelOps(attention=attention, head_loss=head_loss, expert_matmul=expert)

@@ -1,0 +1,101 @@
+"""Each kernel against the PyTorch reference it replaces, forward and backward, on the CPU.
+
+Pallas kernels run in interpret mode. Tolerances (absolute and relative): fp32 2e-5 for
+outputs and gradients; bf16 3e-2, about three bf16 ulps at the magnitudes tested.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from titanpod.kernels import (
+    GroupedMatmulConfig,
+    KernelConfig,
+    MegabloxGroupedMatmul,
+    SplashAttention,
+    SplashConfig,
+    chunked_linear_cross_entropy,
+    local_causal_sdpa,
+    model_ops,
+)
+from titanpod.models import IGNORE_INDEX, linear_cross_entropy, looped_grouped_matmul, sdpa_attention
+
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+DTYPES = sorted(TOLERANCE, key=str)
+
+
+def compare(kernel, reference, inputs, dtype):
+    """Outputs and the gradients of a fixed random projection of them, kernel against reference."""
+    tol = TOLERANCE[dtype]
+    leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    twins = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    got, want = kernel(*leaves), reference(*twins)
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    probe = torch.randn(want.shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    (got * probe).sum().backward()
+    (want * probe).sum().backward()
+    for a, b in zip(leaves, twins, strict=True):
+        if a.requires_grad:
+            torch.testing.assert_close(a.grad, b.grad, atol=tol * 4, rtol=tol)
+
+
+def qkv(heads: int, kv_heads: int, dtype: torch.dtype, seq: int = 256, dim: int = 16):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(2, h, seq, dim, generator=g).to(dtype) for h in (heads, kv_heads, kv_heads)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (4, 4), (4, 1)], ids=["gqa", "mha", "mqa"])
+def test_splash_causal_matches_sdpa(dtype, heads, kv_heads):
+    splash = SplashAttention(SplashConfig(block_q=128, block_kv=128))
+    compare(splash, sdpa_attention, qkv(heads, kv_heads, dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_splash_local_window_matches_banded_sdpa(dtype):
+    splash = SplashAttention(SplashConfig(block_q=128, block_kv=128, window=40))
+    compare(splash, local_causal_sdpa(40), qkv(4, 2, dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_grouped_matmul_matches_the_per_expert_loop_with_uneven_and_empty_groups(dtype):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(37, 32, generator=g).to(dtype)  # 37 rows: not a whole number of tiles
+    w = torch.randn(5, 24, 32, generator=g).to(dtype)
+    sizes = torch.tensor([10, 0, 20, 7, 0])
+    gmm = MegabloxGroupedMatmul(GroupedMatmulConfig(tile_rows=8, tile_in=16, tile_out=8))
+    compare(lambda a, b, s: gmm(a, b, s), looped_grouped_matmul, [x, w, sizes], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_chunked_loss_matches_the_reference_with_ignored_labels(dtype):
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(3, 29, 16, generator=g).to(dtype)
+    w = (torch.randn(300, 16, generator=g) * 0.3).to(dtype)
+    labels = torch.randint(0, 300, (3, 29), generator=g)
+    labels[0, :9] = IGNORE_INDEX
+    labels[2, -3:] = IGNORE_INDEX
+    chunked = lambda a, b, c: chunked_linear_cross_entropy(a, b, c, chunk_rows=10)  # noqa: E731 - 87 rows, uneven chunks
+    compare(chunked, linear_cross_entropy, [h, w, labels], dtype)
+
+
+def test_chunked_loss_with_every_label_ignored_is_nan_like_the_reference():
+    h, w = torch.randn(1, 4, 8), torch.randn(10, 8)
+    labels = torch.full((1, 4), IGNORE_INDEX)
+    assert torch.isnan(chunked_linear_cross_entropy(h, w, labels)) and torch.isnan(linear_cross_entropy(h, w, labels))
+
+
+def test_unsupported_inputs_are_refused_not_miscomputed():
+    with pytest.raises(ValueError, match=r"multiples of 128 and a sequence \(192\)"):
+        SplashAttention(SplashConfig(block_q=128, block_kv=128))(*qkv(4, 2, torch.float32, seq=192))
+    with pytest.raises(TypeError, match="float32 or bfloat16"):
+        SplashAttention()(*qkv(4, 2, torch.float16))
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        SplashAttention()(*(qkv(4, 3, torch.float32)))
+    with pytest.raises(TypeError, match="one dtype"):
+        MegabloxGroupedMatmul()(torch.randn(8, 4), torch.randn(2, 4, 4).bfloat16(), torch.tensor([4, 4]))
+    with pytest.raises(TypeError, match="integer token ids"):
+        chunked_linear_cross_entropy(torch.randn(1, 2, 4), torch.randn(5, 4), torch.zeros(1, 2))
+    with pytest.raises(ValueError, match=r"kernels\.attention must be one of sdpa, splash"):
+        model_ops(KernelConfig(attention="flash"))
