@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
+from titanpod.kernels import KernelConfig
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.data.config import DataConfig
 
@@ -48,6 +50,8 @@ class Recipe:
     """Where it runs."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """How it splits over processes (under torchrun); one process ignores it."""
+    kernels: KernelConfig = field(default_factory=KernelConfig)
+    """Which implementation fills each of the model's op slots (references by default)."""
     data: DataConfig = field(default_factory=DataConfig)
     """What it trains on."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -66,13 +70,7 @@ class Recipe:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Recipe:
         """Rebuild a recipe from ``to_dict`` output; unknown fields are an error that names them."""
-        _reject_unknown("recipe", data, cls)
-        values: dict[str, Any] = dict(data)
-        for name, section in _SECTIONS.items():
-            if name in data:
-                _reject_unknown(f"recipe section {name!r}", data[name], section)
-                values[name] = section(**data[name])
-        return cls(**values)
+        return _from_dict(cls, data, "recipe")
 
     @classmethod
     def load(cls, path: Path) -> Recipe:
@@ -80,17 +78,17 @@ class Recipe:
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
-_SECTIONS: dict[str, type] = {
-    "model": ModelConfig,
-    "device": DeviceConfig,
-    "parallel": ParallelConfig,
-    "data": DataConfig,
-    "train": TrainConfig,
-    "output": OutputConfig,
-}
-
-
-def _reject_unknown(where: str, data: dict[str, Any], kind: type) -> None:
-    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(kind)})
+def _from_dict(kind: type, data: dict[str, Any], where: str) -> Any:
+    """Build dataclass ``kind`` from plain data, recursing into fields that are dataclasses."""
+    fields = {f.name for f in dataclasses.fields(kind)}
+    unknown = sorted(set(data) - fields)
     if unknown:
         raise ValueError(f"Unknown fields in {where}: {', '.join(unknown)}.")
+    hints = typing.get_type_hints(kind)
+    values = {
+        name: _from_dict(hints[name], value, f"{where}.{name}")
+        if dataclasses.is_dataclass(hints[name]) and isinstance(value, dict)
+        else value
+        for name, value in data.items()
+    }
+    return kind(**values)

@@ -13,6 +13,7 @@ from rich.console import Console
 from titanpod.checkpoint import save_model
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import JsonlWriter, TrainSummary, train
+from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import PLANS
 from titanpod.parallel.torch_executor import parallelize, unshard
@@ -72,7 +73,7 @@ def build_batches(recipe: Recipe, vocab_size: int, rank: int, world_size: int) -
 
 def build_initialised_model(recipe: Recipe, backend: Backend) -> Transformer:
     """Build the recipe's model on the meta device, then materialise and initialise it on the backend's device."""
-    model = build_model(recipe.model.family, recipe.model.flavor)
+    model = build_model(recipe.model.family, recipe.model.flavor, model_ops(recipe.kernels))
     model.to_empty(device=backend.device(process_info().local_rank))
     model.init_weights(recipe.train.seed)
     return model
