@@ -107,6 +107,7 @@ def _vjp_function(fn: Callable[..., Any], n_inputs: int, wrt: list[int]) -> Call
 def _run(
     fn: Callable[..., Any], tensors: list[torch.Tensor], specs: Sequence[Any] | None, mesh: Any
 ) -> list[torch.Tensor]:
+    """Run ``fn`` (already ``jax.jit``-ed) on the tensors' data and hand back tensors."""
     import jax
 
     device = tensors[0].device
@@ -117,7 +118,7 @@ def _run(
         arrays = [
             jax.device_put(a, jax.sharding.NamedSharding(mesh, spec)) for a, spec in zip(arrays, specs, strict=True)
         ]
-    results = _as_tuple(jax.jit(fn)(*arrays))
+    results = _as_tuple(fn(*arrays))
     return [_to_torch(result, device) for result in results]
 
 
@@ -156,10 +157,18 @@ def jax_op(
         fn = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
     out_list = list(out_specs) if isinstance(out_specs, (tuple, list)) else [out_specs]
+    jitted: dict[tuple[int, ...] | None, Callable[..., Any]] = {}  # compiled once: forward, and vjp per wrt set
+
+    def compiled(wrt: tuple[int, ...] | None) -> Callable[..., Any]:
+        if wrt not in jitted:
+            import jax
+
+            jitted[wrt] = jax.jit(fn if wrt is None else _vjp_function(fn, n_inputs, list(wrt)))
+        return jitted[wrt]
 
     @torch.library.custom_op(qualified, mutates_args=())
     def forward_op(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return _run(fn, inputs, in_specs, mesh)
+        return _run(compiled(None), inputs, in_specs, mesh)
 
     @forward_op.register_fake
     def _(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -171,7 +180,7 @@ def jax_op(
     @torch.library.custom_op(f"{qualified}_backward", mutates_args=())
     def backward_op(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         specs = None if in_specs is None else [*in_specs, *out_list]
-        return _run(_vjp_function(fn, n_inputs, _floating(tensors[:n_inputs])), tensors, specs, mesh)
+        return _run(compiled(tuple(_floating(tensors[:n_inputs]))), tensors, specs, mesh)
 
     @backward_op.register_fake
     def _(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
