@@ -13,6 +13,8 @@ from titanpod.kernels import (
     GroupedMatmulConfig,
     KernelConfig,
     MegabloxGroupedMatmul,
+    PallasLinearCrossEntropy,
+    PallasLossConfig,
     SplashAttention,
     SplashConfig,
     chunked_linear_cross_entropy,
@@ -80,6 +82,17 @@ def test_chunked_loss_matches_the_reference_with_ignored_labels(dtype):
     compare(chunked, linear_cross_entropy, [h, w, labels], dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pallas_loss_matches_the_reference_with_ignored_labels(dtype):
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(2, 37, 32, generator=g).to(dtype)  # 74 rows: padded to whole row tiles
+    w = (torch.randn(300, 32, generator=g) * 0.3).to(dtype)  # 300 entries: padded and masked vocab tiles
+    labels = torch.randint(0, 300, (2, 37), generator=g)
+    labels[0, :7] = IGNORE_INDEX
+    pallas = PallasLinearCrossEntropy(PallasLossConfig(block_rows=16, block_vocab=128))
+    compare(pallas, linear_cross_entropy, [h, w, labels], dtype)
+
+
 def test_chunked_loss_with_every_label_ignored_is_nan_like_the_reference():
     h, w = torch.randn(1, 4, 8), torch.randn(10, 8)
     labels = torch.full((1, 4), IGNORE_INDEX)
@@ -95,6 +108,10 @@ def test_unsupported_inputs_are_refused_not_miscomputed():
         SplashAttention()(*(qkv(4, 3, torch.float32)))
     with pytest.raises(TypeError, match="one dtype"):
         MegabloxGroupedMatmul()(torch.randn(8, 4), torch.randn(2, 4, 4).bfloat16(), torch.tensor([4, 4]))
+    with pytest.raises(TypeError, match="hidden states and head of one dtype"):
+        PallasLinearCrossEntropy(PallasLossConfig())(
+            torch.randn(1, 2, 4), torch.randn(5, 4).bfloat16(), torch.zeros(1, 2)
+        )
     with pytest.raises(TypeError, match="integer token ids"):
         chunked_linear_cross_entropy(torch.randn(1, 2, 4), torch.randn(5, 4), torch.zeros(1, 2))
     with pytest.raises(ValueError, match=r"kernels\.attention must be one of sdpa, splash"):

@@ -1,14 +1,16 @@
 """titanpod.kernels: JAX/Pallas functions as PyTorch ops, swapped into model slots by config.
 
 ``jax_op`` turns a JAX function into a traceable PyTorch op with autograd. On it stand
-Splash attention and the megablox grouped matmul; beside them, a chunked output
-projection + cross-entropy in plain PyTorch. ``model_ops(KernelConfig)`` picks what fills
-each ``titanpod.models.ModelOps`` slot; the PyTorch references stay the defaults.
+Splash attention, the megablox grouped matmul and a Pallas output projection +
+cross-entropy; beside them, a chunked version of that loss in plain PyTorch.
+``model_ops(KernelConfig)`` picks what fills each ``titanpod.models.ModelOps`` slot; the
+PyTorch references stay the defaults.
 """
 
 from titanpod.kernels.chunked_loss import chunked_linear_cross_entropy
 from titanpod.kernels.grouped_matmul import GroupedMatmulConfig, MegabloxGroupedMatmul
 from titanpod.kernels.jax_op import JaxOp, jax_op
+from titanpod.kernels.pallas_loss import PallasLinearCrossEntropy, PallasLossConfig
 from titanpod.kernels.splash import SplashAttention, SplashConfig, local_causal_sdpa
 from titanpod.kernels.swaps import KernelConfig, model_ops
 
@@ -17,6 +19,8 @@ __all__ = [
     "JaxOp",
     "KernelConfig",
     "MegabloxGroupedMatmul",
+    "PallasLinearCrossEntropy",
+    "PallasLossConfig",
     "SplashAttention",
     "SplashConfig",
     "chunked_linear_cross_entropy",

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 
 from titanpod.kernels.chunked_loss import chunked_linear_cross_entropy
 from titanpod.kernels.grouped_matmul import GroupedMatmulConfig, MegabloxGroupedMatmul
+from titanpod.kernels.pallas_loss import PallasLinearCrossEntropy, PallasLossConfig
 from titanpod.kernels.splash import SplashAttention, SplashConfig, local_causal_sdpa
 from titanpod.models import ModelOps, linear_cross_entropy, looped_grouped_matmul, sdpa_attention
+from titanpod.models.common.ops import HeadLossOp
 
 
 @dataclass(frozen=True)
@@ -18,7 +20,8 @@ class KernelConfig:
     attention: str = "sdpa"
     """``sdpa`` (PyTorch's scaled_dot_product_attention) or ``splash`` (Pallas splash attention)."""
     head_loss: str = "reference"
-    """``reference`` (full logits + cross-entropy) or ``chunked`` (never materialises all logits)."""
+    """``reference`` (full logits + cross-entropy), ``chunked`` (PyTorch, never holds all logits) or
+    ``pallas`` (Pallas kernels for the TPU, likewise)."""
     expert_matmul: str = "loop"
     """``loop`` (one matmul per expert) or ``gmm`` (megablox grouped matmul)."""
     window: int | None = None
@@ -27,11 +30,17 @@ class KernelConfig:
     """Splash attention's tiles (its window comes from ``window``)."""
     grouped_matmul: GroupedMatmulConfig = field(default_factory=GroupedMatmulConfig)
     """Grouped matmul tiles."""
+    pallas_loss: PallasLossConfig = field(default_factory=PallasLossConfig)
+    """Tiles of the Pallas cross-entropy."""
     chunk_rows: int | None = None
     """Rows of logits per chunk for ``chunked``; ``None`` fits 256 MiB of fp32 logits."""
 
 
-_CHOICES = {"attention": ("sdpa", "splash"), "head_loss": ("reference", "chunked"), "expert_matmul": ("loop", "gmm")}
+_CHOICES = {
+    "attention": ("sdpa", "splash"),
+    "head_loss": ("reference", "chunked", "pallas"),
+    "expert_matmul": ("loop", "gmm"),
+}
 
 
 def model_ops(config: KernelConfig) -> ModelOps:
@@ -44,10 +53,10 @@ def model_ops(config: KernelConfig) -> ModelOps:
         attention = SplashAttention(splash)
     else:
         attention = sdpa_attention if config.window is None else local_causal_sdpa(config.window)
-    head_loss = (
-        functools.partial(chunked_linear_cross_entropy, chunk_rows=config.chunk_rows)
-        if config.head_loss == "chunked"
-        else linear_cross_entropy
-    )
+    head_loss: HeadLossOp = linear_cross_entropy
+    if config.head_loss == "chunked":
+        head_loss = functools.partial(chunked_linear_cross_entropy, chunk_rows=config.chunk_rows)
+    elif config.head_loss == "pallas":
+        head_loss = PallasLinearCrossEntropy(config.pallas_loss)
     expert = MegabloxGroupedMatmul(config.grouped_matmul) if config.expert_matmul == "gmm" else looped_grouped_matmul
     return ModelOps(attention=attention, head_loss=head_loss, expert_matmul=expert)

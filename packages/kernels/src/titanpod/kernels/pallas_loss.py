@@ -1,0 +1,201 @@
+"""Output projection + cross-entropy as Pallas kernels (for the TPU; interpret mode elsewhere).
+
+Legend: N tokens, M model dim, V vocabulary; bn and bv the row and vocabulary tiles.
+
+The forward walks the vocabulary in tiles per row tile, keeping a running max, sum of
+exponentials and the target logit (an online logsumexp), and writes each row's loss
+and logsumexp. The backward recomputes each tile's logits from those, forms
+``softmax - one_hot`` scaled by the row's share of the mean, and accumulates the hidden
+gradient (one kernel, over vocabulary tiles) and the weight gradient (another, over row
+tiles). No [N, V] array exists at any point.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from titanpod.kernels.jax_op import JaxOp, jax_op
+from titanpod.models import IGNORE_INDEX
+
+
+@dataclass(frozen=True)
+class PallasLossConfig:
+    """Tiles of the Pallas cross-entropy kernels."""
+
+    block_rows: int = 256
+    """Token rows per tile (rows are padded to a multiple)."""
+    block_vocab: int = 512
+    """Vocabulary entries per tile (the vocabulary is padded to a multiple and masked)."""
+    interpret: bool | None = None
+    """Run Pallas in interpret mode; ``None`` does so unless JAX's default backend is a TPU."""
+
+
+def _logits_tile(h: Any, w: Any, v: Any, block_v: int, vocab: int) -> tuple[Any, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    logits = jnp.dot(h, w.T, preferred_element_type=jnp.float32)
+    cols = v * block_v + jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+    return jnp.where(cols < vocab, logits, -jnp.inf), cols
+
+
+def _forward_kernel(h_ref, w_ref, labels_ref, loss_ref, lse_ref, max_ref, sum_ref, target_ref, *, block_v, vocab, n_v):
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    v = pl.program_id(1)
+
+    @pl.when(v == 0)
+    def _start():
+        max_ref[...] = jnp.full(max_ref.shape, -jnp.inf, jnp.float32)
+        sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)
+        target_ref[...] = jnp.zeros(target_ref.shape, jnp.float32)
+
+    logits, cols = _logits_tile(h_ref[...], w_ref[...], v, block_v, vocab)
+    old_max = max_ref[...]
+    new_max = jnp.maximum(old_max, logits.max(axis=1, keepdims=True))
+    sum_ref[...] = sum_ref[...] * jnp.exp(old_max - new_max) + jnp.exp(logits - new_max).sum(axis=1, keepdims=True)
+    max_ref[...] = new_max
+    target_ref[...] += jnp.where(cols == labels_ref[...], logits, 0.0).sum(axis=1, keepdims=True)
+
+    @pl.when(v == n_v - 1)
+    def _finish():
+        lse = max_ref[...] + jnp.log(sum_ref[...])
+        lse_ref[...] = lse
+        loss_ref[...] = lse - target_ref[...]
+
+
+def _dlogits(h, w, labels, lse, scale, v, block_v, vocab):
+    import jax.numpy as jnp
+
+    logits, cols = _logits_tile(h, w, v, block_v, vocab)
+    probs = jnp.exp(logits - lse)
+    return (probs - (cols == labels).astype(jnp.float32)) * scale
+
+
+def _grad_h_kernel(h_ref, w_ref, labels_ref, lse_ref, scale_ref, dh_ref, *, block_v, vocab):
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    v = pl.program_id(1)
+
+    @pl.when(v == 0)
+    def _start():
+        dh_ref[...] = jnp.zeros(dh_ref.shape, jnp.float32)
+
+    d = _dlogits(h_ref[...], w_ref[...], labels_ref[...], lse_ref[...], scale_ref[...], v, block_v, vocab)
+    dh_ref[...] += jnp.dot(d.astype(w_ref.dtype), w_ref[...], preferred_element_type=jnp.float32)
+
+
+def _grad_w_kernel(h_ref, w_ref, labels_ref, lse_ref, scale_ref, dw_ref, *, block_v, vocab):
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    v, n = pl.program_id(0), pl.program_id(1)
+
+    @pl.when(n == 0)
+    def _start():
+        dw_ref[...] = jnp.zeros(dw_ref.shape, jnp.float32)
+
+    d = _dlogits(h_ref[...], w_ref[...], labels_ref[...], lse_ref[...], scale_ref[...], v, block_v, vocab)
+    dw_ref[...] += jnp.dot(d.T.astype(h_ref.dtype), h_ref[...], preferred_element_type=jnp.float32)
+
+
+def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int) -> Any:
+    """A JAX function ``(h_NM, w_VM, labels_N) -> mean loss`` with a Pallas forward and backward."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    interpret = config.interpret if config.interpret is not None else jax.default_backend() != "tpu"
+    bv = config.block_vocab
+    v_pad = -vocab % bv
+    n_v = (vocab + v_pad) // bv
+
+    def padded(h, w, labels):
+        bn = config.block_rows
+        n_pad = -h.shape[0] % bn
+        h = jnp.pad(h, ((0, n_pad), (0, 0)))
+        labels = jnp.pad(labels.astype(jnp.int32), (0, n_pad), constant_values=IGNORE_INDEX)[:, None]
+        return h, jnp.pad(w, ((0, v_pad), (0, 0))), labels, (h.shape[0]) // bn
+
+    row = pl.BlockSpec((config.block_rows, 1), lambda i, v: (i, 0))
+    hidden = pl.BlockSpec((config.block_rows, dim), lambda i, v: (i, 0))
+    weight = pl.BlockSpec((bv, dim), lambda i, v: (v, 0))
+
+    def forward_rows(h, w, labels):
+        h, w, labels, n_n = padded(h, w, labels)
+        column = jax.ShapeDtypeStruct((h.shape[0], 1), jnp.float32)
+        kernel = functools.partial(_forward_kernel, block_v=bv, vocab=vocab, n_v=n_v)
+        loss, lse, *_ = pl.pallas_call(
+            kernel, grid=(n_n, n_v), in_specs=[hidden, weight, row], out_specs=[row] * 5,
+            out_shape=[column] * 5, interpret=interpret,
+        )(h, w, labels)  # fmt: skip
+        return loss[:, 0], lse
+
+    def mean_loss(h, w, labels):
+        valid = labels != IGNORE_INDEX
+        loss, _ = forward_rows(h, w, labels)
+        return jnp.where(valid, loss[: h.shape[0]], 0.0).sum() / valid.sum()
+
+    @jax.custom_vjp
+    def cross_entropy(h, w, labels):
+        return mean_loss(h, w, labels)
+
+    def cross_entropy_forward(h, w, labels):
+        valid = labels != IGNORE_INDEX
+        loss, lse = forward_rows(h, w, labels)
+        value = jnp.where(valid, loss[: h.shape[0]], 0.0).sum() / valid.sum()
+        return value, (h, w, labels, lse)
+
+    def cross_entropy_backward(residuals, grad):
+        h0, w0, labels0, lse = residuals
+        valid = labels0 != IGNORE_INDEX
+        scale_rows = jnp.where(valid, grad / valid.sum(), 0.0).astype(jnp.float32)
+        h, w, labels, n_n = padded(h0, w0, labels0)
+        scale = jnp.pad(scale_rows, (0, h.shape[0] - h0.shape[0]))[:, None]
+        statics = {"block_v": bv, "vocab": vocab}
+        dh = pl.pallas_call(
+            functools.partial(_grad_h_kernel, **statics), grid=(n_n, n_v),
+            in_specs=[hidden, weight, row, row, row], out_specs=hidden,
+            out_shape=jax.ShapeDtypeStruct(h.shape, jnp.float32), interpret=interpret,
+        )(h, w, labels, lse, scale)  # fmt: skip
+        by_vocab = {"hidden": pl.BlockSpec((config.block_rows, dim), lambda v, i: (i, 0)),
+                    "weight": pl.BlockSpec((bv, dim), lambda v, i: (v, 0)),
+                    "row": pl.BlockSpec((config.block_rows, 1), lambda v, i: (i, 0))}  # fmt: skip
+        dw = pl.pallas_call(
+            functools.partial(_grad_w_kernel, **statics), grid=(n_v, n_n),
+            in_specs=[by_vocab["hidden"], by_vocab["weight"], by_vocab["row"], by_vocab["row"], by_vocab["row"]],
+            out_specs=by_vocab["weight"], out_shape=jax.ShapeDtypeStruct(w.shape, jnp.float32), interpret=interpret,
+        )(h, w, labels, lse, scale)  # fmt: skip
+        return dh[: h0.shape[0]].astype(h0.dtype), dw[:vocab].astype(w0.dtype), None
+
+    cross_entropy.defvjp(cross_entropy_forward, cross_entropy_backward)
+    return cross_entropy
+
+
+@dataclass
+class PallasLinearCrossEntropy:
+    """Callable with the ``HeadLossOp`` signature, backed by the Pallas kernels above."""
+
+    config: PallasLossConfig
+    """Tiles."""
+
+    def __post_init__(self) -> None:
+        self._ops: dict[tuple[Any, ...], JaxOp] = {}
+
+    def __call__(self, h_BSM: torch.Tensor, weight_VM: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
+        if h_BSM.dtype != weight_VM.dtype or h_BSM.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"The Pallas loss takes float32 or bfloat16 hidden states and head of one dtype, got "
+                            f"{h_BSM.dtype} and {weight_VM.dtype}.")  # fmt: skip
+        vocab, dim = weight_VM.shape
+        key = (vocab, dim, h_BSM.dtype)
+        if key not in self._ops:
+            fn = make_pallas_cross_entropy(self.config, vocab, dim)
+            self._ops[key] = jax_op(f"pallas_ce_{id(self)}_{vocab}_{dim}_{str(h_BSM.dtype).split('.')[-1]}", fn)
+        labels = labels_BS.reshape(-1).to(torch.int32)
+        return self._ops[key](h_BSM.reshape(-1, dim), weight_VM, labels)
