@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import run_python
 from titanpod.device import LaneUnavailableError, get_backend, resolve_lane
 from titanpod.device.lanes import auto_lane, check_lane_name, tpu_attached, unavailable_reason
 
@@ -82,11 +83,16 @@ def test_cpu_backend_basics():
 
 
 def test_xla_backend_runs_torch_ops_on_jax_arrays():
-    backend = get_backend("xla")
-    assert backend.device().type == "jax"
-    with backend.runtime():
-        x = torch.arange(6.0, device=backend.device()).reshape(2, 3)
-        total = (x * 2).sum()
-        assert total.device.type == "jax"
-        assert float(total.cpu()) == 30.0
-    backend.synchronize()
+    # In its own process: torchax registers the "jax" device with PyTorch for the rest of a process.
+    result = run_python(
+        "import torch\n"
+        "from titanpod.device import get_backend\n"
+        "backend = get_backend('xla')\n"
+        "with backend.runtime():\n"
+        "    x = torch.arange(6.0, device=backend.device()).reshape(2, 3)\n"
+        "    total = (x * 2).sum()\n"
+        "    print(backend.device().type, total.device.type, float(total.cpu()))\n"
+        "backend.synchronize()\n"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["jax", "jax", "30.0"]
