@@ -14,10 +14,10 @@ import sys
 
 import tyro
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from titanpod.device import process_info
+from titanpod.pretrain.errors import print_error
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, PretrainResult, Recipe, get_recipe, run_pretraining
 
 
@@ -64,12 +64,6 @@ def print_summary(console: Console, result: PretrainResult) -> None:
     console.print(table)
     console.print(f"run directory: {result.run_dir} (recipe.json, metrics.jsonl)", soft_wrap=True)
     console.print(f"weights: {result.weights_path or 'not saved'}", soft_wrap=True)
-
-
-def print_error(error: BaseException) -> None:
-    """Print ``error`` to stderr, unwrapped and with no markup read into its text."""
-    text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(text))}", soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:

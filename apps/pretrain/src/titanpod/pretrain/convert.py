@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 
 from titanpod.checkpoint import load_hf_checkpoint, load_model, push, resolve_source, save_hf_checkpoint, save_model
 from titanpod.checkpoint.hf_files import DEFAULT_MAX_SHARD_BYTES, dtype_from_name
 from titanpod.models import parameter_count
+from titanpod.pretrain.errors import print_error
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,8 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args, console)
     except (OSError, ValueError, KeyError) as error:
-        text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(text))}", soft_wrap=True)
+        print_error(error)
         return 1
     return 0
 
