@@ -113,7 +113,6 @@ def train(
     interrupted = False
     start = last_report = time.perf_counter()
     first_step_end = start
-    grad_norm = torch.zeros(())
     with _progress(console) as progress, stop_after_step() as stop:
         task = progress.add_task("train", total=config.steps, loss="-", tps="-")
         try:

@@ -111,8 +111,6 @@ def _run(
     import jax
 
     device = tensors[0].device
-    if device.type == "tpu":
-        return list(_tpu_delegate(fn)(*tensors))
     arrays = list(map(_to_jax, tensors))
     if mesh is not None and specs is not None:
         arrays = [
@@ -157,18 +155,27 @@ def jax_op(
         fn = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
     out_list = list(out_specs) if isinstance(out_specs, (tuple, list)) else [out_specs]
-    jitted: dict[tuple[int, ...] | None, Callable[..., Any]] = {}  # compiled once: forward, and vjp per wrt set
+    # Built once each: the forward and one vjp per set of differentiated inputs, jitted for
+    # JAX's own devices or registered with torch_tpu for the tpu lane.
+    built: dict[tuple[str, tuple[int, ...] | None], Callable[..., Any]] = {}
 
-    def compiled(wrt: tuple[int, ...] | None) -> Callable[..., Any]:
-        if wrt not in jitted:
+    def run(
+        wrt: tuple[int, ...] | None, tensors: list[torch.Tensor], specs: Sequence[Any] | None
+    ) -> list[torch.Tensor]:
+        on_tpu = tensors[0].device.type == "tpu"
+        key = ("tpu" if on_tpu else "jax", wrt)
+        if key not in built:
             import jax
 
-            jitted[wrt] = jax.jit(fn if wrt is None else _vjp_function(fn, n_inputs, list(wrt)))
-        return jitted[wrt]
+            function = fn if wrt is None else _vjp_function(fn, n_inputs, list(wrt))
+            built[key] = _tpu_delegate(function) if on_tpu else jax.jit(function)
+        if on_tpu:
+            return list(built[key](*tensors))
+        return _run(built[key], tensors, specs, mesh)
 
     @torch.library.custom_op(qualified, mutates_args=())
     def forward_op(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return _run(compiled(None), inputs, in_specs, mesh)
+        return run(None, inputs, in_specs)
 
     @forward_op.register_fake
     def _(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -180,7 +187,7 @@ def jax_op(
     @torch.library.custom_op(f"{qualified}_backward", mutates_args=())
     def backward_op(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         specs = None if in_specs is None else [*in_specs, *out_list]
-        return _run(compiled(tuple(_floating(tensors[:n_inputs]))), tensors, specs, mesh)
+        return run(tuple(_floating(tensors[:n_inputs])), tensors, specs)
 
     @backward_op.register_fake
     def _(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
