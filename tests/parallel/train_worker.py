@@ -14,13 +14,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
 from titanpod.models import build_model
 from titanpod.parallel import PLANS, ParallelConfig
-from titanpod.parallel.torch_executor import parallelize
+from titanpod.parallel.torch_executor import parallelize, unshard
 from titanpod.recipes.data import (
     PackedBatches,
     builtin_corpus_path,
@@ -44,6 +45,10 @@ def main() -> None:
     for axis in ("dp-replicate", "fsdp", "ep", "tp"):
         parser.add_argument(f"--{axis}", type=int, default=1)
     parser.add_argument("--no-sequence-parallel", action="store_true")
+    parser.add_argument("--step-mode", default="eager")
+    parser.add_argument("--memory-policy", default="save")
+    parser.add_argument("--compiler", default="none")
+    parser.add_argument("--params-out", type=Path, help="also write the final parameters (safetensors)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -68,11 +73,25 @@ def main() -> None:
     else:
         data_rank, data_world, reduce_loss = 0, 1, None
     batches = PackedBatches(tokens, args.seq_len, args.global_batch // data_world, 0, data_rank, data_world)
-    config = TrainConfig(steps=args.steps, lr=3e-3, warmup_steps=2, log_every=args.steps, grad_clip=1.0)
+    config = TrainConfig(
+        steps=args.steps,
+        lr=3e-3,
+        warmup_steps=2,
+        log_every=args.steps,
+        grad_clip=1.0,
+        step_mode=args.step_mode,
+        memory_policy=args.memory_policy,
+        compiler=args.compiler,
+    )
     summary = train(
         model, batches, config, backend, flops_per_token=1.0, data_parallel=data_world, reduce_loss=reduce_loss
     )
     rank = dist.get_rank() if dist.is_initialized() else 0
+    if args.params_out is not None:
+        if dist.is_initialized():
+            unshard(model)
+        if rank == 0:
+            save_file({name: p.detach().contiguous() for name, p in model.named_parameters()}, str(args.params_out))
     if rank == 0:
         result = {"losses": summary.losses, "param_bytes": local_parameter_bytes(model), "full_bytes": full_bytes}
         args.out.write_text(json.dumps(result))

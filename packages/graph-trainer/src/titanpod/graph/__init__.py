@@ -1,20 +1,35 @@
-"""titanpod.graph: the training step and loop, optimizer, schedules and metrics."""
+"""titanpod.graph: the training step (eager, per-block, whole-step) and loop, optimizer, schedules, metrics."""
 
-from titanpod.graph.config import TrainConfig
-from titanpod.graph.loop import Batch, LossModel, TrainSummary, train
-from titanpod.graph.metrics import JsonlWriter, StepMetrics, mfu
-from titanpod.graph.optimizer import build_adamw
+from titanpod.graph.config import MEMORY_POLICIES, STEP_MODES, TrainConfig
+from titanpod.graph.loop import LossModel, TrainSummary, train
+from titanpod.graph.memory_policy import ActivationPlan, apply_memory_policy
+from titanpod.graph.metrics import JsonlWriter, StepMetrics, TensorBoardWriter, mfu
+from titanpod.graph.optimizer import AdamWState, adamw_update_, init_adamw_state, total_grad_norm
 from titanpod.graph.schedule import lr_multiplier
+from titanpod.graph.steps import Batch, EagerStep, StepOutput, TrainStep, WholeStep, build_step
 
 __all__ = [
+    "MEMORY_POLICIES",
+    "STEP_MODES",
+    "ActivationPlan",
+    "AdamWState",
     "Batch",
+    "EagerStep",
     "JsonlWriter",
     "LossModel",
     "StepMetrics",
+    "StepOutput",
+    "TensorBoardWriter",
     "TrainConfig",
+    "TrainStep",
     "TrainSummary",
-    "build_adamw",
+    "WholeStep",
+    "adamw_update_",
+    "apply_memory_policy",
+    "build_step",
+    "init_adamw_state",
     "lr_multiplier",
     "mfu",
+    "total_grad_norm",
     "train",
 ]

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+STEP_MODES = ("eager", "per_block", "whole_step")
+MEMORY_POLICIES = ("save", "recompute", "selective", "offload")
+PRECISIONS = ("fp32", "bf16")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How many steps, how fast to learn, and how often to report."""
+    """How many steps, how fast to learn, how each step runs, and how often to report."""
 
     steps: int = 100
     """Optimizer steps to run."""
@@ -33,6 +37,28 @@ class TrainConfig:
     """Seed for weight init and data order."""
     log_every: int = 10
     """Read losses back from the device and write metrics every this many steps."""
+    step_mode: str = "eager"
+    """How a step runs: ``eager`` (op by op), ``per_block`` (each transformer block
+    compiled by ``torch.compile``), or ``whole_step`` (forward, loss, backward and the
+    AdamW update captured as one graph and compiled as one program)."""
+    memory_policy: str = "save"
+    """What the whole-step graph keeps for the backward: ``save`` (every activation),
+    ``recompute`` (only block inputs; the rest is recomputed in the backward),
+    ``selective`` (block inputs and matmul/attention outputs; cheap ops are recomputed),
+    ``offload`` (as ``recompute``, with the block inputs kept in host memory)."""
+    compiler: str = "auto"
+    """Compiler for ``per_block`` and ``whole_step``: ``auto`` (the lane's: inductor on
+    cpu/cuda, the tpu backend on tpu, ``jax.jit`` on xla) or ``none`` (run the captured
+    graph as it is, op by op: for debugging and quick tests)."""
+    grad_accum_steps: int = 1
+    """Micro-batches whose gradients are averaged into one optimizer step."""
+    precision: str = "fp32"
+    """Compute precision: ``fp32``, or ``bf16`` (autocast; parameters, gradients and
+    optimizer state stay fp32)."""
+    skip_nonfinite: bool = True
+    """When the gradient norm is NaN or Inf: skip the update (True: parameters and
+    optimizer state stay as they were, and the step is counted as skipped) or stop the
+    run with a message (False)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -41,7 +67,22 @@ class TrainConfig:
             raise ValueError(
                 f"train.warmup_steps must be in [0, steps), got {self.warmup_steps} for {self.steps} steps."
             )
-        if self.decay not in ("cosine", "linear", "constant"):
-            raise ValueError(f"train.decay must be cosine, linear or constant, got {self.decay!r}.")
+        _check_choice("decay", self.decay, ("cosine", "linear", "constant"))
         if self.log_every < 1:
             raise ValueError(f"train.log_every must be at least 1, got {self.log_every}.")
+        _check_choice("step_mode", self.step_mode, STEP_MODES)
+        _check_choice("memory_policy", self.memory_policy, MEMORY_POLICIES)
+        _check_choice("compiler", self.compiler, ("auto", "none"))
+        _check_choice("precision", self.precision, PRECISIONS)
+        if self.grad_accum_steps < 1:
+            raise ValueError(f"train.grad_accum_steps must be at least 1, got {self.grad_accum_steps}.")
+        if self.memory_policy != "save" and self.step_mode != "whole_step":
+            raise ValueError(
+                f"train.memory_policy={self.memory_policy!r} rewrites the captured step graph, so it needs "
+                "train.step_mode='whole_step'; use memory_policy='save' with eager or per_block steps."
+            )
+
+
+def _check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"train.{field} must be one of {', '.join(choices)}; got {value!r}.")

@@ -1,11 +1,10 @@
-"""The training loop: eager steps, a schedule, clipping, progress and metrics.
+"""The training loop: steps in the configured mode, a schedule, progress, metrics and a NaN guard.
 
 Legend: B batch, S sequence.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -15,17 +14,13 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from titanpod.device import Backend
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.interrupt import stop_after_step
 from titanpod.graph.metrics import StepMetrics, mfu
-from titanpod.graph.optimizer import build_adamw
 from titanpod.graph.schedule import lr_multiplier
-
-Batch = tuple[torch.Tensor, torch.Tensor]
-"""Inputs and labels, each [B, S] token ids."""
+from titanpod.graph.steps import Batch, StepOutput, TrainStep, build_step
 
 
 class LossModel(Protocol):
@@ -56,6 +51,10 @@ class TrainSummary:
     """True when the user stopped the run (Ctrl-C) before the last step."""
     reports: list[StepMetrics] = field(default_factory=list)
     """Every metrics report written."""
+    skipped_steps: list[int] = field(default_factory=list)
+    """Steps whose update was skipped because the gradient norm was NaN or Inf."""
+    stopped_because: str | None = None
+    """Why the run stopped early on its own (a non-finite gradient with ``skip_nonfinite`` off)."""
 
 
 def _progress(console: Console | None) -> Progress:
@@ -84,8 +83,12 @@ def train(
     reduce_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
     on_report: Callable[[StepMetrics], None] | None = None,
     console: Console | None = None,
+    step: TrainStep | None = None,
 ) -> TrainSummary:
     """Train ``model`` (which must have ``loss(tokens, labels)``) for ``config.steps`` steps.
+
+    Each step takes ``config.grad_accum_steps`` batches from ``batches`` and runs them in
+    ``config.step_mode`` (or through ``step``, when given: it owns the optimizer state).
 
     Sharded training: each process passes its own batches; ``data_parallel`` is the number
     of distinct data shards (global tokens = local tokens x ``data_parallel``), ``devices``
@@ -93,82 +96,102 @@ def train(
     reporting. Gradients are reduced by the model's own sharding (titanpod.parallel).
 
     Losses stay on the device and are read back every ``config.log_every`` steps, so the
-    loop waits for the device only when it reports. Ctrl-C lets the step in flight finish,
-    then stops and returns a summary marked ``interrupted``; the model keeps the weights it
-    reached. A second Ctrl-C interrupts at once.
+    loop waits for the device only when it reports. A step whose gradient norm is NaN or
+    Inf changes nothing; it is counted as skipped, or, with ``skip_nonfinite`` off, ends
+    the run with ``stopped_because`` set (this check reads the device every step). Ctrl-C
+    lets the step in flight finish, then stops and returns a summary marked
+    ``interrupted``; the model keeps the weights it reached. A second Ctrl-C interrupts at once.
     """
     if backend.lane == "xla":
         raise NotImplementedError(
-            "The xla lane trains through a jitted functional step, which this eager loop is not; "
-            "use lane cpu, cuda or tpu for this run."
+            "The xla lane trains through titanpod.graph.xla_step (a jax.jit-ed functional step), "
+            "not this torch loop; use lane cpu, cuda or tpu here."
         )
+    torch.manual_seed(config.seed)
     device = backend.device()
-    loss_model: LossModel = model  # type: ignore[assignment]
-    optimizer = build_adamw(model, config)
+    train_step = step if step is not None else build_step(model, config, backend)
     peak = backend.chip().peak_flops
-    pending: list[torch.Tensor] = []
+    pending: list[StepOutput] = []
     losses: list[float] = []
     reports: list[StepMetrics] = []
+    skipped: list[int] = []
+    stopped_because = None
     tokens_since, tokens_after_first = 0, 0
     interrupted = False
     start = last_report = time.perf_counter()
     first_step_end = start
+
+    def read_back(upto_step: int) -> torch.Tensor:
+        """Bring the pending steps' losses and flags to the host (waits for the device)."""
+        first = upto_step - len(pending) + 1
+        window = torch.stack([out.loss for out in pending]).float().cpu()
+        applied = torch.stack([out.applied for out in pending]).cpu().tolist()
+        skipped.extend(first + i for i, ok in enumerate(applied) if not ok)
+        losses.extend(window.tolist())
+        pending.clear()
+        return window
+
     with _progress(console) as progress, stop_after_step() as stop:
         task = progress.add_task("train", total=config.steps, loss="-", tps="-")
         try:
-            for step in range(1, config.steps + 1):
-                tokens_BS, labels_BS = next(batches)
-                tokens_BS, labels_BS = tokens_BS.to(device), labels_BS.to(device)
-                lr = config.lr * lr_multiplier(step, config)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                loss = loss_model.loss(tokens_BS, labels_BS)
-                loss.backward()
-                max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
-                grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
-                if isinstance(grad_norm, DTensor):
-                    grad_norm = grad_norm.full_tensor()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                pending.append(loss.detach() if reduce_loss is None else reduce_loss(loss.detach()))
-                step_tokens = tokens_BS.numel() * data_parallel
+            for step_number in range(1, config.steps + 1):
+                micro_batches = [
+                    (tokens.to(device), labels.to(device))
+                    for tokens, labels in (next(batches) for _ in range(config.grad_accum_steps))
+                ]
+                lr = config.lr * lr_multiplier(step_number, config)
+                out = train_step(micro_batches, lr)
+                if reduce_loss is not None:
+                    out.loss = reduce_loss(out.loss)
+                pending.append(out)
+                step_tokens = sum(tokens.numel() for tokens, _ in micro_batches) * data_parallel
                 tokens_since += step_tokens
-                if step == 1:
+                if step_number == 1:
                     backend.synchronize()
                     first_step_end = time.perf_counter()
                 else:
                     tokens_after_first += step_tokens
-                if step % config.log_every == 0 or step == config.steps:
-                    window = torch.stack(pending).float().cpu()  # waits for the device
+                if not config.skip_nonfinite and not bool(out.applied):
+                    loss_value, norm_value = float(out.loss), float(out.grad_norm)
+                    read_back(step_number)
+                    stopped_because = (
+                        f"step {step_number}: the gradient norm is {norm_value} (loss {loss_value}); the update was "
+                        "not applied and the run stopped. Lower train.lr, raise train.warmup_steps, or set "
+                        "train.skip_nonfinite=True to skip such steps."
+                    )
+                    break
+                if step_number % config.log_every == 0 or step_number == config.steps:
+                    grad_norm = float(out.grad_norm)
+                    window = read_back(step_number)
                     now = time.perf_counter()
-                    losses.extend(window.tolist())
-                    pending.clear()
                     tps = tokens_since / (now - last_report)
                     report = StepMetrics(
-                        step=step,
+                        step=step_number,
                         loss=float(window.mean()),
-                        grad_norm=float(grad_norm),
+                        grad_norm=grad_norm,
                         lr=lr,
                         tokens_per_second=tps,
                         tflops_per_second=flops_per_token * tps / devices / 1e12,
                         mfu=mfu(flops_per_token, tps, devices, peak),
                         peak_memory_gib=backend.memory_stats().peak_bytes / 1024**3,
                         elapsed_seconds=now - start,
+                        skipped_steps=len(skipped),
                     )
                     reports.append(report)
                     if on_report is not None:
                         on_report(report)
                     tokens_since, last_report = 0, now
                     progress.update(task, loss=f"{report.loss:.4f}", tps=f"{tps:,.0f}")
-                progress.update(task, completed=step)
-                if stop.requested and step < config.steps:
+                progress.update(task, completed=step_number)
+                if stop.requested and step_number < config.steps:
                     interrupted = True
                     break
         except KeyboardInterrupt:  # a second Ctrl-C, or a signal outside the main thread
             interrupted = True
     backend.synchronize()
     end = time.perf_counter()
-    losses.extend(t.item() for t in pending)  # a loss is pending only once its step is done
+    if pending:  # a step is pending only once it is done
+        read_back(len(losses) + len(pending))
     timed = end - first_step_end
     tps_all = tokens_after_first / timed if tokens_after_first and timed > 0 else 0.0
     return TrainSummary(
@@ -180,4 +203,6 @@ def train(
         wall_seconds=end - start,
         interrupted=interrupted,
         reports=reports,
+        skipped_steps=skipped,
+        stopped_because=stopped_because,
     )

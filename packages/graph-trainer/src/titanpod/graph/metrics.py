@@ -40,6 +40,8 @@ class StepMetrics:
     """Peak memory of this process's device so far (host RSS on a CPU)."""
     elapsed_seconds: float
     """Wall time since training started."""
+    skipped_steps: int = 0
+    """Steps skipped so far because their gradient norm was NaN or Inf."""
 
 
 class JsonlWriter:
@@ -59,3 +61,24 @@ class JsonlWriter:
     def close(self) -> None:
         """Close the file."""
         self._file.close()
+
+
+class TensorBoardWriter:
+    """Writes each report's numbers as TensorBoard scalars (``train/loss``, ``train/mfu``, ...) at its step."""
+
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked for
+
+        self.log_dir = log_dir
+        self._writer = SummaryWriter(log_dir=str(log_dir))
+
+    def write(self, record: StepMetrics) -> None:
+        """Add every field of ``record`` but ``step`` as a scalar at ``record.step``, and flush."""
+        for name, value in asdict(record).items():
+            if name != "step":
+                self._writer.add_scalar(f"train/{name}", value, record.step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the event file."""
+        self._writer.close()

@@ -1,0 +1,120 @@
+"""Capturing a whole training step (forward, loss, backward, clipping, AdamW) as one FX graph.
+
+Legend: A micro-batches per step, B batch, S sequence.
+
+The step is traced with ``make_fx`` on fake tensors, so tracing costs no compute and no
+memory. Its inputs are plain local tensors: each parameter's local shard, the AdamW
+state, the learning rate and the step's tokens. A sharded parameter is rebuilt as a
+DTensor inside the trace (``DTensor.from_local``), so the gathers and gradient
+reductions of ``titanpod.parallel`` land in the graph as functional collectives.
+
+Graph outputs: ``(grad_norm, applied, loss_1, ..., loss_A)``; parameters and optimizer
+state are updated in place. ``loss_outputs`` finds the loss nodes again, which is how the
+memory policies tell the forward part of the graph from the backward part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import fx, nn
+from torch.distributed.tensor import DTensor
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from titanpod.graph.binding import parameters_bound
+from titanpod.graph.config import TrainConfig
+from titanpod.graph.optimizer import AdamWState, adamw_update_, total_grad_norm
+
+LEADING_OUTPUTS = 2
+"""Outputs before the per-micro-batch losses: the gradient norm and the applied flag."""
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """How a captured step rebuilds one parameter from its local tensor."""
+
+    dtensor: DTensor | None
+    """The live sharded parameter (for its mesh, placements, shape and stride), or None if whole."""
+    decay: float
+    """Its weight decay."""
+
+    def rebuild(self, local: torch.Tensor) -> torch.Tensor:
+        """The tensor the model should read: ``local`` itself, or a DTensor over it."""
+        if self.dtensor is None:
+            return local
+        spec = self.dtensor
+        return DTensor.from_local(
+            local, spec.device_mesh, spec.placements, run_check=False, shape=spec.shape, stride=spec.stride()
+        )
+
+
+def autocast_context(config: TrainConfig, device_type: str) -> contextlib.AbstractContextManager[None]:
+    """bf16 autocast when ``config.precision`` asks for it, else nothing."""
+    if config.precision == "bf16":
+        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def step_function(model: nn.Module, specs: Sequence[ParamSpec], config: TrainConfig, device_type: str):
+    """The functional step that ``capture_step`` traces (also runnable as it is, eagerly).
+
+    Arguments: local parameters, first moments, second moments (lists), the step count
+    and learning rate (0-d), tokens and labels [A, B, S].
+    """
+    decays = [spec.decay for spec in specs]
+
+    def step(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS):
+        leaves = [p.detach().requires_grad_(True) for p in params]
+        bound = [spec.rebuild(leaf) for spec, leaf in zip(specs, leaves, strict=True)]
+        micro_batches = tokens_ABS.shape[0]
+        losses, grads = [], None
+        for index in range(micro_batches):
+            with parameters_bound(model, bound), autocast_context(config, device_type):
+                loss = model.loss(tokens_ABS[index], labels_ABS[index])  # type: ignore[operator]
+            micro_grads = torch.autograd.grad(loss / micro_batches, bound)
+            grads = list(micro_grads) if grads is None else [g + m for g, m in zip(grads, micro_grads, strict=True)]
+            losses.append(loss.detach())
+        assert grads is not None
+        grad_norm = total_grad_norm(grads)
+        local_grads = [_local_grad(g, spec) for g, spec in zip(grads, specs, strict=True)]
+        state = AdamWState(step_count, list(exp_avg), list(exp_avg_sq))
+        applied = adamw_update_(params, local_grads, state, lr, grad_norm, decays, config)
+        return (grad_norm, applied, *losses)
+
+    return step
+
+
+def _local_grad(grad: torch.Tensor, spec: ParamSpec) -> torch.Tensor:
+    if spec.dtensor is None:
+        return grad
+    assert isinstance(grad, DTensor)
+    if tuple(grad.placements) != tuple(spec.dtensor.placements):
+        grad = grad.redistribute(placements=spec.dtensor.placements)
+    return grad.to_local()
+
+
+def capture_step(
+    model: nn.Module, specs: Sequence[ParamSpec], config: TrainConfig, device_type: str, example_inputs: tuple
+) -> fx.GraphModule:
+    """Trace the whole step into one ``GraphModule`` (fake tensors: nothing runs, nothing is allocated).
+
+    Each node keeps the module path it came from (``nn_module_stack``), which the memory
+    policies use to find transformer-block boundaries.
+    """
+    function = step_function(model, specs, config, device_type)
+    function._orig_mod = model  # type: ignore[attr-defined]  # make_fx records module paths under this root
+    return make_fx(function, tracing_mode="fake", record_module_stack=True)(*example_inputs)
+
+
+def loss_outputs(graph: fx.Graph) -> list[fx.Node]:
+    """The per-micro-batch loss nodes of a captured step (their ``detach`` stripped)."""
+    output = graph.output_node()
+    losses = []
+    for node in output.args[0][LEADING_OUTPUTS:]:  # type: ignore[index]
+        while isinstance(node, fx.Node) and node.target == torch.ops.aten.detach.default:
+            node = node.args[0]
+        losses.append(node)
+    return losses

@@ -1,0 +1,154 @@
+"""The training step in each mode: eager, per-block compiled, whole-step captured.
+
+Legend: A micro-batches per step, B batch, S sequence.
+
+Every mode runs the same arithmetic (the model's loss, the gradient norm, the functional
+AdamW of ``titanpod.graph.optimizer``), so their losses and parameters agree to rounding.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import fx, nn
+from torch.distributed.tensor import DTensor
+
+from titanpod.device import Backend
+from titanpod.graph.capture import ParamSpec, autocast_context, capture_step
+from titanpod.graph.config import TrainConfig
+from titanpod.graph.memory_policy import apply_memory_policy
+from titanpod.graph.optimizer import AdamWState, adamw_update_, init_adamw_state, local_tensor, total_grad_norm
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+"""Inputs and labels, each [B, S] token ids."""
+
+
+@dataclass
+class StepOutput:
+    """What one step reports, left on the device until the loop reads it."""
+
+    loss: torch.Tensor
+    """Mean loss over the step's micro-batches (this process's data), 0-d."""
+    grad_norm: torch.Tensor
+    """Global gradient norm before clipping, 0-d."""
+    applied: torch.Tensor
+    """False when the gradient norm was not finite and the update was skipped, 0-d bool."""
+
+
+class TrainStep(ABC):
+    """One optimizer step over a list of micro-batches; owns the optimizer state."""
+
+    def __init__(self, model: nn.Module, config: TrainConfig, backend: Backend) -> None:
+        self.model = model
+        self.config = config
+        self.backend = backend
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if len(self.params) != len(list(model.parameters())):
+            raise ValueError("Every parameter must be trainable: frozen parameters are not supported by the loop yet.")
+        self.state: AdamWState = init_adamw_state(self.params)
+        self.decays = [config.weight_decay if p.ndim >= 2 else 0.0 for p in self.params]
+
+    def lr_tensor(self, lr: float) -> torch.Tensor:
+        """The learning rate as a 0-d tensor on the step's device."""
+        return torch.tensor(lr, dtype=torch.float32, device=self.state.step.device)
+
+    @abstractmethod
+    def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
+        """Forward and backward over ``micro_batches`` (on the device), then one AdamW update."""
+
+
+class EagerStep(TrainStep):
+    """Op-by-op forward and backward; with ``compile_blocks``, each transformer block is compiled."""
+
+    def __init__(self, model: nn.Module, config: TrainConfig, backend: Backend, compile_blocks: bool = False) -> None:
+        super().__init__(model, config, backend)
+        if compile_blocks and config.compiler == "auto":
+            blocks = getattr(model, "layers", None)
+            if blocks is None:
+                raise ValueError(f"step_mode='per_block' needs a model with .layers; {type(model).__name__} has none.")
+            if backend.compile_backend is None:
+                raise ValueError(f"step_mode='per_block' cannot compile on the {backend.lane} lane; use whole_step.")
+            for block in blocks:
+                block.compile(backend=backend.compile_backend, dynamic=False)
+
+    def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
+        losses = []
+        for tokens_BS, labels_BS in micro_batches:
+            with autocast_context(self.config, self.backend.device_type):
+                loss = self.model.loss(tokens_BS, labels_BS)  # type: ignore[operator]
+            (loss / len(micro_batches)).backward()
+            losses.append(loss.detach())
+        grads = [p.grad for p in self.params]
+        if any(g is None for g in grads):
+            missing = [n for n, p in self.model.named_parameters() if p.grad is None]
+            raise RuntimeError(f"No gradient reached {', '.join(missing[:5])}: is it used by the loss?")
+        with torch.no_grad():
+            grad_norm = total_grad_norm(grads)  # type: ignore[arg-type]
+            applied = adamw_update_(
+                [local_tensor(p) for p in self.params],
+                [local_tensor(g) for g in grads],  # type: ignore[arg-type]
+                self.state,
+                self.lr_tensor(lr),
+                grad_norm,
+                self.decays,
+                self.config,
+            )
+        for param in self.params:
+            param.grad = None
+        return StepOutput(torch.stack(losses).mean(), grad_norm, applied)
+
+
+class WholeStep(TrainStep):
+    """The whole step as one captured graph, rewritten by the memory policy and compiled once.
+
+    The graph is captured on the first call (it needs the batch shape) and reused while
+    the shape stays; a new shape captures again.
+    """
+
+    def __init__(self, model: nn.Module, config: TrainConfig, backend: Backend) -> None:
+        super().__init__(model, config, backend)
+        self.specs = [
+            ParamSpec(p if isinstance(p, DTensor) else None, decay)
+            for p, decay in zip(self.params, self.decays, strict=True)
+        ]
+        self.local_params = [local_tensor(p.detach()) for p in self.params]
+        self.graph: fx.GraphModule | None = None
+        self._program = None
+        self._shape: tuple[int, ...] | None = None
+
+    def _inputs(self, tokens_ABS: torch.Tensor, labels_ABS: torch.Tensor, lr: torch.Tensor) -> tuple:
+        state = self.state
+        return (self.local_params, state.exp_avg, state.exp_avg_sq, state.step, lr, tokens_ABS, labels_ABS)
+
+    def prepare(self, tokens_ABS: torch.Tensor, labels_ABS: torch.Tensor) -> fx.GraphModule:
+        """Capture, rewrite and compile the step for batches of this shape (done by the first call)."""
+        inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0))
+        graph = capture_step(self.model, self.specs, self.config, self.backend.device_type, inputs)
+        apply_memory_policy(graph, self.config.memory_policy, self.backend.device_type)
+        self.graph = graph
+        if self.config.compiler == "auto":
+            if self.backend.compile_backend is None:
+                raise ValueError(f"The {self.backend.lane} lane compiles with jax.jit; use the xla step for it.")
+            self._program = torch.compile(graph, backend=self.backend.compile_backend, fullgraph=True, dynamic=False)
+        else:
+            self._program = graph
+        self._shape = tuple(tokens_ABS.shape)
+        return graph
+
+    def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
+        tokens_ABS = torch.stack([tokens for tokens, _ in micro_batches])
+        labels_ABS = torch.stack([labels for _, labels in micro_batches])
+        if self._program is None or self._shape != tuple(tokens_ABS.shape):
+            self.prepare(tokens_ABS, labels_ABS)
+        assert self._program is not None
+        grad_norm, applied, *losses = self._program(*self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(lr)))
+        return StepOutput(torch.stack(losses).mean(), grad_norm, applied)
+
+
+def build_step(model: nn.Module, config: TrainConfig, backend: Backend) -> TrainStep:
+    """The step for ``config.step_mode`` on ``backend``'s lane."""
+    if config.step_mode == "whole_step":
+        return WholeStep(model, config, backend)
+    return EagerStep(model, config, backend, compile_blocks=config.step_mode == "per_block")
