@@ -102,13 +102,8 @@ def train(
     lets the step in flight finish, then stops and returns a summary marked
     ``interrupted``; the model keeps the weights it reached. A second Ctrl-C interrupts at once.
     """
-    if backend.lane == "xla":
-        raise NotImplementedError(
-            "The xla lane trains through titanpod.graph.xla_step (a jax.jit-ed functional step), "
-            "not this torch loop; use lane cpu, cuda or tpu here."
-        )
     torch.manual_seed(config.seed)
-    device = backend.device()
+    device = None if backend.lane == "xla" else backend.device()  # the xla step places batches itself
     train_step = step if step is not None else build_step(model, config, backend)
     peak = backend.chip().peak_flops
     pending: list[StepOutput] = []
@@ -124,8 +119,8 @@ def train(
     def read_back(upto_step: int) -> torch.Tensor:
         """Bring the pending steps' losses and flags to the host (waits for the device)."""
         first = upto_step - len(pending) + 1
-        window = torch.stack([out.loss for out in pending]).float().cpu()
-        applied = torch.stack([out.applied for out in pending]).cpu().tolist()
+        window = torch.tensor([float(out.loss) for out in pending])
+        applied = [bool(out.applied) for out in pending]
         skipped.extend(first + i for i, ok in enumerate(applied) if not ok)
         losses.extend(window.tolist())
         pending.clear()
@@ -135,10 +130,9 @@ def train(
         task = progress.add_task("train", total=config.steps, loss="-", tps="-")
         try:
             for step_number in range(1, config.steps + 1):
-                micro_batches = [
-                    (tokens.to(device), labels.to(device))
-                    for tokens, labels in (next(batches) for _ in range(config.grad_accum_steps))
-                ]
+                micro_batches = [next(batches) for _ in range(config.grad_accum_steps)]
+                if device is not None:
+                    micro_batches = [(tokens.to(device), labels.to(device)) for tokens, labels in micro_batches]
                 lr = config.lr * lr_multiplier(step_number, config)
                 out = train_step(micro_batches, lr)
                 if reduce_loss is not None:
@@ -188,6 +182,7 @@ def train(
                     break
         except KeyboardInterrupt:  # a second Ctrl-C, or a signal outside the main thread
             interrupted = True
+    train_step.finish()
     backend.synchronize()
     end = time.perf_counter()
     if pending:  # a step is pending only once it is done

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -29,11 +30,11 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class StepOutput:
     """What one step reports, left on the device until the loop reads it."""
 
-    loss: torch.Tensor
-    """Mean loss over the step's micro-batches (this process's data), 0-d."""
-    grad_norm: torch.Tensor
+    loss: Any
+    """Mean loss over the step's micro-batches (this process's data): a 0-d tensor (or jax array on xla)."""
+    grad_norm: Any
     """Global gradient norm before clipping, 0-d."""
-    applied: torch.Tensor
+    applied: Any
     """False when the gradient norm was not finite and the update was skipped, 0-d bool."""
 
 
@@ -57,6 +58,9 @@ class TrainStep(ABC):
     @abstractmethod
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
         """Forward and backward over ``micro_batches`` (on the device), then one AdamW update."""
+
+    def finish(self) -> None:  # noqa: B027 - optional: torch steps update the model in place
+        """Make the model's parameters hold the trained values (steps that keep them elsewhere copy back)."""
 
 
 class EagerStep(TrainStep):
