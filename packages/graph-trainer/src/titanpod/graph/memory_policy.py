@@ -145,26 +145,47 @@ def _random(node: fx.Node) -> bool:
     return True
 
 
-def _forward_nodes(graph: fx.Graph) -> set[fx.Node]:
-    forward: set[fx.Node] = set()
-    pending = list(loss_outputs(graph))
+def _loss_ancestors(graph: fx.Graph) -> set[fx.Node]:
+    """Every non-input node a micro-batch loss depends on: the forward's dataflow."""
+    return set().union(*(_ancestors_of(loss) for loss in loss_outputs(graph)))
+
+
+def _forward_nodes(graph: fx.Graph, ancestors: set[fx.Node]) -> set[fx.Node]:
+    """The loss ancestors, plus what autograd recorded beside them while the forward ran
+    (``detach`` of values it saves, unused extra outputs): every node traced between a
+    micro-batch's first forward node and its loss."""
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    forward = set(ancestors)
+    seen: set[fx.Node] = set()
+    nodes = list(graph.nodes)
+    for loss in loss_outputs(graph):
+        own = _ancestors_of(loss) - seen
+        seen |= own
+        if own:
+            forward.update(nodes[min(order[n] for n in own) : order[loss] + 1])
+    return {n for n in forward if n.op != "placeholder"}
+
+
+def _ancestors_of(node: fx.Node) -> set[fx.Node]:
+    found: set[fx.Node] = set()
+    pending = [node]
     while pending:
-        node = pending.pop()
-        if node in forward or node.op == "placeholder":
+        current = pending.pop()
+        if current in found or current.op == "placeholder":
             continue
-        forward.add(node)
-        pending.extend(node.all_input_nodes)
-    return forward
+        found.add(current)
+        pending.extend(current.all_input_nodes)
+    return found
 
 
-def _keeps(node: fx.Node, policy: str, forward: set[fx.Node], pinned: set[fx.Node]) -> bool:
+def _keeps(node: fx.Node, policy: str, dataflow: set[fx.Node], pinned: set[fx.Node]) -> bool:
     """Whether ``policy`` keeps ``node`` (in device or host memory) rather than recomputing it."""
     if policy == "save" or node.op == "placeholder" or node in pinned:
         return True
     block = block_of(node)
     if block is None:
         return True
-    if any(user in forward and block_of(user) != block for user in node.users):
+    if any(user in dataflow and block_of(user) != block for user in node.users):
         return True  # a block input of the next block (or of the head)
     return policy == "selective" and _is_expensive(node)
 
@@ -176,14 +197,15 @@ def apply_memory_policy(graph_module: fx.GraphModule, policy: str, device_type: 
     backward still reads, including the kept inputs of recomputations.
     """
     graph = graph_module.graph
-    forward = _forward_nodes(graph)
+    dataflow = _loss_ancestors(graph)
+    forward = _forward_nodes(graph, dataflow)
     backward = [n for n in graph.nodes if n.op not in ("placeholder", "output") and n not in forward]
     backward_set = set(backward)
     activations = [n for n in graph.nodes if n in forward and any(u in backward_set for u in n.users)]
     # In-place forward ops and their inputs, and random ops, keep their one value.
     mutating = {n for n in forward if _mutates(n)}
     pinned = mutating | {arg for n in mutating for arg in n.all_input_nodes} | {n for n in forward if _random(n)}
-    recompute_set = {n for n in forward if not _keeps(n, policy, forward, pinned)}
+    recompute_set = {n for n in forward if not _keeps(n, policy, dataflow, pinned)}
     offload_set = set()
     if policy == "offload":
         offload_set = {n for n in activations if n not in recompute_set and block_of(n) is not None}
@@ -218,6 +240,7 @@ def apply_memory_policy(graph_module: fx.GraphModule, policy: str, device_type: 
     for node in backward:
         node.args = fx.map_arg(node.args, lambda arg, node=node: backward_value(arg, node))
         node.kwargs = fx.map_arg(node.kwargs, lambda arg, node=node: backward_value(arg, node))
+    graph.eliminate_dead_code()  # forward copies whose only readers were moved to recomputations
     graph.lint()
     graph_module.recompile()
 

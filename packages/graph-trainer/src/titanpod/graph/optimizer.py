@@ -74,8 +74,8 @@ def adamw_update_(
     finite = torch.isfinite(grad_norm)
     keep = finite.to(torch.float32)
     scale = keep
-    if config.grad_clip > 0:
-        scale = scale * torch.clamp(config.grad_clip / (grad_norm + 1e-6), max=1.0)
+    if config.grad_clip > 0:  # a NaN norm must not leak through the factor: 0 x NaN is NaN
+        scale = torch.where(finite, torch.clamp(config.grad_clip / (grad_norm + 1e-6), max=1.0), 0.0)
     step = state.step.add_(keep)
     step_for_bias = torch.clamp(step, min=1.0)  # a skipped first step must not divide by zero
     bias1 = 1.0 - torch.pow(config.beta1, step_for_bias)

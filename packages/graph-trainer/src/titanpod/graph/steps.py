@@ -151,8 +151,19 @@ class WholeStep(TrainStep):
         return StepOutput(torch.stack(losses).mean(), grad_norm, applied)
 
 
-def build_step(model: nn.Module, config: TrainConfig, backend: Backend) -> TrainStep:
-    """The step for ``config.step_mode`` on ``backend``'s lane."""
+def build_step(
+    model: nn.Module, config: TrainConfig, backend: Backend, *, plan: Any = None, axes: dict[str, int] | None = None
+) -> TrainStep:
+    """The step for ``config.step_mode`` on ``backend``'s lane.
+
+    On the xla lane every mode runs as the whole step under ``jax.jit`` (``XlaStep``),
+    sharded by ``plan`` (a ``titanpod.parallel.ShardingPlan``) over the mesh axes ``axes``;
+    without them it is replicated on one device. Other lanes ignore ``plan`` and ``axes``.
+    """
+    if backend.lane == "xla":
+        from titanpod.graph.xla_step import XlaStep
+
+        return XlaStep(model, config, backend, plan=plan, axes=axes)
     if config.step_mode == "whole_step":
         return WholeStep(model, config, backend)
     return EagerStep(model, config, backend, compile_blocks=config.step_mode == "per_block")

@@ -1,0 +1,334 @@
+"""The xla lane's training step: the whole step as one ``jax.jit`` program, through torchax.
+
+Legend: A micro-batches per step, B batch, S sequence.
+
+The model's torch ``loss`` runs as a JAX function (``torchax.interop.jax_view`` of a
+``torch.func.functional_call``); ``jax.value_and_grad`` differentiates it, a ``lax.scan``
+sums the gradients of the A micro-batches, and the optimizer is the torch lanes' own
+functional AdamW (``adamw_update_``), also run through ``jax_view``, so every lane does
+the same arithmetic. Parameters and AdamW moments live on the JAX devices as arrays
+sharded by the plan (``titanpod.parallel.xla_executor``); XLA's SPMD partitioner adds
+the gathers and gradient reductions. Parameters and state are donated to the program,
+so a step updates them in place. jax and torchax are imported only when a step is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from titanpod.device import Backend
+from titanpod.graph.binding import parameters_bound
+from titanpod.graph.config import TrainConfig
+from titanpod.graph.optimizer import AdamWState, adamw_update_, weight_decays
+from titanpod.graph.steps import Batch, StepOutput, TrainStep
+
+REMAT_POLICIES = {
+    "save": None,
+    "recompute": "nothing_saveable",
+    "selective": "dots_with_no_batch_dims_saveable",
+    "offload": "offload_dot_with_no_batch_dims",
+}
+"""``TrainConfig.memory_policy`` -> the ``jax.checkpoint_policies`` entry each transformer block is
+rematerialised with (None: no rematerialisation). ``selective`` keeps the projections' matmul
+outputs (dots without batch dimensions) and recomputes the rest, attention scores included:
+those are [B, H, S, S], the largest activation, which is why ``dots_saveable`` is not used.
+``offload`` moves those same matmul outputs to pinned host memory instead of keeping them."""
+
+
+class XlaStep(TrainStep):
+    """One optimizer step as a single ``jax.jit`` program: forward, backward, gradient sum, clipping, AdamW.
+
+    ``plan`` (a ``titanpod.parallel.ShardingPlan``) and ``axes`` (mesh axis -> size) shard
+    parameters, moments and batches over ``mesh`` (built from ``axes`` when not given);
+    with no plan every array is replicated on a one-device mesh. The program is compiled
+    on the first call and again only when the batch shape changes. The torch model's
+    parameters are not updated while training: ``finish()`` copies the trained values back.
+    ``state`` holds the AdamW moments and step count as jax arrays, sharded like the parameters.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainConfig,
+        backend: Backend,
+        plan: Any = None,
+        axes: Mapping[str, int] | None = None,
+        mesh: Any = None,
+    ) -> None:
+        # TrainStep.__init__ would allocate the moments as torch CPU tensors; here they live on the JAX devices.
+        self.model = model
+        self.config = config
+        self.backend = backend
+        named = list(model.named_parameters())
+        if not all(p.requires_grad for _, p in named):
+            raise ValueError("Every parameter must be trainable: frozen parameters are not supported by the loop yet.")
+        self.names = [name for name, _ in named]
+        self.params = [p for _, p in named]
+        self.decays = weight_decays(self.params, config)
+        self.axes = dict(axes or {})
+        self.policy = _remat_policy(config.memory_policy)
+        with backend.runtime():
+            self.mesh = mesh if mesh is not None else _default_mesh(backend, self.axes)
+            self.jax_params = _place_params(named, plan, self.mesh, self.axes)
+            self.param_shardings = [array.sharding for array in self.jax_params]
+            self.state = AdamWState(  # type: ignore[arg-type]  # jax arrays in the torch lanes' container
+                step=_zeros((), self._replicated()),
+                exp_avg=[_zeros(p.shape, s) for p, s in zip(self.params, self.param_shardings, strict=True)],
+                exp_avg_sq=[_zeros(p.shape, s) for p, s in zip(self.params, self.param_shardings, strict=True)],
+            )
+        self._program: Any = None
+
+    def _replicated(self) -> Any:
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    def batch_sharding(self) -> Any:
+        """The sharding of a step's tokens [A, B, S]: B split over the mesh's data axes."""
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from titanpod.parallel.xla_executor import batch_partition_spec
+
+        return NamedSharding(self.mesh, PartitionSpec(None, *batch_partition_spec(self.axes, 2)))
+
+    def loss_function(self) -> Callable[..., Any]:
+        """The model's loss as a JAX function of (parameters list, tokens [B, S], labels [B, S]).
+
+        Runs ``model.loss`` through ``jax_view`` of ``torch.func.functional_call``, under
+        torchax's bf16 autocast when ``config.precision`` is bf16 (matmuls in bf16;
+        parameters and gradients stay fp32), with each transformer block rematerialised
+        by the memory policy.
+        """
+        import torchax
+        from torchax.interop import jax_view
+
+        model, names, config = self.model, self.names, self.config
+        wrapper = _LossModule(model)
+
+        def torch_loss(params: list[torch.Tensor], tokens_BS: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
+            bound = {"inner." + name: param for name, param in zip(names, params, strict=True)}
+            with contextlib.ExitStack() as stack:
+                if config.precision == "bf16":
+                    stack.enter_context(torchax.amp.autocast("jax", torch.bfloat16, torchax.default_env()))
+                if self.policy is not None:
+                    stack.enter_context(_rematerialised_blocks(model, self.policy))
+                return torch.func.functional_call(wrapper, bound, (tokens_BS, labels_BS))
+
+        return jax_view(torch_loss)
+
+    def update_function(self) -> Callable[..., Any]:
+        """The optimizer as a JAX function: (params, grads, exp_avg, exp_avg_sq, step, lr) ->
+        (params, exp_avg, exp_avg_sq, step, grad_norm, applied), running ``adamw_update_``."""
+        from torchax.interop import jax_view
+
+        decays, config = self.decays, self.config
+
+        def torch_update(params, grads, exp_avg, exp_avg_sq, step, lr):
+            # total_grad_norm asks for foreach kernels, which torchax tensors lack; this is the same norm
+            # (the L2 norm of the per-tensor L2 norms) without them.
+            grad_norm = torch.nn.utils.get_total_norm(list(grads), foreach=False)
+            state = AdamWState(step, list(exp_avg), list(exp_avg_sq))
+            applied = adamw_update_(params, grads, state, lr, grad_norm, decays, config)  # in place, functionalised
+            return list(params), state.exp_avg, state.exp_avg_sq, state.step, grad_norm, applied
+
+        return jax_view(torch_update)
+
+    def step_function(self) -> Callable[..., Any]:
+        """The whole step as a JAX function (what is jitted): (params, exp_avg, exp_avg_sq, step,
+        lr, tokens [A, B, S], labels [A, B, S]) -> (params, exp_avg, exp_avg_sq, step, loss, grad_norm, applied)."""
+        import jax
+        import jax.numpy as jnp
+
+        value_and_grad = jax.value_and_grad(self.loss_function())
+        update = self.update_function()
+
+        def step(params, exp_avg, exp_avg_sq, count, lr, tokens_ABS, labels_ABS):
+            def micro_step(grad_sum, batch):
+                loss, grads = value_and_grad(params, *batch)
+                return [s + g for s, g in zip(grad_sum, grads, strict=True)], loss
+
+            zeros = [jnp.zeros(p.shape, jnp.float32) for p in params]
+            grad_sum, losses_A = jax.lax.scan(micro_step, zeros, (tokens_ABS, labels_ABS))
+            micro_batches = tokens_ABS.shape[0]
+            grads = [(g / micro_batches).astype(p.dtype) for g, p in zip(grad_sum, params, strict=True)]
+            params, exp_avg, exp_avg_sq, count, grad_norm, applied = update(
+                params, grads, exp_avg, exp_avg_sq, count, lr
+            )
+            return params, exp_avg, exp_avg_sq, count, jnp.mean(losses_A), grad_norm, applied
+
+        return step
+
+    def compile(self) -> Any:
+        """``jax.jit`` of ``step_function``; parameters and optimizer state are donated and keep their shardings."""
+        import jax
+
+        replicated = self._replicated()
+        out_shardings = (
+            self.param_shardings,
+            self.param_shardings,
+            self.param_shardings,
+            replicated,
+            replicated,
+            replicated,
+            replicated,
+        )
+        return jax.jit(self.step_function(), donate_argnums=(0, 1, 2, 3), out_shardings=out_shardings)
+
+    def place_batch(self, micro_batches: list[Batch]) -> tuple[Any, Any]:
+        """Stack the micro-batches to tokens and labels [A, B, S] and put them on the mesh."""
+        import jax
+
+        sharding = self.batch_sharding()
+        tokens_ABS = np.stack([np.asarray(tokens.cpu()) for tokens, _ in micro_batches])
+        labels_ABS = np.stack([np.asarray(labels.cpu()) for _, labels in micro_batches])
+        return jax.device_put(tokens_ABS, sharding), jax.device_put(labels_ABS, sharding)
+
+    def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
+        import jax
+        import numpy as np
+
+        with self.backend.runtime():
+            if self._program is None:
+                self._program = self.compile()
+            tokens_ABS, labels_ABS = self.place_batch(micro_batches)
+            lr_array = jax.device_put(np.float32(lr), self._replicated())  # an argument, so no recompile per lr
+            state = self.state
+            outputs = self._program(
+                self.jax_params, state.exp_avg, state.exp_avg_sq, state.step, lr_array, tokens_ABS, labels_ABS
+            )
+            self.jax_params, exp_avg, exp_avg_sq, step, loss, grad_norm, applied = outputs
+            self.state = AdamWState(step, exp_avg, exp_avg_sq)
+        return StepOutput(loss, grad_norm, applied)
+
+    def finish(self) -> None:
+        """Copy the trained parameters from the JAX devices into the torch model (waits for the device)."""
+        with torch.no_grad():
+            for param, array in zip(self.params, self.jax_params, strict=True):
+                param.data.copy_(torch.from_numpy(np.asarray(array)))
+
+
+class _LossModule(nn.Module):
+    """``model.loss`` as a module's forward, for ``torch.func.functional_call``."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
+        return self.inner.loss(tokens_BS, labels_BS)  # type: ignore[operator]
+
+
+def _remat_policy(memory_policy: str) -> Any:
+    """The ``jax.checkpoint`` policy for ``memory_policy`` (None for ``save``)."""
+    name = REMAT_POLICIES[memory_policy]
+    if name is None:
+        return None
+    import jax
+
+    policies = jax.checkpoint_policies
+    if memory_policy == "offload":
+        if not _has_pinned_host():
+            raise ValueError(
+                "memory_policy='offload' on the xla lane offloads to pinned host memory, which this JAX backend "
+                f"({jax.default_backend()}) does not have; run it on TPU or GPU, or use memory_policy='recompute' "
+                "(or 'selective') here."
+            )
+        return policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+    return getattr(policies, name)
+
+
+def _has_pinned_host() -> bool:
+    import jax
+
+    device = jax.devices()[0]
+    try:
+        kinds = {memory.kind for memory in device.addressable_memories()}
+    except Exception:
+        return False
+    return "pinned_host" in kinds
+
+
+@contextlib.contextmanager
+def _rematerialised_blocks(model: nn.Module, policy: Any) -> Iterator[None]:
+    """While tracing, run each of ``model.layers`` under ``jax.checkpoint(policy)``; the whole model if it has none.
+
+    A block's inputs are what the backward keeps of it (plus what ``policy`` saves); its
+    other activations are recomputed in the backward, one block at a time.
+    """
+    blocks = getattr(model, "layers", None)
+    targets = list(blocks) if isinstance(blocks, nn.ModuleList) else [model]
+    originals = {id(block): block.__dict__.get("forward") for block in targets}
+    try:
+        for block in targets:
+            block.forward = _checkpointed_forward(block, block.forward, policy)  # type: ignore[method-assign]
+        yield
+    finally:
+        for block in targets:
+            original = originals[id(block)]
+            if original is None:
+                del block.forward
+            else:
+                block.forward = original  # type: ignore[method-assign]
+
+
+def _checkpointed_forward(block: nn.Module, forward: Callable[..., Any], policy: Any) -> Callable[..., Any]:
+    """``forward`` of ``block`` as a torch callable that runs under ``jax.checkpoint``: the block's
+    parameters and tensor arguments go in as JAX values, other arguments are closed over."""
+    import jax
+    from torch.utils import _pytree as pytree
+    from torchax.interop import jax_view, torch_view
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        params = [p for _, p in block.named_parameters()]  # the tensors functional_call bound
+        leaves, tree = pytree.tree_flatten((args, kwargs))
+        is_tensor = [isinstance(leaf, torch.Tensor) for leaf in leaves]
+
+        def body(params_j: list[Any], tensors_j: list[Any]) -> Any:
+            tensors = iter(torch_view(tensors_j))
+            full = [next(tensors) if flag else leaf for leaf, flag in zip(leaves, is_tensor, strict=True)]
+            call_args, call_kwargs = pytree.tree_unflatten(full, tree)
+            with parameters_bound(block, torch_view(params_j)):
+                return jax_view(forward(*call_args, **call_kwargs))
+
+        tensors = [leaf for leaf, flag in zip(leaves, is_tensor, strict=True) if flag]
+        return torch_view(jax.checkpoint(body, policy=policy)(jax_view(params), jax_view(tensors)))
+
+    return checkpointed
+
+
+def _default_mesh(backend: Backend, axes: Mapping[str, int]) -> Any:
+    """The mesh over ``axes`` (axes of size 1 dropped); one device when no axis splits anything."""
+    import jax
+
+    split = {name: size for name, size in axes.items() if size > 1}
+    if split:
+        return backend.build_mesh(split)
+    return jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("replica",))
+
+
+def _place_params(named: list[tuple[str, torch.Tensor]], plan: Any, mesh: Any, axes: Mapping[str, int]) -> list:
+    """The parameters as jax arrays on ``mesh``: sharded by ``plan`` (``place_params``), or replicated without one."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if plan is None:
+        replicated = NamedSharding(mesh, PartitionSpec())
+        return [jax.device_put(np.asarray(p.detach().cpu()), replicated) for _, p in named]
+    from titanpod.parallel.xla_executor import place_params
+
+    placed = place_params(dict(named), plan, mesh, axes)
+    return [placed[name] for name, _ in named]
+
+
+def _zeros(shape: tuple[int, ...] | torch.Size, sharding: Any) -> Any:
+    """An fp32 jax array of zeros, made in place on the devices of ``sharding``."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda: jnp.zeros(tuple(shape), jnp.float32), out_shardings=sharding)()
