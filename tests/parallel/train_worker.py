@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from titanpod.device import get_backend
-from titanpod.graph import TrainConfig, train
+from titanpod.graph import TrainConfig, WholeStep, build_step, train
 from titanpod.models import build_model
 from titanpod.parallel import PLANS, ParallelConfig
 from titanpod.parallel.torch_executor import parallelize, unshard
@@ -83,8 +84,22 @@ def main() -> None:
         memory_policy=args.memory_policy,
         compiler=args.compiler,
     )
+    step = build_step(model, config, backend)
     summary = train(
-        model, batches, config, backend, flops_per_token=1.0, data_parallel=data_world, reduce_loss=reduce_loss
+        model,
+        batches,
+        config,
+        backend,
+        flops_per_token=1.0,
+        data_parallel=data_world,
+        reduce_loss=reduce_loss,
+        step=step,
+    )
+    param_bytes = local_parameter_bytes(model)
+    collectives = Counter(
+        str(node.target).split(".")[1]
+        for node in (step.graph.graph.nodes if isinstance(step, WholeStep) and step.graph is not None else ())
+        if str(node.target).startswith("_c10d_functional.")
     )
     rank = dist.get_rank() if dist.is_initialized() else 0
     if args.params_out is not None:
@@ -93,7 +108,12 @@ def main() -> None:
         if rank == 0:
             save_file({name: p.detach().contiguous() for name, p in model.named_parameters()}, str(args.params_out))
     if rank == 0:
-        result = {"losses": summary.losses, "param_bytes": local_parameter_bytes(model), "full_bytes": full_bytes}
+        result = {
+            "losses": summary.losses,
+            "param_bytes": param_bytes,
+            "full_bytes": full_bytes,
+            "graph_collectives": dict(collectives),
+        }
         args.out.write_text(json.dumps(result))
     if dist.is_initialized():
         dist.destroy_process_group()
