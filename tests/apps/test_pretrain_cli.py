@@ -44,6 +44,8 @@ def test_short_run_writes_recipe_metrics_and_loadable_weights(tmp_path):
     assert [row["step"] for row in rows] == [3, 6]
     assert all(row["loss"] > 0 and row["tokens_per_second"] > 0 for row in rows)
 
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
     step_dir = run_dir / "checkpoints" / "step-000006"
     assert json.loads((step_dir / "recipe.json").read_text()) == recipe
     model = build_model("llama3", "debug")
@@ -83,3 +85,20 @@ def test_unbuilt_apps_say_so(tmp_path):
         )
         assert result.returncode == 2
         assert "not available yet" in result.stderr
+
+
+def test_whole_step_mode_with_a_memory_policy_runs_from_the_command_line(tmp_path):
+    whole_step = ["--train.step-mode", "whole_step", "--train.memory-policy", "selective", "--train.compiler", "none"]
+    result = pretrain(*SHORT_RUN, *whole_step, "--output.run-name", "whole", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "whole_step (memory policy selective, compiler none)" in result.stdout
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [3, 6] and rows[-1]["skipped_steps"] == 0
+
+
+def test_a_diverging_run_stops_with_a_message_when_asked(tmp_path):
+    diverging = ["--train.lr", "1e30", "--train.warmup-steps", "0", "--train.skip-nonfinite", "False"]
+    result = pretrain(*SHORT_RUN[:2], *SHORT_RUN[6:], *diverging, "--output.run-name", "nan", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "the gradient norm is nan" in result.stdout.replace("\n", " ").lower()
+    assert "train.skip_nonfinite" in result.stdout.replace("\n", "")

@@ -54,6 +54,9 @@ def print_summary(console: Console, result: PretrainResult) -> None:
     table.add_row("lane", result.lane)
     table.add_row("parameters", f"{result.parameters:,}")
     table.add_row("steps", f"{summary.steps_done}" + (" (interrupted)" if summary.interrupted else ""))
+    table.add_row("step mode", result.step_description)
+    if summary.skipped_steps:
+        table.add_row("skipped (NaN/Inf gradients)", ", ".join(map(str, summary.skipped_steps)))
     if losses:
         table.add_row(f"loss, first {window} steps (mean)", f"{statistics.fmean(losses[:window]):.4f}")
         table.add_row(f"loss, last {window} steps (mean)", f"{statistics.fmean(losses[-window:]):.4f}")
@@ -62,8 +65,10 @@ def print_summary(console: Console, result: PretrainResult) -> None:
     table.add_row("peak memory", f"{summary.peak_memory_gib:.2f} GiB")
     table.add_row("wall time", f"{summary.wall_seconds:.1f} s")
     console.print(table)
-    console.print(f"run directory: {result.run_dir} (recipe.json, metrics.jsonl)", soft_wrap=True)
+    console.print(f"run directory: {result.run_dir} (recipe.json, metrics.jsonl, tensorboard/)", soft_wrap=True)
     console.print(f"weights: {result.weights_path or 'not saved'}", soft_wrap=True)
+    if summary.stopped_because:
+        console.print(f"[bold red]stopped[/] at {summary.stopped_because}", soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if main_process:
         print_summary(console, result)
+    if result.summary.stopped_because:
+        return 1
     return 130 if result.summary.interrupted else 0
 
 

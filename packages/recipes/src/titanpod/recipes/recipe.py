@@ -36,6 +36,8 @@ class OutputConfig:
     """Run directory name; ``None`` means ``<recipe>-<YYYYmmdd-HHMMSS>``."""
     save_weights: bool = True
     """Write the final weights as safetensors under ``checkpoints/step-NNNNNN``."""
+    tensorboard: bool = True
+    """Also write every metrics report as TensorBoard scalars under ``tensorboard/`` in the run directory."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from titanpod.checkpoint import save_model
 from titanpod.device import Backend, get_backend, process_info
-from titanpod.graph import JsonlWriter, TrainSummary, train
+from titanpod.graph import JsonlWriter, StepMetrics, TensorBoardWriter, TrainConfig, TrainSummary, train
 from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import PLANS
@@ -37,6 +37,8 @@ class PretrainResult:
     """The lane the run used."""
     parameters: int
     """Parameter count of the model."""
+    step_description: str = "eager"
+    """How steps ran: the step mode, with the memory policy and compiler where they apply."""
 
 
 def prepare_run_dir(recipe: Recipe) -> Path:
@@ -103,9 +105,19 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     if console is not None:
         console.print(
             f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family} {recipe.model.flavor}: "
-            f"{parameters:,} parameters; {batches.batches_per_epoch} batches per epoch; run directory {run_dir}"
+            f"{parameters:,} parameters; {batches.batches_per_epoch} batches per epoch; "
+            f"step {describe_step(recipe.train)}; run directory {run_dir}"
         )
-    writer = JsonlWriter(run_dir / "metrics.jsonl") if info.is_main else None
+    writers: list[JsonlWriter | TensorBoardWriter] = []
+    if info.is_main:
+        writers.append(JsonlWriter(run_dir / "metrics.jsonl"))
+        if recipe.output.tensorboard:
+            writers.append(TensorBoardWriter(run_dir / "tensorboard"))
+
+    def write_report(report: StepMetrics) -> None:
+        for writer in writers:
+            writer.write(report)
+
     try:
         summary = train(
             model,
@@ -116,11 +128,11 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             data_parallel=data_world,
             devices=info.world_size,
             reduce_loss=None if sharded is None else sharded.mean_over_data,
-            on_report=None if writer is None else writer.write,
+            on_report=write_report,
             console=console,
         )
     finally:
-        if writer is not None:
+        for writer in writers:
             writer.close()
     if sharded is not None and recipe.output.save_weights:
         unshard(model)  # every rank takes part; rank 0 writes
@@ -136,4 +148,13 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         )
     if dist.is_initialized():
         dist.destroy_process_group()
-    return PretrainResult(run_dir, summary, weights_path, backend.lane, parameters)
+    return PretrainResult(run_dir, summary, weights_path, backend.lane, parameters, describe_step(recipe.train))
+
+
+def describe_step(train_config: TrainConfig) -> str:
+    """The step mode in words, e.g. ``whole_step (memory policy recompute, compiler auto)``."""
+    if train_config.step_mode == "eager":
+        return "eager"
+    if train_config.step_mode == "per_block":
+        return f"per_block (compiler {train_config.compiler})"
+    return f"whole_step (memory policy {train_config.memory_policy}, compiler {train_config.compiler})"
