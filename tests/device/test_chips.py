@@ -61,3 +61,18 @@ def test_cpu_probe_measures_a_positive_matmul_rate():
     assert chip.measured and chip.name == "cpu"
     assert 1e8 < chip.peak_flops < 1e14  # between a toaster and a rack of GPUs
     assert chip.memory_bytes > 0
+
+
+def test_cpu_peak_memory_window_can_be_reset():
+    import torch
+
+    from titanpod.device import get_backend
+
+    backend = get_backend("cpu")
+    block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
+    del block
+    high = backend.memory_stats().peak_bytes
+    backend.reset_peak_memory()
+    after = backend.memory_stats()
+    assert after.peak_bytes <= high - 32 * 1024 * 1024  # the 64 MiB spike is forgotten
+    assert after.peak_bytes >= after.current_bytes

@@ -31,10 +31,31 @@ class MemoryStats:
 
 
 def host_memory_stats() -> MemoryStats:
-    """The process's resident memory now and at its peak (the OS keeps the peak; no reset)."""
+    """The process's resident memory now and at its peak (since ``reset_host_peak``, where Linux allows it)."""
     with open("/proc/self/statm") as statm:
         resident_pages = int(statm.read().split()[1])
     current = resident_pages * os.sysconf("SC_PAGE_SIZE")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    peak = _high_water_mark()
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return MemoryStats(current, max(peak, current), total, "host")
+
+
+def _high_water_mark() -> int:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux; never reset
+
+
+def reset_host_peak() -> bool:
+    """Start a new peak-resident-memory window (Linux ``clear_refs``); False where the OS does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return True

@@ -6,7 +6,7 @@ import torch
 
 from titanpod.device.backend import Backend
 from titanpod.device.chips import ChipSpec, measure_cpu_peak
-from titanpod.device.memory import MemoryStats, host_memory_stats
+from titanpod.device.memory import MemoryStats, host_memory_stats, reset_host_peak
 
 
 class CpuBackend(Backend):
@@ -34,6 +34,10 @@ class CpuBackend(Backend):
     def memory_stats(self) -> MemoryStats:
         """The process's resident set size, now and at its peak."""
         return host_memory_stats()
+
+    def reset_peak_memory(self) -> None:
+        """Start a new peak window for the process's resident memory (on Linux)."""
+        reset_host_peak()
 
     def chip(self) -> ChipSpec:
         """The measured fp32 matmul peak of this CPU (measured once per backend)."""
