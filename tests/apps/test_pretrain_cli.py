@@ -18,8 +18,8 @@ SHORT_RUN = [
 ]  # fmt: skip
 
 
-def pretrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
+def pretrain(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "titanpod.pretrain.cli", *args],
         capture_output=True,
@@ -102,3 +102,20 @@ def test_a_diverging_run_stops_with_a_message_when_asked(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "the gradient norm is nan" in result.stdout.replace("\n", " ").lower()
     assert "train.skip_nonfinite" in result.stdout.replace("\n", "")
+
+
+def test_the_xla_lane_trains_through_one_jitted_step_and_saves_weights(tmp_path):
+    eight_devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    xla = ["--device.lane", "xla", "--parallel.tp", "2", "--data.batch-size", "8"]
+    args = [*SHORT_RUN[:-2], *xla, "--output.run-name", "xla"]
+    result = pretrain(*args, cwd=tmp_path, env=eight_devices)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "whole_step (jax.jit, memory policy save)" in result.stdout
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "xla" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    model = build_model("llama3", "debug")
+    model.to_empty(device="cpu")
+    load_weights(model, tmp_path / "runs" / "xla" / "checkpoints" / "step-000006")
+    initial = build_model("llama3", "debug", device="cpu")
+    initial.init_weights(0)
+    assert not torch.equal(model.layers[0].attention.wq.weight, initial.layers[0].attention.wq.weight)

@@ -48,9 +48,13 @@ def weight_decays(params: Sequence[torch.Tensor], config: TrainConfig) -> list[f
     return [config.weight_decay if p.ndim >= 2 else 0.0 for p in params]
 
 
-def total_grad_norm(grads: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The global L2 norm of ``grads``, whole even when the gradients are sharded DTensors."""
-    norm = torch.nn.utils.get_total_norm(list(grads), foreach=True)
+def total_grad_norm(grads: Sequence[torch.Tensor], foreach: bool = True) -> torch.Tensor:
+    """The global L2 norm of ``grads``, whole even when the gradients are sharded DTensors.
+
+    ``foreach=False`` computes the same norm tensor by tensor, for tensor types without
+    foreach kernels (torchax's).
+    """
+    norm = torch.nn.utils.get_total_norm(list(grads), foreach=foreach)
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 

@@ -25,7 +25,7 @@ from torch import nn
 from titanpod.device import Backend
 from titanpod.graph.binding import parameters_bound
 from titanpod.graph.config import TrainConfig
-from titanpod.graph.optimizer import AdamWState, adamw_update_, weight_decays
+from titanpod.graph.optimizer import AdamWState, adamw_update_, total_grad_norm, weight_decays
 from titanpod.graph.steps import Batch, StepOutput, TrainStep
 
 REMAT_POLICIES = {
@@ -82,7 +82,8 @@ class XlaStep(TrainStep):
                 exp_avg=[_zeros(p.shape, s) for p, s in zip(self.params, self.param_shardings, strict=True)],
                 exp_avg_sq=[_zeros(p.shape, s) for p, s in zip(self.params, self.param_shardings, strict=True)],
             )
-        self._program: Any = None
+        self.program = self.jitted_step()
+        """The ``jax.jit`` of the step; it compiles on the first call, and again only for a new batch shape."""
 
     def _replicated(self) -> Any:
         from jax.sharding import NamedSharding, PartitionSpec
@@ -105,7 +106,6 @@ class XlaStep(TrainStep):
         parameters and gradients stay fp32), with each transformer block rematerialised
         by the memory policy.
         """
-        import torchax
         from torchax.interop import jax_view
 
         model, names, config = self.model, self.names, self.config
@@ -115,9 +115,9 @@ class XlaStep(TrainStep):
             bound = {"inner." + name: param for name, param in zip(names, params, strict=True)}
             with contextlib.ExitStack() as stack:
                 if config.precision == "bf16":
-                    stack.enter_context(torchax.amp.autocast("jax", torch.bfloat16, torchax.default_env()))
+                    stack.enter_context(_bf16_autocast())
                 if self.policy is not None:
-                    stack.enter_context(_rematerialised_blocks(model, self.policy))
+                    stack.enter_context(_rematerialised_blocks(wrapper, self.policy))
                 return torch.func.functional_call(wrapper, bound, (tokens_BS, labels_BS))
 
         return jax_view(torch_loss)
@@ -130,9 +130,7 @@ class XlaStep(TrainStep):
         decays, config = self.decays, self.config
 
         def torch_update(params, grads, exp_avg, exp_avg_sq, step, lr):
-            # total_grad_norm asks for foreach kernels, which torchax tensors lack; this is the same norm
-            # (the L2 norm of the per-tensor L2 norms) without them.
-            grad_norm = torch.nn.utils.get_total_norm(list(grads), foreach=False)
+            grad_norm = total_grad_norm(grads, foreach=False)  # torchax tensors have no foreach kernels
             state = AdamWState(step, list(exp_avg), list(exp_avg_sq))
             applied = adamw_update_(params, grads, state, lr, grad_norm, decays, config)  # in place, functionalised
             return list(params), state.exp_avg, state.exp_avg_sq, state.step, grad_norm, applied
@@ -147,13 +145,17 @@ class XlaStep(TrainStep):
 
         value_and_grad = jax.value_and_grad(self.loss_function())
         update = self.update_function()
+        shardings = self.param_shardings
+
+        def sharded_like_params(arrays: list[Any]) -> list[Any]:  # gradients reduce-scatter, not all-reduce
+            return jax.lax.with_sharding_constraint(arrays, shardings)
 
         def step(params, exp_avg, exp_avg_sq, count, lr, tokens_ABS, labels_ABS):
             def micro_step(grad_sum, batch):
                 loss, grads = value_and_grad(params, *batch)
-                return [s + g for s, g in zip(grad_sum, grads, strict=True)], loss
+                return [s + g for s, g in zip(grad_sum, sharded_like_params(grads), strict=True)], loss
 
-            zeros = [jnp.zeros(p.shape, jnp.float32) for p in params]
+            zeros = sharded_like_params([jnp.zeros(p.shape, jnp.float32) for p in params])
             grad_sum, losses_A = jax.lax.scan(micro_step, zeros, (tokens_ABS, labels_ABS))
             micro_batches = tokens_ABS.shape[0]
             grads = [(g / micro_batches).astype(p.dtype) for g, p in zip(grad_sum, params, strict=True)]
@@ -164,7 +166,7 @@ class XlaStep(TrainStep):
 
         return step
 
-    def compile(self) -> Any:
+    def jitted_step(self) -> Any:
         """``jax.jit`` of ``step_function``; parameters and optimizer state are donated and keep their shardings."""
         import jax
 
@@ -189,28 +191,31 @@ class XlaStep(TrainStep):
         labels_ABS = np.stack([np.asarray(labels.cpu()) for _, labels in micro_batches])
         return jax.device_put(tokens_ABS, sharding), jax.device_put(labels_ABS, sharding)
 
-    def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
+    def _arguments(self, micro_batches: list[Batch], lr: float) -> tuple:
         import jax
-        import numpy as np
 
+        tokens_ABS, labels_ABS = self.place_batch(micro_batches)
+        lr_array = jax.device_put(np.float32(lr), self._replicated())  # an argument, so no recompile per lr
+        state = self.state
+        return (self.jax_params, state.exp_avg, state.exp_avg_sq, state.step, lr_array, tokens_ABS, labels_ABS)
+
+    def lower(self, micro_batches: list[Batch], lr: float = 0.0) -> Any:
+        """The step's ``jax.stages.Lowered`` for batches like ``micro_batches`` (for its HLO, cost and memory)."""
         with self.backend.runtime():
-            if self._program is None:
-                self._program = self.compile()
-            tokens_ABS, labels_ABS = self.place_batch(micro_batches)
-            lr_array = jax.device_put(np.float32(lr), self._replicated())  # an argument, so no recompile per lr
-            state = self.state
-            outputs = self._program(
-                self.jax_params, state.exp_avg, state.exp_avg_sq, state.step, lr_array, tokens_ABS, labels_ABS
-            )
-            self.jax_params, exp_avg, exp_avg_sq, step, loss, grad_norm, applied = outputs
-            self.state = AdamWState(step, exp_avg, exp_avg_sq)
+            return self.program.lower(*self._arguments(micro_batches, lr))
+
+    def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
+        with self.backend.runtime():
+            outputs = self.program(*self._arguments(micro_batches, lr))
+        self.jax_params, exp_avg, exp_avg_sq, step, loss, grad_norm, applied = outputs
+        self.state = AdamWState(step, exp_avg, exp_avg_sq)
         return StepOutput(loss, grad_norm, applied)
 
     def finish(self) -> None:
         """Copy the trained parameters from the JAX devices into the torch model (waits for the device)."""
         with torch.no_grad():
             for param, array in zip(self.params, self.jax_params, strict=True):
-                param.data.copy_(torch.from_numpy(np.asarray(array)))
+                param.data.copy_(torch.from_numpy(np.array(array)))  # np.array: a writable host copy
 
 
 class _LossModule(nn.Module):
@@ -222,6 +227,29 @@ class _LossModule(nn.Module):
 
     def forward(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
         return self.inner.loss(tokens_BS, labels_BS)  # type: ignore[operator]
+
+
+@contextlib.contextmanager
+def _bf16_autocast() -> Iterator[None]:
+    """torchax's bf16 autocast (the op lists of ``torch.autocast``), while a step is traced.
+
+    torchax 0.0.14's "promote" cast reads the dtype of every positional argument, so it
+    fails on ``cat`` and ``stack`` (their first argument is a list of tensors). Those two
+    promote mixed dtypes by themselves (to the widest, as the cast would), so their entries
+    are left out of the table while tracing and put back after.
+    """
+    import torchax
+    from torchax import amp
+
+    aten = torch.ops.aten
+    removed = {
+        op: amp.autocast_policy.pop(op) for op in (aten.cat.default, aten.stack.default) if op in amp.autocast_policy
+    }
+    try:
+        with amp.autocast("jax", torch.bfloat16, torchax.default_env()):
+            yield
+    finally:
+        amp.autocast_policy.update(removed)
 
 
 def _remat_policy(memory_policy: str) -> Any:
@@ -255,14 +283,15 @@ def _has_pinned_host() -> bool:
 
 
 @contextlib.contextmanager
-def _rematerialised_blocks(model: nn.Module, policy: Any) -> Iterator[None]:
-    """While tracing, run each of ``model.layers`` under ``jax.checkpoint(policy)``; the whole model if it has none.
+def _rematerialised_blocks(wrapper: _LossModule, policy: Any) -> Iterator[None]:
+    """While tracing, run each transformer block (``layers.<i>``) under ``jax.checkpoint(policy)``.
 
     A block's inputs are what the backward keeps of it (plus what ``policy`` saves); its
-    other activations are recomputed in the backward, one block at a time.
+    other activations are recomputed in the backward, one block at a time, as the torch
+    lanes' policies do. A model without ``layers`` is rematerialised as a whole.
     """
-    blocks = getattr(model, "layers", None)
-    targets = list(blocks) if isinstance(blocks, nn.ModuleList) else [model]
+    blocks = getattr(wrapper.inner, "layers", None)
+    targets: list[nn.Module] = list(blocks) if isinstance(blocks, nn.ModuleList) else [wrapper]
     originals = {id(block): block.__dict__.get("forward") for block in targets}
     try:
         for block in targets:

@@ -13,6 +13,7 @@ from rich.console import Console
 from titanpod.checkpoint import save_model
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import JsonlWriter, StepMetrics, TensorBoardWriter, TrainConfig, TrainSummary, train
+from titanpod.graph.xla_step import XlaStep
 from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import PLANS
@@ -74,9 +75,10 @@ def build_batches(recipe: Recipe, vocab_size: int, rank: int, world_size: int) -
 
 
 def build_initialised_model(recipe: Recipe, backend: Backend) -> Transformer:
-    """Build the recipe's model on the meta device, then materialise and initialise it on the backend's device."""
+    """Build the recipe's model on the meta device, then materialise and initialise it on the backend's device
+    (on the host for the xla lane, whose step places the parameters on the JAX devices itself)."""
     model = build_model(recipe.model.family, recipe.model.flavor, model_ops(recipe.kernels))
-    model.to_empty(device=backend.device(process_info().local_rank))
+    model.to_empty(device="cpu" if backend.lane == "xla" else backend.device(process_info().local_rank))
     model.init_weights(recipe.train.seed)
     return model
 
@@ -92,8 +94,12 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     torch.manual_seed(recipe.train.seed)
     model = build_initialised_model(recipe, backend)
     parameters = parameter_count(model)
-    sharded = None
-    if info.world_size > 1:
+    sharded, step = None, None
+    if backend.lane == "xla":  # one controller drives every JAX device; XLA partitions by the plan
+        axes = recipe.parallel.mesh_axes(backend.device_count())
+        step = XlaStep(model, recipe.train, backend, plan=PLANS[recipe.model.family], axes=axes)
+        data_rank, data_world = 0, 1
+    elif info.world_size > 1:
         sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend)
         data_rank, data_world = sharded.data_rank, sharded.data_world
     else:
@@ -106,7 +112,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         console.print(
             f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family} {recipe.model.flavor}: "
             f"{parameters:,} parameters; {batches.batches_per_epoch} batches per epoch; "
-            f"step {describe_step(recipe.train)}; run directory {run_dir}"
+            f"step {describe_step(recipe.train, backend.lane)}; run directory {run_dir}"
         )
     writers: list[JsonlWriter | TensorBoardWriter] = []
     if info.is_main:
@@ -126,10 +132,11 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             backend,
             flops_per_token=model.flops_per_token(recipe.data.seq_len),
             data_parallel=data_world,
-            devices=info.world_size,
+            devices=backend.device_count() if backend.lane == "xla" else info.world_size,
             reduce_loss=None if sharded is None else sharded.mean_over_data,
             on_report=write_report,
             console=console,
+            step=step,
         )
     finally:
         for writer in writers:
@@ -148,11 +155,15 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         )
     if dist.is_initialized():
         dist.destroy_process_group()
-    return PretrainResult(run_dir, summary, weights_path, backend.lane, parameters, describe_step(recipe.train))
+    return PretrainResult(
+        run_dir, summary, weights_path, backend.lane, parameters, describe_step(recipe.train, backend.lane)
+    )
 
 
-def describe_step(train_config: TrainConfig) -> str:
+def describe_step(train_config: TrainConfig, lane: str = "cpu") -> str:
     """The step mode in words, e.g. ``whole_step (memory policy recompute, compiler auto)``."""
+    if lane == "xla":
+        return f"whole_step (jax.jit, memory policy {train_config.memory_policy})"
     if train_config.step_mode == "eager":
         return "eager"
     if train_config.step_mode == "per_block":
