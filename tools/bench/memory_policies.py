@@ -3,7 +3,7 @@
     uv run python tools/bench/memory_policies.py [--policies save,selective,recompute] [--seq 1024]
 
 The model is a narrow, deep Llama 3 shape (dim 512, 8 layers, 8 heads, 4 kv heads, ffn
-1536, vocabulary 8,192; about 29M parameters) on batch 4 x ``--seq`` tokens, so that
+1536, vocabulary 8,192; about 34M parameters) on batch 4 x ``--seq`` tokens, so that
 activations outweigh parameters, gradients and optimizer state. Two figures per policy,
 each from a fresh process:
 
@@ -12,6 +12,8 @@ each from a fresh process:
 - process peak: how far the process's resident memory rises above where it stood just
   before one compiled (inductor) step, its peak window reset there (Linux ``clear_refs``);
   parameters and optimizer state are allocated before, so this is what the step adds.
+  Memory the compiling step freed can stay resident in the allocator and be reused
+  without raising the figure, so it undercounts; the graph peak is the exact one.
 
 Also printed: step time of the compiled step (after compilation) and the ratio of each
 figure to ``save``'s, measured in the same run.
