@@ -70,7 +70,7 @@ def test_pretrain_checkpoint_exports_to_transformers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     short_run = ["--train.steps", "2", "--train.warmup-steps", "1", "--data.seq-len", "16", "--data.batch-size", "2"]
     assert pretrain_main([*short_run, "--output.run-name", "r"]) == 0
-    checkpoint = tmp_path / "runs" / "r" / "checkpoints" / "step-000002"
+    checkpoint = tmp_path / "runs" / "r" / "model"
     assert convert_main(["export", str(checkpoint), str(tmp_path / "hf"), "--dtype", "bfloat16"]) == 0
     _, ours = load_model(checkpoint)
     ids = torch.randint(0, 2048, (1, 12))

@@ -46,7 +46,8 @@ def test_short_run_writes_recipe_metrics_and_loadable_weights(tmp_path):
 
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
-    step_dir = run_dir / "checkpoints" / "step-000006"
+    assert (run_dir / "checkpoints" / "step-000006" / "trainer.json").is_file()  # the trainer state, to resume
+    step_dir = run_dir / "model"
     assert json.loads((step_dir / "recipe.json").read_text()) == recipe
     model = build_model("llama3", "debug")
     model.to_empty(device="cpu")
@@ -115,7 +116,7 @@ def test_the_xla_lane_trains_through_one_jitted_step_and_saves_weights(tmp_path)
     assert rows[-1]["loss"] < rows[0]["loss"]
     model = build_model("llama3", "debug")
     model.to_empty(device="cpu")
-    load_weights(model, tmp_path / "runs" / "xla" / "checkpoints" / "step-000006")
+    load_weights(model, tmp_path / "runs" / "xla" / "model")
     initial = build_model("llama3", "debug", device="cpu")
     initial.init_weights(0)
     assert not torch.equal(model.layers[0].attention.wq.weight, initial.layers[0].attention.wq.weight)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.parallel.test_torchrun import free_port
 from titanpod.checkpoint import load_model
@@ -44,10 +45,53 @@ def test_fsdp2_run_matches_one_process_and_writes_one_checkpoint(tmp_path):
     assert len(losses("two")) == 2
     for got, want in zip(losses("two"), losses("one"), strict=True):
         assert abs(got - want) <= 1e-5 * want
-    _, two = load_model(tmp_path / "runs" / "two" / "checkpoints" / "step-000004")
-    _, one = load_model(tmp_path / "runs" / "one" / "checkpoints" / "step-000004")
+    _, two = load_model(tmp_path / "runs" / "two" / "model")
+    _, one = load_model(tmp_path / "runs" / "one" / "model")
     # Weights after 4 AdamW steps: Adam divides by the gradient's own scale, so the few entries
     # with near-zero gradients carry the reduction-order differences up to ~1e-4 (lr is 3e-3).
     for (name, a), b in zip(two.state_dict().items(), one.state_dict().values(), strict=True):
         assert (a - b).abs().max().item() <= 1e-4, name
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["one", "two"]
+
+
+def per_step_losses(run_dir) -> dict[int, float]:
+    """The loss of every step in a run's metrics (log every step); a resumed run's lines win."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row["loss"] for row in rows}
+
+
+@pytest.mark.slow
+def test_fsdp2_stop_and_resume_equals_a_straight_run_bit_for_bit(tmp_path):
+    fsdp2 = ["--parallel.fsdp", "2", "--data.batch-size", "2", "--train.steps", "8", "--train.log-every", "1"]
+    straight = pretrain(tmp_path, *fsdp2, "--output.run-name", "straight", "--checkpoint.resume", "never", processes=2)
+    assert straight.returncode == 0, straight.stderr[-4000:]
+    first = pretrain(tmp_path, *fsdp2, "--output.run-name", "split", "--train.stop-at-step", "4", processes=2)
+    assert first.returncode == 0, first.stderr[-4000:]
+    second = pretrain(tmp_path, *fsdp2, "--output.run-name", "split", processes=2)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resumed from" in second.stdout and "4 of 8 steps done" in second.stdout
+    want, got = per_step_losses(tmp_path / "runs" / "straight"), per_step_losses(tmp_path / "runs" / "split")
+    assert sorted(got) == list(range(1, 9)) and got == want  # bit for bit
+    _, straight_model = load_model(tmp_path / "runs" / "straight" / "model")
+    _, split_model = load_model(tmp_path / "runs" / "split" / "model")
+    for (name, a), b in zip(straight_model.state_dict().items(), split_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_with_fsdp4_loads_with_fsdp2_and_one_process(tmp_path):
+    saved = pretrain(tmp_path, "--parallel.fsdp", "4", "--data.batch-size", "1", "--train.steps", "2",
+                     "--output.run-name", "four", processes=4)  # fmt: skip
+    assert saved.returncode == 0, saved.stderr[-4000:]
+    checkpoint = tmp_path / "runs" / "four" / "checkpoints" / "step-000002"
+    resume = ["--train.steps", "2", "--checkpoint.resume", str(checkpoint)]
+    two = pretrain(tmp_path, *resume, "--parallel.fsdp", "2", "--data.batch-size", "2", "--output.run-name", "two",
+                   processes=2)  # fmt: skip
+    assert two.returncode == 0, two.stderr[-4000:]
+    one = pretrain(tmp_path, *resume, "--data.batch-size", "4", "--output.run-name", "one")
+    assert one.returncode == 0, one.stderr[-4000:]
+    _, reference = load_model(tmp_path / "runs" / "four" / "model")
+    for name in ("two", "one"):
+        _, loaded = load_model(tmp_path / "runs" / name / "model")
+        for (key, a), b in zip(reference.state_dict().items(), loaded.state_dict().values(), strict=True):
+            assert torch.equal(a, b), f"{name}: {key}"

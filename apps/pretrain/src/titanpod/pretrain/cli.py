@@ -3,12 +3,15 @@
 titanpod-pretrain                                  # llama3_debug on this machine
 titanpod-pretrain --list-recipes
 titanpod-pretrain --recipe llama3_debug --train.steps 20 --device.lane cpu
+titanpod-pretrain --output.run-name try1 --resume   # continue try1 from its newest checkpoint
+titanpod-pretrain --resume                         # continue the newest run of the recipe that has one
 titanpod-pretrain --help                           # every field of the recipe
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 
@@ -19,6 +22,7 @@ from rich.table import Table
 from titanpod.device import process_info
 from titanpod.pretrain.errors import print_error
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, PretrainResult, Recipe, get_recipe, run_pretraining
+from titanpod.recipes.run import latest_resumable_run
 
 
 def parse_recipe(argv: list[str]) -> Recipe | None:
@@ -26,13 +30,14 @@ def parse_recipe(argv: list[str]) -> Recipe | None:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--recipe", default=DEFAULT_RECIPE)
     parser.add_argument("--list-recipes", action="store_true")
+    parser.add_argument("--resume", action="store_true")
     known, rest = parser.parse_known_args(argv)
     if known.list_recipes:
         for name, build in RECIPES.items():
             print(f"{name:24s} {(build.__doc__ or '').strip()}")
         return None
     base = get_recipe(known.recipe)
-    return tyro.cli(
+    recipe = tyro.cli(
         Recipe,
         default=base,
         args=rest,
@@ -42,6 +47,23 @@ def parse_recipe(argv: list[str]) -> Recipe | None:
             f"Every field below overrides it. Now showing: {known.recipe}."
         ),
         config=(tyro.conf.FlagConversionOff,),
+    )
+    return with_resume(recipe) if known.resume else recipe
+
+
+def with_resume(recipe: Recipe) -> Recipe:
+    """``--resume``: the recipe set to continue its run (``--output.run-name``, else the newest
+    run of this recipe under ``--output.runs-dir`` that has a complete checkpoint)."""
+    run_name = recipe.output.run_name or latest_resumable_run(recipe)
+    if run_name is None:
+        raise ValueError(
+            f"--resume: no run of recipe {recipe.name} under {recipe.output.runs_dir} has a complete checkpoint; "
+            "name the run with --output.run-name, or start a new one without --resume."
+        )
+    return dataclasses.replace(
+        recipe,
+        output=dataclasses.replace(recipe.output, run_name=run_name),
+        checkpoint=dataclasses.replace(recipe.checkpoint, resume="auto"),
     )
 
 

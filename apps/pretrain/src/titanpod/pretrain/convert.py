@@ -5,8 +5,7 @@
     titanpod-convert push FOLDER REPO_ID    # upload an exported folder to the Hub
 
 A titanpod checkpoint is a folder with ``model.safetensors`` (titanpod tensor names) and
-``model.json`` (family and shape); ``titanpod-pretrain`` writes one under
-``checkpoints/step-NNNNNN``.
+``model.json`` (family and shape); ``titanpod-pretrain`` writes one to ``<run>/model``.
 """
 
 from __future__ import annotations

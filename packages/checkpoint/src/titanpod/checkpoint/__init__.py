@@ -5,21 +5,37 @@ from titanpod.checkpoint.errors import CheckpointMismatchError
 from titanpod.checkpoint.hf_files import LoadedCheckpoint, load_hf_checkpoint, save_hf_checkpoint
 from titanpod.checkpoint.hub import pull, push, resolve_source
 from titanpod.checkpoint.model_files import MODEL_FILE, load_model, save_model
+from titanpod.checkpoint.trainer_state import (
+    CheckpointConfig,
+    Checkpointer,
+    CheckpointError,
+    ResumePoint,
+    complete_checkpoints,
+    read_trainer_file,
+    trainer_state_dict,
+)
 from titanpod.checkpoint.weights import WEIGHTS_FILE, load_weights, save_weights
 
 __all__ = [
     "MODEL_FILE",
     "WEIGHTS_FILE",
+    "CheckpointConfig",
+    "CheckpointError",
     "CheckpointMismatchError",
+    "Checkpointer",
     "LoadedCheckpoint",
+    "ResumePoint",
     "atomic_directory",
+    "complete_checkpoints",
     "load_hf_checkpoint",
     "load_model",
     "load_weights",
     "pull",
     "push",
+    "read_trainer_file",
     "resolve_source",
     "save_hf_checkpoint",
     "save_model",
     "save_weights",
+    "trainer_state_dict",
 ]

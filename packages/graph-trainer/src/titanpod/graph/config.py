@@ -55,6 +55,9 @@ class TrainConfig:
     precision: str = "fp32"
     """Compute precision: ``fp32``, or ``bf16`` (autocast; parameters, gradients and
     optimizer state stay fp32)."""
+    stop_at_step: int = 0
+    """End this run after this step (0: run to ``steps``). The schedule still spans
+    ``steps``: for time-limited jobs that save a checkpoint and continue with ``--resume``."""
     skip_nonfinite: bool = True
     """When the gradient norm is NaN or Inf: skip the update (True: parameters and
     optimizer state stay as they were, and the step is counted as skipped) or stop the
@@ -74,6 +77,8 @@ class TrainConfig:
         _check_choice("memory_policy", self.memory_policy, MEMORY_POLICIES)
         _check_choice("compiler", self.compiler, ("auto", "none"))
         _check_choice("precision", self.precision, PRECISIONS)
+        if not 0 <= self.stop_at_step <= self.steps:
+            raise ValueError(f"train.stop_at_step must be in [0, steps={self.steps}], got {self.stop_at_step}.")
         if self.grad_accum_steps < 1:
             raise ValueError(f"train.grad_accum_steps must be at least 1, got {self.grad_accum_steps}.")
         if self.memory_policy != "save" and self.step_mode != "whole_step":

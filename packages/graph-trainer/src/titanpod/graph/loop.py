@@ -36,9 +36,9 @@ class TrainSummary:
     """What a finished (or interrupted) training run did."""
 
     steps_done: int
-    """Optimizer steps completed."""
+    """Optimizer steps completed, counting those done before a resume."""
     losses: list[float]
-    """Training loss of every completed step, in order."""
+    """Training loss of every step this call ran, in order."""
     tokens_per_second: float
     """Whole-job throughput over all steps but the first (which includes warm-up)."""
     mfu: float
@@ -55,6 +55,8 @@ class TrainSummary:
     """Steps whose update was skipped because the gradient norm was NaN or Inf."""
     stopped_because: str | None = None
     """Why the run stopped early on its own (a non-finite gradient with ``skip_nonfinite`` off)."""
+    start_step: int = 0
+    """Steps done before this call (a resumed run); ``losses[0]`` is step ``start_step + 1``."""
 
 
 def _progress(console: Console | None) -> Progress:
@@ -84,11 +86,16 @@ def train(
     on_report: Callable[[StepMetrics], None] | None = None,
     console: Console | None = None,
     step: TrainStep | None = None,
+    start_step: int = 0,
+    after_step: Callable[[int], None] | None = None,
 ) -> TrainSummary:
     """Train ``model`` (which must have ``loss(tokens, labels)``) for ``config.steps`` steps.
 
     Each step takes ``config.grad_accum_steps`` batches from ``batches`` and runs them in
     ``config.step_mode`` (or through ``step``, when given: it owns the optimizer state).
+    A resumed run passes ``start_step``, the steps already done: training continues at
+    the next step of the schedule. ``after_step(step_number)`` runs after every step (to
+    save checkpoints); the loop's reported losses cover only the steps it ran.
 
     Sharded training: each process passes its own batches; ``data_parallel`` is the number
     of distinct data shards (global tokens = local tokens x ``data_parallel``), ``devices``
@@ -102,7 +109,8 @@ def train(
     lets the step in flight finish, then stops and returns a summary marked
     ``interrupted``; the model keeps the weights it reached. A second Ctrl-C interrupts at once.
     """
-    torch.manual_seed(config.seed)
+    if start_step == 0:
+        torch.manual_seed(config.seed)  # a resumed run keeps the random state its checkpoint restored
     device = None if backend.lane == "xla" else backend.device()  # the xla step places batches itself
     train_step = step if step is not None else build_step(model, config, backend)
     peak = backend.chip().peak_flops
@@ -127,9 +135,10 @@ def train(
         return window
 
     with _progress(console) as progress, stop_after_step() as stop:
-        task = progress.add_task("train", total=config.steps, loss="-", tps="-")
+        task = progress.add_task("train", total=config.steps, completed=start_step, loss="-", tps="-")
         try:
-            for step_number in range(1, config.steps + 1):
+            last_step = config.stop_at_step or config.steps
+            for step_number in range(start_step + 1, last_step + 1):
                 micro_batches = [next(batches) for _ in range(config.grad_accum_steps)]
                 if device is not None:
                     micro_batches = [(tokens.to(device), labels.to(device)) for tokens, labels in micro_batches]
@@ -140,7 +149,7 @@ def train(
                 pending.append(out)
                 step_tokens = sum(tokens.numel() for tokens, _ in micro_batches) * data_parallel
                 tokens_since += step_tokens
-                if step_number == 1:
+                if step_number == start_step + 1:
                     backend.synchronize()
                     first_step_end = time.perf_counter()
                 else:
@@ -154,7 +163,7 @@ def train(
                         "train.skip_nonfinite=True to skip such steps."
                     )
                     break
-                if step_number % config.log_every == 0 or step_number == config.steps:
+                if step_number % config.log_every == 0 or step_number == last_step:
                     grad_norm = float(out.grad_norm)
                     window = read_back(step_number)
                     now = time.perf_counter()
@@ -177,7 +186,9 @@ def train(
                     tokens_since, last_report = 0, now
                     progress.update(task, loss=f"{report.loss:.4f}", tps=f"{tps:,.0f}")
                 progress.update(task, completed=step_number)
-                if stop.requested and step_number < config.steps:
+                if after_step is not None:
+                    after_step(step_number)
+                if stop.requested and step_number < last_step:
                     interrupted = True
                     break
         except KeyboardInterrupt:  # a second Ctrl-C, or a signal outside the main thread
@@ -186,11 +197,11 @@ def train(
     backend.synchronize()
     end = time.perf_counter()
     if pending:  # a step is pending only once it is done
-        read_back(len(losses) + len(pending))
+        read_back(start_step + len(losses) + len(pending))
     timed = end - first_step_end
     tps_all = tokens_after_first / timed if tokens_after_first and timed > 0 else 0.0
     return TrainSummary(
-        steps_done=len(losses),
+        steps_done=start_step + len(losses),
         losses=losses,
         tokens_per_second=tps_all,
         mfu=mfu(flops_per_token, tps_all, devices, peak),
@@ -200,4 +211,5 @@ def train(
         reports=reports,
         skipped_steps=skipped,
         stopped_because=stopped_because,
+        start_step=start_step,
     )

@@ -211,6 +211,67 @@ class XlaStep(TrainStep):
         self.state = AdamWState(step, exp_avg, exp_avg_sq)
         return StepOutput(loss, grad_norm, applied)
 
+    def state_tree(self) -> dict:
+        """The step's parameters and AdamW state as the trainer-state checkpoint layout, holding its jax arrays:
+        ``{"model": {name: array}, "optim": {"step": array, "exp_avg": {name: array}, "exp_avg_sq": {name: array}}}``.
+
+        The arrays are the step's own, sharded on its mesh; the next step donates them, so save
+        them (or copy them) before stepping again. The xla step uses no random state: no "rng" key.
+        """
+        state = self.state
+        return {
+            "model": dict(zip(self.names, self.jax_params, strict=True)),
+            "optim": {
+                "step": state.step,
+                "exp_avg": dict(zip(self.names, state.exp_avg, strict=True)),
+                "exp_avg_sq": dict(zip(self.names, state.exp_avg_sq, strict=True)),
+            },
+        }
+
+    def load_state_tree(self, tree: dict) -> None:
+        """Put a ``state_tree``-layout ``tree`` of arrays (jax or numpy) into the step, each on the step's own sharding.
+
+        Every entry of ``state_tree()`` must be there with the same shape and dtype (an "rng"
+        entry, if any, is ignored); a missing, unexpected or mismatched entry raises
+        ``ValueError`` naming it. The step gets its own copies: ``tree`` stays valid after the next step.
+        """
+        import jax
+
+        def flat(node: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+            if not isinstance(node, Mapping):
+                return {prefix: node}
+            return {path: leaf for key, child in node.items() for path, leaf in flat(child, (*prefix, key)).items()}
+
+        def show(paths: list[tuple[str, ...]]) -> str:
+            return ", ".join(" / ".join(path) for path in paths[:5]) + (
+                f" and {len(paths) - 5} more" if len(paths) > 5 else ""
+            )
+
+        wanted = flat(self.state_tree())
+        given = flat({key: value for key, value in tree.items() if key != "rng"})
+        missing, unexpected = sorted(set(wanted) - set(given)), sorted(set(given) - set(wanted))
+        if missing or unexpected:
+            raise ValueError(
+                f"The state tree does not match the step: missing [{show(missing)}], unexpected [{show(unexpected)}]."
+            )
+        for path, array in wanted.items():
+            got = given[path]
+            if tuple(got.shape) != tuple(array.shape) or np.dtype(got.dtype) != np.dtype(array.dtype):
+                raise ValueError(
+                    f"{' / '.join(path)} is {np.dtype(got.dtype)}{list(got.shape)} in the state tree; "
+                    f"the step holds {np.dtype(array.dtype)}{list(array.shape)}."
+                )
+        with self.backend.runtime():
+            placed = {
+                path: jax.device_put(given[path], array.sharding, may_alias=False) for path, array in wanted.items()
+            }
+        self.jax_params = [placed["model", name] for name in self.names]
+        self.state = AdamWState(  # type: ignore[arg-type]  # jax arrays in the torch lanes' container
+            step=placed["optim", "step"],
+            exp_avg=[placed["optim", "exp_avg", name] for name in self.names],
+            exp_avg_sq=[placed["optim", "exp_avg_sq", name] for name in self.names],
+        )
+
     def finish(self) -> None:
         """Copy the trained parameters from the JAX devices into the torch model (waits for the device)."""
         with torch.no_grad():

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from titanpod.checkpoint import CheckpointConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
 from titanpod.kernels import KernelConfig
@@ -35,7 +36,7 @@ class OutputConfig:
     run_name: str | None = None
     """Run directory name; ``None`` means ``<recipe>-<YYYYmmdd-HHMMSS>``."""
     save_weights: bool = True
-    """Write the final weights as safetensors under ``checkpoints/step-NNNNNN``."""
+    """Write the final weights as safetensors (with model.json and recipe.json) to ``<run>/model``."""
     tensorboard: bool = True
     """Also write every metrics report as TensorBoard scalars under ``tensorboard/`` in the run directory."""
 
@@ -58,6 +59,8 @@ class Recipe:
     """What it trains on."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """How it trains."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """When the trainer state is saved, and whether the run resumes from a checkpoint."""
     output: OutputConfig = field(default_factory=OutputConfig)
     """What it writes."""
 

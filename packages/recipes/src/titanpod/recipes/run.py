@@ -10,9 +10,17 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from titanpod.checkpoint import save_model
+from titanpod.checkpoint import Checkpointer, complete_checkpoints, save_hf_checkpoint, save_model
 from titanpod.device import Backend, get_backend, process_info
-from titanpod.graph import JsonlWriter, StepMetrics, TensorBoardWriter, TrainConfig, TrainSummary, train
+from titanpod.graph import (
+    JsonlWriter,
+    StepMetrics,
+    TensorBoardWriter,
+    TrainConfig,
+    TrainSummary,
+    build_step,
+    train,
+)
 from titanpod.graph.xla_step import XlaStep
 from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
@@ -29,11 +37,11 @@ class PretrainResult:
     """What a finished pretraining run leaves behind."""
 
     run_dir: Path
-    """The run directory: recipe.json, metrics.jsonl, checkpoints/."""
+    """The run directory: recipe.json, metrics.jsonl, tensorboard/, checkpoints/, model/."""
     summary: TrainSummary
     """The training loop's summary."""
     weights_path: Path | None
-    """The saved weights, if any."""
+    """The final weights (``<run>/model/model.safetensors``), if saved."""
     lane: str
     """The lane the run used."""
     parameters: int
@@ -43,9 +51,18 @@ class PretrainResult:
 
 
 def prepare_run_dir(recipe: Recipe) -> Path:
-    """Create the run directory and write the recipe into it; fail early if it cannot be written."""
+    """Create the run directory and write the recipe into it; fail early if it cannot be written.
+
+    Under torchrun every rank must call it: rank 0 picks the name and the others receive it.
+    """
     name = recipe.output.run_name or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if dist.is_initialized():
+        chosen = [name]
+        dist.broadcast_object_list(chosen, src=0)  # a timestamped name could differ by a second
+        name = chosen[0]
     run_dir = Path(recipe.output.runs_dir) / name
+    if not process_info().is_main:
+        return run_dir
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "recipe.json").write_text(recipe.to_json(), encoding="utf-8")
@@ -55,6 +72,15 @@ def prepare_run_dir(recipe: Recipe) -> Path:
             "Choose another with --output.runs-dir or --output.run-name."
         ) from error
     return run_dir
+
+
+def latest_resumable_run(recipe: Recipe) -> str | None:
+    """Name of the newest run directory of ``recipe`` (``<name>-<timestamp>``) holding a complete checkpoint."""
+    runs = Path(recipe.output.runs_dir)
+    candidates = [
+        run for run in runs.glob(f"{recipe.name}-*") if run.is_dir() and complete_checkpoints(run / "checkpoints")
+    ]
+    return max(candidates, key=lambda run: run.name).name if candidates else None
 
 
 def build_batches(recipe: Recipe, vocab_size: int, rank: int, world_size: int) -> PackedBatches:
@@ -107,7 +133,28 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     batches = build_batches(recipe, model.args.vocab_size, data_rank, data_world)
     if not info.is_main:
         console = None
-    run_dir = prepare_run_dir(recipe) if info.is_main else Path(recipe.output.runs_dir)
+    run_dir = prepare_run_dir(recipe)
+    say = (lambda message: console.print(message, soft_wrap=True)) if console is not None else (lambda message: None)
+    checkpointer = Checkpointer(run_dir, recipe.checkpoint, recipe.to_json(), say)
+    checkpointer.remove_partial()
+    if step is None:
+        step = build_step(model, recipe.train, backend)
+    start_step = 0
+    resume_from = checkpointer.resume_folder()
+    if resume_from is not None:
+        point = checkpointer.load(resume_from, model, step, recipe.to_dict())
+        batches.load_state_dict(point.data_state)
+        start_step = point.step
+        say(f"resumed from {resume_from}: {start_step} of {recipe.train.steps} steps done")
+        if start_step >= recipe.train.steps:
+            say("nothing left to train: raise --train.steps to continue this run")
+    every = recipe.checkpoint.every
+
+    def after_step(step_number: int) -> None:
+        if every and step_number % every == 0 and step_number < recipe.train.steps:
+            checkpointer.save(step_number, model, step, batches.state_dict())
+        checkpointer.poll()
+
     if console is not None:
         console.print(
             f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family} {recipe.model.flavor}: "
@@ -137,22 +184,29 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             on_report=write_report,
             console=console,
             step=step,
+            start_step=start_step,
+            after_step=after_step,
         )
+        if recipe.checkpoint.at_end and summary.steps_done > start_step:
+            checkpointer.save(summary.steps_done, model, step, batches.state_dict())
     finally:
+        checkpointer.wait()  # a background save in flight is completed, whatever happened
         for writer in writers:
             writer.close()
     if sharded is not None and recipe.output.save_weights:
         unshard(model)  # every rank takes part; rank 0 writes
     weights_path = None
     if recipe.output.save_weights and summary.steps_done > 0 and info.is_main:
-        step_dir = run_dir / "checkpoints" / f"step-{summary.steps_done:06d}"
         weights_path = save_model(
             model,
             recipe.model.family,
-            step_dir,
+            run_dir / "model",
             {"step": summary.steps_done},
             extra_files={"recipe.json": recipe.to_json()},
         )
+        if recipe.checkpoint.export_hf:
+            hf_path = save_hf_checkpoint(model, recipe.model.family, run_dir / "hf")
+            say(f"exported the model as a Hugging Face checkpoint: {hf_path}")
     if dist.is_initialized():
         dist.destroy_process_group()
     return PretrainResult(

@@ -1,0 +1,81 @@
+"""Reading torch.distributed.checkpoint folders without unpickling arbitrary objects.
+
+DCP stores its ``.metadata`` file as a pickle. ``SafeFileSystemReader`` reads it with an
+unpickler that accepts only the classes DCP metadata is made of (DCP's own dataclasses,
+``torch.Size``, dtypes, plain containers), so a crafted file cannot run code on load.
+Tensor data is read as raw bytes, as DCP always does.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+_ALLOWED_MODULE_PREFIXES = ("torch.distributed.checkpoint.",)
+_ALLOWED_GLOBALS = {
+    ("torch", "Size"),
+    ("collections", "OrderedDict"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+    ("builtins", "getattr"),  # how torch pickles dtypes and memory formats: getattr(torch, "float32")
+    ("torch", "device"),
+    ("pathlib", "PosixPath"),  # the checkpoint id DCP records
+    ("torch.serialization", "_get_layout"),  # layouts are pickled by name: _get_layout("torch.strided")
+}
+_TORCH_ATTRIBUTES = {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"}
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint's metadata asks to build an object that checkpoint metadata never holds."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith(_ALLOWED_MODULE_PREFIXES) or (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and (name in _TORCH_ATTRIBUTES or name in ("contiguous_format", "preserve_format")):
+            return super().find_class(module, name)
+        raise UnsafeCheckpointError(
+            f"The checkpoint metadata refers to {module}.{name}, which DCP metadata never contains; "
+            "it was not written by torch.distributed.checkpoint (or was tampered with), so it is not loaded."
+        )
+
+
+def load_metadata_bytes(data: bytes) -> Metadata:
+    """Unpickle DCP metadata with the allow-list above."""
+    metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    if not isinstance(metadata, Metadata):
+        raise UnsafeCheckpointError(f"The checkpoint metadata holds a {type(metadata).__name__}, not DCP Metadata.")
+    return metadata
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """``FileSystemReader`` whose metadata is read with the restricted unpickler."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checkpoint's DCP metadata, built only from allowed classes."""
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as handle:
+            metadata = load_metadata_bytes(handle.read())
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def tensor_shapes(folder: Any) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Every tensor a DCP folder holds: flattened key -> (global shape, dtype), read from its metadata."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = SafeFileSystemReader(folder).read_metadata()
+    return {
+        key: (tuple(entry.size), entry.properties.dtype)
+        for key, entry in metadata.state_dict_metadata.items()
+        if isinstance(entry, TensorStorageMetadata)
+    }
