@@ -5,6 +5,7 @@ from titanpod.checkpoint.errors import CheckpointMismatchError
 from titanpod.checkpoint.hf_files import LoadedCheckpoint, load_hf_checkpoint, save_hf_checkpoint
 from titanpod.checkpoint.hub import pull, push, resolve_source
 from titanpod.checkpoint.model_files import MODEL_FILE, load_model, save_model
+from titanpod.checkpoint.orbax_state import dcp_to_orbax, load_dcp_state, orbax_to_dcp
 from titanpod.checkpoint.trainer_state import (
     CheckpointConfig,
     Checkpointer,
@@ -27,9 +28,12 @@ __all__ = [
     "ResumePoint",
     "atomic_directory",
     "complete_checkpoints",
+    "dcp_to_orbax",
+    "load_dcp_state",
     "load_hf_checkpoint",
     "load_model",
     "load_weights",
+    "orbax_to_dcp",
     "pull",
     "push",
     "read_trainer_file",

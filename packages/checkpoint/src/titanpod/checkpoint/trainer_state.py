@@ -8,6 +8,10 @@ A checkpoint is a folder ``<run>/checkpoints/step-NNNNNN/`` holding
 - ``trainer.json``: the step, the data loader's position, the recipe, and the size of
   every file (a truncated file is caught before anything is read).
 
+On the xla lane the tensors are jax arrays and go to ``orbax/`` (orbax-checkpoint) in the
+same nested layout instead of ``state/``; ``titanpod.checkpoint.orbax_state`` converts
+between the two forms. Orbax saves are synchronous.
+
 Saving writes into ``.step-NNNNNN.partial/`` and renames it when complete, so a folder
 named ``step-*`` is always whole; a save killed midway leaves only a ``.partial`` folder,
 removed with a message the next time the run starts. Saves can run in the background
@@ -38,6 +42,7 @@ from titanpod.graph import TrainStep
 
 FORMAT_VERSION = 1
 STATE_FOLDER = "state"
+ORBAX_FOLDER = "orbax"
 TRAINER_FILE = "trainer.json"
 _STEP_FOLDER = re.compile(r"^step-(\d{6,})$")
 
@@ -185,9 +190,15 @@ class Checkpointer:
         if self.is_main:
             if staging.exists():
                 shutil.rmtree(staging)
-            (staging / STATE_FOLDER).mkdir(parents=True)
+            staging.mkdir(parents=True)
         if dist.is_initialized():
             dist.barrier()
+        if _is_jax_step(step):
+            from titanpod.checkpoint.orbax_state import save_orbax_state
+
+            save_orbax_state(staging / ORBAX_FOLDER, step.state_tree())  # type: ignore[attr-defined]
+            self._finish(staging, step_number, data_state)
+            return
         state = trainer_state_dict(model, step)
         writer = dcp.FileSystemWriter(staging / STATE_FOLDER, single_file_per_rank=True, sync_files=True)
         if self.config.async_save:
@@ -241,6 +252,12 @@ class Checkpointer:
         """Load a checkpoint into ``model`` and ``step`` in place (any mesh), after checking it fits."""
         trainer = read_trainer_file(folder)
         check_same_run(trainer["recipe"], recipe, folder)
+        if _is_jax_step(step):
+            return self._load_orbax(folder, step, trainer)
+        if not (folder / STATE_FOLDER).is_dir():
+            raise CheckpointError(
+                f"{folder} holds no {STATE_FOLDER}/ (torch trainer state); was it saved on the xla lane?"
+            )
         state = trainer_state_dict(model, step)
         try:
             dcp.load(state, storage_reader=SafeFileSystemReader(folder / STATE_FOLDER))
@@ -251,6 +268,23 @@ class Checkpointer:
             ) from error
         torch.set_rng_state(state["rng"]["torch_cpu"])
         return ResumePoint(folder, int(trainer["step"]), trainer["data"], trainer["recipe"])
+
+    def _load_orbax(self, folder: Path, step: TrainStep, trainer: dict[str, Any]) -> ResumePoint:
+        from titanpod.checkpoint.orbax_state import restore_orbax_state
+
+        if not (folder / ORBAX_FOLDER).is_dir():
+            raise CheckpointError(
+                f"{folder} holds no {ORBAX_FOLDER}/ (the xla lane's state); convert its {STATE_FOLDER}/ with "
+                "titanpod.checkpoint.orbax_state.dcp_to_orbax first."
+            )
+        like = step.state_tree()  # type: ignore[attr-defined]
+        step.load_state_tree(restore_orbax_state(folder / ORBAX_FOLDER, like=like))  # type: ignore[attr-defined]
+        return ResumePoint(folder, int(trainer["step"]), trainer["data"], trainer["recipe"])
+
+
+def _is_jax_step(step: TrainStep) -> bool:
+    """Whether the step keeps its state as jax arrays (the xla lane's), saved with Orbax."""
+    return hasattr(step, "state_tree") and hasattr(step, "load_state_tree")
 
 
 def read_trainer_file(folder: Path) -> dict[str, Any]:
