@@ -96,3 +96,13 @@ def test_config_fields_are_checked():
     with pytest.raises(ValueError, match=r"checkpoint\.every"):
         CheckpointConfig(every=-1)
     assert TrainConfig and DataConfig  # the recipe pieces used above import from their layers
+
+
+def test_the_final_model_can_also_be_exported_for_hugging_face(tmp_path):
+    from titanpod.checkpoint import load_hf_checkpoint
+
+    result = run_pretraining(recipe(tmp_path, 3, export_hf=True))
+    loaded = load_hf_checkpoint(result.run_dir / "hf")
+    ours = final_weights(result)
+    assert loaded.model.state_dict().keys() == ours.keys()
+    assert all(torch.equal(loaded.model.state_dict()[name], ours[name]) for name in ours)
