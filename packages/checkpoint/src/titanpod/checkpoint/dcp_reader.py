@@ -69,11 +69,12 @@ class SafeFileSystemReader(FileSystemReader):
         return metadata
 
 
-def tensor_shapes(folder: Any) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Every tensor a DCP folder holds: flattened key -> (global shape, dtype), read from its metadata."""
+def tensor_shapes(folder: Any, metadata: Metadata | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Every tensor a DCP folder holds: flattened key -> (global shape, dtype), from its metadata
+    (read from ``folder`` unless already read and passed as ``metadata``)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    metadata = SafeFileSystemReader(folder).read_metadata()
+    metadata = metadata or SafeFileSystemReader(folder).read_metadata()
     return {
         key: (tuple(entry.size), entry.properties.dtype)
         for key, entry in metadata.state_dict_metadata.items()

@@ -105,7 +105,7 @@ def load_dcp_state(folder: Path) -> dict:
 
     folder = _checked_folder(folder, DCP_METADATA_FILE, "a torch.distributed.checkpoint (DCP) checkpoint")
     metadata = SafeFileSystemReader(folder).read_metadata()
-    shapes = tensor_shapes(folder)
+    shapes = tensor_shapes(folder, metadata)
     others = sorted(set(metadata.state_dict_metadata) - set(shapes))
     if others:
         raise ValueError(f"The DCP checkpoint {folder} holds non-tensor entries {others}; only tensors are expected.")

@@ -35,10 +35,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from titanpod.checkpoint.dcp_reader import SafeFileSystemReader
 from titanpod.graph import TrainStep
+from titanpod.graph.optimizer import AdamWState, shard_like, state_tree
 
 FORMAT_VERSION = 1
 STATE_FOLDER = "state"
@@ -97,23 +97,14 @@ def trainer_state_dict(model: nn.Module, step: TrainStep) -> dict[str, Any]:
     """
     named = list(model.named_parameters())
     state = step.state
-
-    def like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-        if not isinstance(param, DTensor):
-            return local
-        return DTensor.from_local(
-            local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
-        )
-
-    return {
-        "model": {name: param.detach() for name, param in named},
-        "optim": {
-            "step": state.step,
-            "exp_avg": {name: like_param(m, p) for (name, p), m in zip(named, state.exp_avg, strict=True)},
-            "exp_avg_sq": {name: like_param(v, p) for (name, p), v in zip(named, state.exp_avg_sq, strict=True)},
-        },
-        "rng": {"torch_cpu": torch.get_rng_state()},
-    }
+    params = [param for _, param in named]
+    sharded = AdamWState(
+        state.step,
+        [shard_like(m, p) for m, p in zip(state.exp_avg, params, strict=True)],
+        [shard_like(v, p) for v, p in zip(state.exp_avg_sq, params, strict=True)],
+    )
+    tree = state_tree([name for name, _ in named], [p.detach() for p in params], sharded)
+    return {**tree, "rng": {"torch_cpu": torch.get_rng_state()}}
 
 
 def complete_checkpoints(folder: Path) -> list[tuple[int, Path]]:
@@ -153,6 +144,7 @@ class Checkpointer:
         self.say = say
         self.is_main = not dist.is_initialized() or dist.get_rank() == 0
         self._pending: tuple[Future[Any], Path, int, dict[str, Any]] | None = None
+        self._last_saved_step: int | None = None
         self._async_group = None
 
     def remove_partial(self) -> list[Path]:
@@ -183,7 +175,13 @@ class Checkpointer:
         return found[-1][1] if found else None
 
     def save(self, step_number: int, model: nn.Module, step: TrainStep, data_state: dict[str, Any]) -> None:
-        """Write the trainer state after ``step_number`` steps (in the background when ``async_save``)."""
+        """Write the trainer state after ``step_number`` steps (in the background when ``async_save``).
+
+        A second save of the same step (an interval save that is also the run's last step) does nothing.
+        """
+        if step_number == self._last_saved_step:
+            return
+        self._last_saved_step = step_number
         self.wait()  # one save in flight at a time
         final = self.folder / f"step-{step_number:06d}"
         staging = self.folder / f".{final.name}.partial"

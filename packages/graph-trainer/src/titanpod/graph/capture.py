@@ -26,7 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from titanpod.graph.binding import parameters_bound
 from titanpod.graph.config import TrainConfig
-from titanpod.graph.optimizer import AdamWState, adamw_update_, total_grad_norm
+from titanpod.graph.optimizer import AdamWState, adamw_update_, shard_like, total_grad_norm
 
 LEADING_OUTPUTS = 2
 """Outputs before the per-micro-batch losses: the gradient norm and the applied flag."""
@@ -43,12 +43,7 @@ class ParamSpec:
 
     def rebuild(self, local: torch.Tensor) -> torch.Tensor:
         """The tensor the model should read: ``local`` itself, or a DTensor over it."""
-        if self.dtensor is None:
-            return local
-        spec = self.dtensor
-        return DTensor.from_local(
-            local, spec.device_mesh, spec.placements, run_check=False, shape=spec.shape, stride=spec.stride()
-        )
+        return local if self.dtensor is None else shard_like(local, self.dtensor)
 
 
 def autocast_context(config: TrainConfig, device_type: str) -> contextlib.AbstractContextManager[None]:

@@ -145,25 +145,21 @@ def _random(node: fx.Node) -> bool:
     return True
 
 
-def _loss_ancestors(graph: fx.Graph) -> set[fx.Node]:
-    """Every non-input node a micro-batch loss depends on: the forward's dataflow."""
-    return set().union(*(_ancestors_of(loss) for loss in loss_outputs(graph)))
-
-
-def _forward_nodes(graph: fx.Graph, ancestors: set[fx.Node]) -> set[fx.Node]:
-    """The loss ancestors, plus what autograd recorded beside them while the forward ran
-    (``detach`` of values it saves, unused extra outputs): every node traced between a
+def _forward_nodes(graph: fx.Graph) -> tuple[set[fx.Node], set[fx.Node]]:
+    """The forward's dataflow (every non-input node a micro-batch loss depends on) and the
+    whole forward: that dataflow plus what autograd recorded beside it while the forward ran
+    (``detach`` of values it saves, unused extra outputs), i.e. every node traced between a
     micro-batch's first forward node and its loss."""
     order = {node: index for index, node in enumerate(graph.nodes)}
-    forward = set(ancestors)
-    seen: set[fx.Node] = set()
     nodes = list(graph.nodes)
+    dataflow: set[fx.Node] = set()
+    forward: set[fx.Node] = set()
     for loss in loss_outputs(graph):
-        own = _ancestors_of(loss) - seen
-        seen |= own
+        own = _ancestors_of(loss) - dataflow
+        dataflow |= own
         if own:
             forward.update(nodes[min(order[n] for n in own) : order[loss] + 1])
-    return {n for n in forward if n.op != "placeholder"}
+    return dataflow, {n for n in forward | dataflow if n.op != "placeholder"}
 
 
 def _ancestors_of(node: fx.Node) -> set[fx.Node]:
@@ -197,8 +193,7 @@ def apply_memory_policy(graph_module: fx.GraphModule, policy: str, device_type: 
     backward still reads, including the kept inputs of recomputations.
     """
     graph = graph_module.graph
-    dataflow = _loss_ancestors(graph)
-    forward = _forward_nodes(graph, dataflow)
+    dataflow, forward = _forward_nodes(graph)
     backward = [n for n in graph.nodes if n.op not in ("placeholder", "output") and n not in forward]
     backward_set = set(backward)
     activations = [n for n in graph.nodes if n in forward and any(u in backward_set for u in n.users)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -31,6 +32,29 @@ class AdamWState:
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``tensor``: the shard of a DTensor, else the tensor itself (sharing storage)."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def shard_like(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``local`` as ``param`` is laid out: a DTensor over it with the parameter's mesh, placements,
+    shape and stride when ``param`` is sharded, else ``local`` itself (the inverse of ``local_tensor``)."""
+    if not isinstance(param, DTensor):
+        return local
+    return DTensor.from_local(
+        local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+    )
+
+
+def state_tree(names: Sequence[str], params: Sequence[Any], state: AdamWState) -> dict[str, Any]:
+    """Parameters and AdamW state in the nested layout trainer checkpoints use (torch tensors or jax arrays):
+    ``{"model": {name: param}, "optim": {"step": step, "exp_avg": {name: m}, "exp_avg_sq": {name: v}}}``."""
+    return {
+        "model": dict(zip(names, params, strict=True)),
+        "optim": {
+            "step": state.step,
+            "exp_avg": dict(zip(names, state.exp_avg, strict=True)),
+            "exp_avg_sq": dict(zip(names, state.exp_avg_sq, strict=True)),
+        },
+    }
 
 
 def init_adamw_state(params: Sequence[torch.Tensor]) -> AdamWState:

@@ -20,7 +20,14 @@ from titanpod.device import Backend
 from titanpod.graph.capture import ParamSpec, autocast_context, capture_step
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.memory_policy import apply_memory_policy
-from titanpod.graph.optimizer import AdamWState, adamw_update_, init_adamw_state, local_tensor, total_grad_norm
+from titanpod.graph.optimizer import (
+    AdamWState,
+    adamw_update_,
+    init_adamw_state,
+    local_tensor,
+    total_grad_norm,
+    weight_decays,
+)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 """Inputs and labels, each [B, S] token ids."""
@@ -48,8 +55,12 @@ class TrainStep(ABC):
         self.params = [p for p in model.parameters() if p.requires_grad]
         if len(self.params) != len(list(model.parameters())):
             raise ValueError("Every parameter must be trainable: frozen parameters are not supported by the loop yet.")
-        self.state: AdamWState = init_adamw_state(self.params)
-        self.decays = [config.weight_decay if p.ndim >= 2 else 0.0 for p in self.params]
+        self.decays = weight_decays(self.params, config)
+        self.state: AdamWState = self.initial_state()
+
+    def initial_state(self) -> AdamWState:
+        """Zero AdamW moments beside the parameters (the xla step keeps them on its JAX devices instead)."""
+        return init_adamw_state(self.params)
 
     def lr_tensor(self, lr: float) -> torch.Tensor:
         """The learning rate as a 0-d tensor on the step's device."""

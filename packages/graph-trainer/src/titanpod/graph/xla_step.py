@@ -25,7 +25,7 @@ from torch import nn
 from titanpod.device import Backend
 from titanpod.graph.binding import parameters_bound
 from titanpod.graph.config import TrainConfig
-from titanpod.graph.optimizer import AdamWState, adamw_update_, total_grad_norm, weight_decays
+from titanpod.graph.optimizer import AdamWState, adamw_update_, state_tree, total_grad_norm
 from titanpod.graph.steps import Batch, StepOutput, TrainStep
 
 REMAT_POLICIES = {
@@ -61,29 +61,26 @@ class XlaStep(TrainStep):
         axes: Mapping[str, int] | None = None,
         mesh: Any = None,
     ) -> None:
-        # TrainStep.__init__ would allocate the moments as torch CPU tensors; here they live on the JAX devices.
-        self.model = model
-        self.config = config
-        self.backend = backend
-        named = list(model.named_parameters())
-        if not all(p.requires_grad for _, p in named):
-            raise ValueError("Every parameter must be trainable: frozen parameters are not supported by the loop yet.")
-        self.names = [name for name, _ in named]
-        self.params = [p for _, p in named]
-        self.decays = weight_decays(self.params, config)
+        self.names = [name for name, _ in model.named_parameters()]
         self.axes = dict(axes or {})
         self.policy = _remat_policy(config.memory_policy)
-        with backend.runtime():
-            self.mesh = mesh if mesh is not None else _default_mesh(backend, self.axes)
-            self.jax_params = _place_params(named, plan, self.mesh, self.axes)
+        self._plan, self._mesh = plan, mesh
+        super().__init__(model, config, backend)  # calls initial_state: parameters and moments on the mesh
+        self.program = self.jitted_step()
+        """The ``jax.jit`` of the step; it compiles on the first call, and again only for a new batch shape."""
+
+    def initial_state(self) -> AdamWState:
+        """Place the parameters on the mesh (``jax_params``) and make zero moments sharded like them."""
+        with self.backend.runtime():
+            self.mesh = self._mesh if self._mesh is not None else _default_mesh(self.backend, self.axes)
+            named = list(zip(self.names, self.params, strict=True))
+            self.jax_params = _place_params(named, self._plan, self.mesh, self.axes)
             self.param_shardings = [array.sharding for array in self.jax_params]
-            self.state = AdamWState(  # type: ignore[arg-type]  # jax arrays in the torch lanes' container
+            return AdamWState(  # type: ignore[arg-type]  # jax arrays in the torch lanes' container
                 step=_zeros((), self._replicated()),
                 exp_avg=[_zeros(p.shape, s) for p, s in zip(self.params, self.param_shardings, strict=True)],
                 exp_avg_sq=[_zeros(p.shape, s) for p, s in zip(self.params, self.param_shardings, strict=True)],
             )
-        self.program = self.jitted_step()
-        """The ``jax.jit`` of the step; it compiles on the first call, and again only for a new batch shape."""
 
     def _replicated(self) -> Any:
         from jax.sharding import NamedSharding, PartitionSpec
@@ -218,15 +215,7 @@ class XlaStep(TrainStep):
         The arrays are the step's own, sharded on its mesh; the next step donates them, so save
         them (or copy them) before stepping again. The xla step uses no random state: no "rng" key.
         """
-        state = self.state
-        return {
-            "model": dict(zip(self.names, self.jax_params, strict=True)),
-            "optim": {
-                "step": state.step,
-                "exp_avg": dict(zip(self.names, state.exp_avg, strict=True)),
-                "exp_avg_sq": dict(zip(self.names, state.exp_avg_sq, strict=True)),
-            },
-        }
+        return state_tree(self.names, self.jax_params, self.state)
 
     def load_state_tree(self, tree: dict) -> None:
         """Put a ``state_tree``-layout ``tree`` of arrays (jax or numpy) into the step, each on the step's own sharding.

@@ -21,7 +21,6 @@ from titanpod.graph import (
     build_step,
     train,
 )
-from titanpod.graph.xla_step import XlaStep
 from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import PLANS
@@ -120,10 +119,9 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     torch.manual_seed(recipe.train.seed)
     model = build_initialised_model(recipe, backend)
     parameters = parameter_count(model)
-    sharded, step = None, None
+    sharded, xla_axes = None, None
     if backend.lane == "xla":  # one controller drives every JAX device; XLA partitions by the plan
-        axes = recipe.parallel.mesh_axes(backend.device_count())
-        step = XlaStep(model, recipe.train, backend, plan=PLANS[recipe.model.family], axes=axes)
+        xla_axes = recipe.parallel.mesh_axes(backend.device_count())
         data_rank, data_world = 0, 1
     elif info.world_size > 1:
         sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend)
@@ -137,8 +135,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     say = (lambda message: console.print(message, soft_wrap=True)) if console is not None else (lambda message: None)
     checkpointer = Checkpointer(run_dir, recipe.checkpoint, recipe.to_json(), say)
     checkpointer.remove_partial()
-    if step is None:
-        step = build_step(model, recipe.train, backend)
+    step = build_step(model, recipe.train, backend, plan=PLANS[recipe.model.family], axes=xla_axes)
     start_step = 0
     resume_from = checkpointer.resume_folder()
     if resume_from is not None:
@@ -151,7 +148,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     every = recipe.checkpoint.every
 
     def after_step(step_number: int) -> None:
-        if every and step_number % every == 0 and step_number < recipe.train.steps:
+        if every and step_number % every == 0:
             checkpointer.save(step_number, model, step, batches.state_dict())
         checkpointer.poll()
 
