@@ -205,6 +205,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             hf_path = save_hf_checkpoint(model, recipe.model.family, run_dir / "hf")
             say(f"exported the model as a Hugging Face checkpoint: {hf_path}")
     if dist.is_initialized():
+        dist.barrier()  # no rank tears the group down while another still has collectives in flight
         dist.destroy_process_group()
     return PretrainResult(
         run_dir, summary, weights_path, backend.lane, parameters, describe_step(recipe.train, backend.lane)
