@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,13 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+XLA_ENV = {
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "JAX_PLATFORMS": "cpu",
+    "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
+}
+"""The xla lane on 8 host CPU devices (in a subprocess: torchax must not load in the test process)."""
+
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter of this environment and capture its output."""
@@ -18,6 +26,13 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 30
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout, check=False
     )
+
+
+def run_json_script(code: str, env: dict[str, str] | None = None, timeout: float = 600) -> dict:
+    """Run ``code`` in a fresh interpreter; it must succeed and print a JSON object on its last line."""
+    result = run_python(code, env=env, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture

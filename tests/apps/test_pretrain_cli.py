@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import XLA_ENV
 from titanpod.checkpoint import load_weights
 from titanpod.models import build_model
 from titanpod.pretrain.cli import parse_recipe
@@ -108,10 +109,9 @@ def test_a_diverging_run_stops_with_a_message_when_asked(tmp_path):
 
 
 def test_the_xla_lane_trains_through_one_jitted_step_and_saves_weights(tmp_path):
-    eight_devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     xla = ["--device.lane", "xla", "--parallel.tp", "2", "--data.batch-size", "8"]
     args = [*SHORT_RUN[:-2], *xla, "--output.run-name", "xla"]
-    result = pretrain(*args, cwd=tmp_path, env=eight_devices)
+    result = pretrain(*args, cwd=tmp_path, env=XLA_ENV)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "whole_step (jax.jit, memory policy save)" in result.stdout
     rows = [json.loads(line) for line in (tmp_path / "runs" / "xla" / "metrics.jsonl").read_text().splitlines()]
@@ -126,14 +126,13 @@ def test_the_xla_lane_trains_through_one_jitted_step_and_saves_weights(tmp_path)
 
 @pytest.mark.slow
 def test_the_xla_lane_saves_its_state_with_orbax_and_resumes_exactly(tmp_path):
-    eight_devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     xla = [*SHORT_RUN[:-2], "--device.lane", "xla", "--data.batch-size", "8", "--train.log-every", "1"]
-    straight = pretrain(*xla, "--output.run-name", "straight", cwd=tmp_path, env=eight_devices)
+    straight = pretrain(*xla, "--output.run-name", "straight", cwd=tmp_path, env=XLA_ENV)
     assert straight.returncode == 0, straight.stdout + straight.stderr
-    first = pretrain(*xla, "--train.stop-at-step", "3", "--output.run-name", "split", cwd=tmp_path, env=eight_devices)
+    first = pretrain(*xla, "--train.stop-at-step", "3", "--output.run-name", "split", cwd=tmp_path, env=XLA_ENV)
     assert first.returncode == 0, first.stdout + first.stderr
     assert (tmp_path / "runs" / "split" / "checkpoints" / "step-000003" / "orbax").is_dir()
-    second = pretrain(*xla, "--output.run-name", "split", cwd=tmp_path, env=eight_devices)
+    second = pretrain(*xla, "--output.run-name", "split", cwd=tmp_path, env=XLA_ENV)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "3 of 6 steps done" in second.stdout
 

@@ -10,14 +10,13 @@ state to DCP and back. Every comparison is bit for bit.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tests.conftest import run_python
+from tests.conftest import XLA_ENV, run_json_script
 from titanpod.checkpoint.orbax_state import (
     NotACheckpointError,
     dcp_to_orbax,
@@ -25,12 +24,6 @@ from titanpod.checkpoint.orbax_state import (
     orbax_to_dcp,
     restore_orbax_state,
 )
-
-XLA_ENV = {
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-    "JAX_PLATFORMS": "cpu",
-    "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
-}
 
 SCRIPT = """
 import json, sys, tempfile, time
@@ -151,9 +144,7 @@ print(json.dumps(result))
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    result = run_python(SCRIPT, env=XLA_ENV, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_json_script(SCRIPT, env=XLA_ENV)
 
 
 def test_importing_the_orbax_module_does_not_load_jax(runs):

@@ -22,17 +22,9 @@ Tolerances (fp32), measured on this setup and set a little above:
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.conftest import run_python
-
-XLA_ENV = {
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-    "JAX_PLATFORMS": "cpu",
-    "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
-}
+from tests.conftest import XLA_ENV, run_json_script
 
 SCRIPT = """
 import json, time, torch
@@ -108,9 +100,7 @@ print(json.dumps(result))
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    result = run_python(SCRIPT, env=XLA_ENV, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_json_script(SCRIPT, env=XLA_ENV)
 
 
 def test_xla_step_trains_like_the_cpu_eager_step(runs):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.conftest import run_python
+from tests.conftest import XLA_ENV, run_json_script
 
 XLA_STEP = """
 import json, jax, numpy as np, torch
@@ -45,19 +45,9 @@ counts = {{op: hlo.count(op + "(") + hlo.count(op + "-start(") for op in ops}}
 print(json.dumps({{"loss": float(loss), "reference": reference, "wq_spec": spec, "collectives": counts}}))
 """
 
-XLA_ENV = {
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-    "JAX_PLATFORMS": "cpu",
-    "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
-}
-
 
 def run_case(family: str, degrees: dict) -> dict:
-    import json
-
-    result = run_python(XLA_STEP.format(family=family, degrees=degrees), env=XLA_ENV, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_json_script(XLA_STEP.format(family=family, degrees=degrees), env=XLA_ENV)
 
 
 def test_fsdp4_tp2_step_matches_the_torch_loss_and_holds_collectives():
