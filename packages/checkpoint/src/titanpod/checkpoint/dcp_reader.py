@@ -8,8 +8,11 @@ Tensor data is read as raw bytes, as DCP always does.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -80,3 +83,11 @@ def tensor_shapes(folder: Any, metadata: Metadata | None = None) -> dict[str, tu
         for key, entry in metadata.state_dict_metadata.items()
         if isinstance(entry, TensorStorageMetadata)
     }
+
+
+@contextlib.contextmanager
+def quiet_single_process() -> Iterator[None]:
+    """Silence DCP's warning that it runs without torch.distributed: in one process that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield

@@ -15,16 +15,14 @@ jax and orbax are imported inside the functions only, so importing titanpod.chec
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from titanpod.checkpoint.dcp_reader import SafeFileSystemReader, tensor_shapes
+from titanpod.checkpoint.dcp_reader import SafeFileSystemReader, quiet_single_process, tensor_shapes
 
 ORBAX_METADATA_FILE = "_METADATA"
 """The tree-structure file every Orbax PyTree checkpoint folder holds."""
@@ -91,7 +89,7 @@ def orbax_to_dcp(orbax_folder: Path, dcp_folder: Path) -> None:
     # default, the device-copy-overlapping loader, fails once torchax has registered its device
     # (the "jax" privateuse1 backend has no streams).
     writer = dcp.FileSystemWriter(dcp_folder, per_thread_copy_ahead=0)
-    with _single_process():
+    with quiet_single_process():
         dcp.save(state, storage_writer=writer, no_dist=True)
 
 
@@ -119,17 +117,9 @@ def load_dcp_state(folder: Path) -> dict:
         for part in path[:-1]:
             node = node.setdefault(part, {})
         node[path[-1]] = torch.empty(shape, dtype=dtype)
-    with _single_process():
+    with quiet_single_process():
         dcp.load(state, checkpoint_id=folder, storage_reader=SafeFileSystemReader(folder), no_dist=True)
     return state
-
-
-@contextlib.contextmanager
-def _single_process() -> Iterator[None]:
-    """Silence DCP's warning that it runs in one process: here that is the intent (``no_dist=True``)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        yield
 
 
 def _checked_folder(folder: Path, marker: str, expected: str) -> Path:

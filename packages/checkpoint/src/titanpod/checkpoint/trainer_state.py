@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from titanpod.checkpoint.dcp_reader import SafeFileSystemReader
+from titanpod.checkpoint.dcp_reader import SafeFileSystemReader, quiet_single_process
 from titanpod.graph import TrainStep
 from titanpod.graph.optimizer import AdamWState, shard_like, state_tree
 
@@ -202,10 +202,12 @@ class Checkpointer:
         if self.config.async_save:
             if dist.is_initialized() and self._async_group is None:
                 self._async_group = dist.new_group(backend="gloo")  # the background write's own collectives
-            future = dcp.async_save(state, storage_writer=writer, process_group=self._async_group)
+            with quiet_single_process():
+                future = dcp.async_save(state, storage_writer=writer, process_group=self._async_group)
             self._pending = (future, staging, step_number, data_state)
         else:
-            dcp.save(state, storage_writer=writer)
+            with quiet_single_process():
+                dcp.save(state, storage_writer=writer)
             self._finish(staging, step_number, data_state)
 
     def poll(self) -> None:
@@ -258,7 +260,8 @@ class Checkpointer:
             )
         state = trainer_state_dict(model, step)
         try:
-            dcp.load(state, storage_reader=SafeFileSystemReader(folder / STATE_FOLDER))
+            with quiet_single_process():
+                dcp.load(state, storage_reader=SafeFileSystemReader(folder / STATE_FOLDER))
         except Exception as error:  # DCP reports missing keys, bad shapes and unreadable data in many types
             raise CheckpointError(
                 f"Cannot load the trainer state in {folder}: {error}. Resume from an earlier checkpoint "
