@@ -4,9 +4,10 @@ Legend: A micro-batches per step, B batch, S sequence.
 
 The step is traced with ``make_fx`` on fake tensors, so tracing costs no compute and no
 memory. Its inputs are plain local tensors: each parameter's local shard, the AdamW
-state, the learning rate and the step's tokens. A sharded parameter is rebuilt as a
-DTensor inside the trace (``DTensor.from_local``), so the gathers and gradient
-reductions of ``titanpod.parallel`` land in the graph as functional collectives.
+state, the learning rate, the step's tokens and labels, and (packed sequences) their
+document ids. A sharded parameter is rebuilt as a DTensor inside the trace
+(``DTensor.from_local``), so the gathers and gradient reductions of ``titanpod.parallel``
+land in the graph as functional collectives.
 
 Graph outputs: ``(grad_norm, applied, loss_1, ..., loss_A)``; parameters and optimizer
 state are updated in place. ``loss_outputs`` finds the loss nodes again, which is how the
@@ -53,22 +54,30 @@ def autocast_context(config: TrainConfig, device_type: str) -> contextlib.Abstra
     return contextlib.nullcontext()
 
 
-def step_function(model: nn.Module, specs: Sequence[ParamSpec], config: TrainConfig, device_type: str):
+def step_function(
+    model: nn.Module, specs: Sequence[ParamSpec], config: TrainConfig, device_type: str, document_ids: bool = False
+):
     """The functional step that ``capture_step`` traces (also runnable as it is, eagerly).
 
     Arguments: local parameters, first moments, second moments (lists), the step count
-    and learning rate (0-d), tokens and labels [A, B, S].
+    and learning rate (0-d), tokens and labels [A, B, S], and, with ``document_ids``, the
+    document ids [A, B, S] (each micro-batch's loss is then ``model.loss(..., document_ids_BS=...)``).
     """
     decays = [spec.decay for spec in specs]
 
-    def step(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS):
+    def run(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS, document_ids_ABS):
         leaves = [p.detach().requires_grad_(True) for p in params]
         bound = [spec.rebuild(leaf) for spec, leaf in zip(specs, leaves, strict=True)]
         micro_batches = tokens_ABS.shape[0]
         losses, grads = [], None
         for index in range(micro_batches):
             with parameters_bound(model, bound), autocast_context(config, device_type):
-                loss = model.loss(tokens_ABS[index], labels_ABS[index])  # type: ignore[operator]
+                if document_ids_ABS is None:
+                    loss = model.loss(tokens_ABS[index], labels_ABS[index])  # type: ignore[operator]
+                else:
+                    loss = model.loss(  # type: ignore[operator]
+                        tokens_ABS[index], labels_ABS[index], document_ids_BS=document_ids_ABS[index]
+                    )
             micro_grads = torch.autograd.grad(loss / micro_batches, bound)
             grads = list(micro_grads) if grads is None else [g + m for g, m in zip(grads, micro_grads, strict=True)]
             losses.append(loss.detach())
@@ -79,7 +88,14 @@ def step_function(model: nn.Module, specs: Sequence[ParamSpec], config: TrainCon
         applied = adamw_update_(params, local_grads, state, lr, grad_norm, decays, config)
         return (grad_norm, applied, *losses)
 
-    return step
+    # Two fixed signatures (make_fx traces positional arguments, not defaults).
+    def step(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS):
+        return run(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS, None)
+
+    def step_in_documents(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS, document_ids_ABS):
+        return run(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS, document_ids_ABS)
+
+    return step_in_documents if document_ids else step
 
 
 def _local_grad(grad: torch.Tensor, spec: ParamSpec) -> torch.Tensor:
@@ -97,9 +113,10 @@ def capture_step(
     """Trace the whole step into one ``GraphModule`` (fake tensors: nothing runs, nothing is allocated).
 
     Each node keeps the module path it came from (``nn_module_stack``), which the memory
-    policies use to find transformer-block boundaries.
+    policies use to find transformer-block boundaries. ``example_inputs`` are the step's
+    arguments (see ``step_function``); an eighth, the document ids, selects the step with them.
     """
-    function = step_function(model, specs, config, device_type)
+    function = step_function(model, specs, config, device_type, document_ids=len(example_inputs) == 8)
     function._orig_mod = model  # type: ignore[attr-defined]  # make_fx records module paths under this root
     return make_fx(function, tracing_mode="fake", record_module_stack=True)(*example_inputs)
 

@@ -27,7 +27,11 @@ class LossModel(Protocol):
     """A model that returns its training loss: what the loop needs of it."""
 
     def loss(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
-        """Mean loss over the batch's labelled tokens."""
+        """Mean loss over the batch's labelled tokens.
+
+        A model trained on 3-tuple batches (packed documents) must also take
+        ``document_ids_BS=`` [B, S], as ``titanpod.models.Transformer.loss`` does.
+        """
         ...
 
 
@@ -91,6 +95,8 @@ def train(
 ) -> TrainSummary:
     """Train ``model`` (which must have ``loss(tokens, labels)``) for ``config.steps`` steps.
 
+    A batch is ``(tokens, labels)`` or ``(tokens, labels, document_ids)`` (see ``Batch``):
+    with document ids, attention stays within each packed document.
     Each step takes ``config.grad_accum_steps`` batches from ``batches`` and runs them in
     ``config.step_mode`` (or through ``step``, when given: it owns the optimizer state).
     A resumed run passes ``start_step``, the steps already done: training continues at
@@ -141,13 +147,13 @@ def train(
             for step_number in range(start_step + 1, last_step + 1):
                 micro_batches = [next(batches) for _ in range(config.grad_accum_steps)]
                 if device is not None:
-                    micro_batches = [(tokens.to(device), labels.to(device)) for tokens, labels in micro_batches]
+                    micro_batches = [tuple(t.to(device) for t in batch) for batch in micro_batches]  # type: ignore[misc]
                 lr = config.lr * lr_multiplier(step_number, config)
                 out = train_step(micro_batches, lr)
                 if reduce_loss is not None:
                     out.loss = reduce_loss(out.loss)
                 pending.append(out)
-                step_tokens = sum(tokens.numel() for tokens, _ in micro_batches) * data_parallel
+                step_tokens = sum(batch[0].numel() for batch in micro_batches) * data_parallel
                 tokens_since += step_tokens
                 if step_number == start_step + 1:
                     backend.synchronize()

@@ -2,6 +2,10 @@
 
 Legend: A micro-batches per step, B batch, S sequence.
 
+A batch is ``(tokens_BS, labels_BS)`` or, for packed sequences with document masking,
+``(tokens_BS, labels_BS, document_ids_BS)``; the ids reach ``model.loss`` as
+``document_ids_BS`` only when given, so a 2-tuple step runs exactly as it did before.
+
 Every mode runs the same arithmetic (the model's loss, the gradient norm, the functional
 AdamW of ``titanpod.graph.optimizer``), so their losses and parameters agree to rounding.
 """
@@ -29,8 +33,38 @@ from titanpod.graph.optimizer import (
     weight_decays,
 )
 
-Batch = tuple[torch.Tensor, torch.Tensor]
-"""Inputs and labels, each [B, S] token ids."""
+Batch = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""``(tokens_BS, labels_BS)``, each [B, S] token ids, or ``(tokens_BS, labels_BS, document_ids_BS)``:
+the third, [B, S] integers equal within a document and increasing along the row, keeps each
+token's attention within its own packed document (``Transformer.loss(..., document_ids_BS)``)."""
+
+
+def batch_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """``model.loss`` of one batch: ``loss(tokens, labels)``, plus ``document_ids_BS=`` for a 3-tuple."""
+    if len(batch) == 2:
+        return model.loss(batch[0], batch[1])  # type: ignore[operator]
+    if len(batch) == 3:
+        return model.loss(batch[0], batch[1], document_ids_BS=batch[2])  # type: ignore[operator]
+    raise ValueError(
+        f"A batch is (tokens, labels) or (tokens, labels, document_ids), got a {type(batch).__name__} of {len(batch)}."
+    )
+
+
+def stack_micro_batches(micro_batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Tokens, labels and (when the batches carry them) document ids, each stacked to [A, B, S].
+
+    Every micro-batch of a step must have the same form: all 2-tuples or all 3-tuples.
+    """
+    lengths = sorted({len(batch) for batch in micro_batches})
+    if len(lengths) != 1 or lengths[0] not in (2, 3):
+        raise ValueError(
+            "The micro-batches of one step must all be (tokens, labels) or all (tokens, labels, document_ids); "
+            f"got tuples of lengths {lengths}."
+        )
+    tokens_ABS = torch.stack([batch[0] for batch in micro_batches])
+    labels_ABS = torch.stack([batch[1] for batch in micro_batches])
+    ids_ABS = torch.stack([batch[2] for batch in micro_batches]) if lengths[0] == 3 else None  # type: ignore[misc]
+    return tokens_ABS, labels_ABS, ids_ABS
 
 
 @dataclass
@@ -90,9 +124,9 @@ class EagerStep(TrainStep):
 
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
         losses = []
-        for tokens_BS, labels_BS in micro_batches:
+        for batch in micro_batches:
             with autocast_context(self.config, self.backend.device_type):
-                loss = self.model.loss(tokens_BS, labels_BS)  # type: ignore[operator]
+                loss = batch_loss(self.model, batch)
             (loss / len(micro_batches)).backward()
             losses.append(loss.detach())
         grads = [p.grad for p in self.params]
@@ -119,7 +153,8 @@ class WholeStep(TrainStep):
     """The whole step as one captured graph, rewritten by the memory policy and compiled once.
 
     The graph is captured on the first call (it needs the batch shape) and reused while
-    the shape stays; a new shape captures again.
+    the shape stays; a new shape, or batches that start or stop carrying document ids,
+    captures again. Document ids are one more graph input, [A, B, S] like the tokens.
     """
 
     def __init__(self, model: nn.Module, config: TrainConfig, backend: Backend) -> None:
@@ -131,15 +166,27 @@ class WholeStep(TrainStep):
         self.local_params = [local_tensor(p.detach()) for p in self.params]
         self.graph: fx.GraphModule | None = None
         self._program = None
-        self._shape: tuple[int, ...] | None = None
+        self._shape: tuple[Any, ...] | None = None
 
-    def _inputs(self, tokens_ABS: torch.Tensor, labels_ABS: torch.Tensor, lr: torch.Tensor) -> tuple:
+    def _inputs(
+        self,
+        tokens_ABS: torch.Tensor,
+        labels_ABS: torch.Tensor,
+        lr: torch.Tensor,
+        document_ids_ABS: torch.Tensor | None = None,
+    ) -> tuple:
         state = self.state
-        return (self.local_params, state.exp_avg, state.exp_avg_sq, state.step, lr, tokens_ABS, labels_ABS)
+        inputs = (self.local_params, state.exp_avg, state.exp_avg_sq, state.step, lr, tokens_ABS, labels_ABS)
+        return inputs if document_ids_ABS is None else (*inputs, document_ids_ABS)
 
-    def prepare(self, tokens_ABS: torch.Tensor, labels_ABS: torch.Tensor) -> fx.GraphModule:
-        """Capture, rewrite and compile the step for batches of this shape (done by the first call)."""
-        inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0))
+    def prepare(
+        self, tokens_ABS: torch.Tensor, labels_ABS: torch.Tensor, document_ids_ABS: torch.Tensor | None = None
+    ) -> fx.GraphModule:
+        """Capture, rewrite and compile the step for batches of this shape (done by the first call).
+
+        With ``document_ids_ABS`` [A, B, S] the captured step takes them as its last input.
+        """
+        inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), document_ids_ABS)
         graph = capture_step(self.model, self.specs, self.config, self.backend.device_type, inputs)
         apply_memory_policy(graph, self.config.memory_policy, self.backend.device_type)
         self.graph = graph
@@ -149,17 +196,23 @@ class WholeStep(TrainStep):
             self._program = torch.compile(graph, backend=self.backend.compile_backend, fullgraph=True, dynamic=False)
         else:
             self._program = graph
-        self._shape = tuple(tokens_ABS.shape)
+        self._shape = _shape_key(tokens_ABS, document_ids_ABS)
         return graph
 
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
-        tokens_ABS = torch.stack([tokens for tokens, _ in micro_batches])
-        labels_ABS = torch.stack([labels for _, labels in micro_batches])
-        if self._program is None or self._shape != tuple(tokens_ABS.shape):
-            self.prepare(tokens_ABS, labels_ABS)
+        tokens_ABS, labels_ABS, ids_ABS = stack_micro_batches(micro_batches)
+        if self._program is None or self._shape != _shape_key(tokens_ABS, ids_ABS):
+            self.prepare(tokens_ABS, labels_ABS, ids_ABS)
         assert self._program is not None
-        grad_norm, applied, *losses = self._program(*self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(lr)))
+        grad_norm, applied, *losses = self._program(*self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(lr), ids_ABS))
         return StepOutput(torch.stack(losses).mean(), grad_norm, applied)
+
+
+def _shape_key(tokens_ABS: torch.Tensor, document_ids_ABS: torch.Tensor | None) -> tuple[Any, ...]:
+    """What a captured step is specialised to: the batch shape, and the ids' shape and dtype if any."""
+    if document_ids_ABS is None:
+        return (tuple(tokens_ABS.shape),)
+    return (tuple(tokens_ABS.shape), tuple(document_ids_ABS.shape), document_ids_ABS.dtype)
 
 
 def build_step(

@@ -10,6 +10,8 @@ the same arithmetic. Parameters and AdamW moments live on the JAX devices as arr
 sharded by the plan (``titanpod.parallel.xla_executor``); XLA's SPMD partitioner adds
 the gathers and gradient reductions. Parameters and state are donated to the program,
 so a step updates them in place. jax and torchax are imported only when a step is built.
+Batches may carry document ids (3-tuples, see ``titanpod.graph.steps.Batch``): they are one
+more [A, B, S] input, sharded like the tokens, scanned with them and passed to ``model.loss``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from titanpod.device import Backend
 from titanpod.graph.binding import parameters_bound
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.optimizer import AdamWState, adamw_update_, state_tree, total_grad_norm
-from titanpod.graph.steps import Batch, StepOutput, TrainStep
+from titanpod.graph.steps import Batch, StepOutput, TrainStep, stack_micro_batches
 
 REMAT_POLICIES = {
     "save": None,
@@ -96,7 +98,7 @@ class XlaStep(TrainStep):
         return NamedSharding(self.mesh, PartitionSpec(None, *batch_partition_spec(self.axes, 2)))
 
     def loss_function(self) -> Callable[..., Any]:
-        """The model's loss as a JAX function of (parameters list, tokens [B, S], labels [B, S]).
+        """The model's loss as a JAX function of (parameters list, tokens [B, S], labels [B, S][, document ids [B, S]]).
 
         Runs ``model.loss`` through ``jax_view`` of ``torch.func.functional_call``, under
         torchax's bf16 autocast when ``config.precision`` is bf16 (matmuls in bf16;
@@ -108,14 +110,20 @@ class XlaStep(TrainStep):
         model, names, config = self.model, self.names, self.config
         wrapper = _LossModule(model)
 
-        def torch_loss(params: list[torch.Tensor], tokens_BS: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
+        def torch_loss(
+            params: list[torch.Tensor],
+            tokens_BS: torch.Tensor,
+            labels_BS: torch.Tensor,
+            document_ids_BS: torch.Tensor | None = None,
+        ) -> torch.Tensor:
             bound = {"inner." + name: param for name, param in zip(names, params, strict=True)}
+            inputs = (tokens_BS, labels_BS) if document_ids_BS is None else (tokens_BS, labels_BS, document_ids_BS)
             with contextlib.ExitStack() as stack:
                 if config.precision == "bf16":
                     stack.enter_context(_bf16_autocast())
                 if self.policy is not None:
                     stack.enter_context(_rematerialised_blocks(wrapper, self.policy))
-                return torch.func.functional_call(wrapper, bound, (tokens_BS, labels_BS))
+                return torch.func.functional_call(wrapper, bound, inputs)
 
         return jax_view(torch_loss)
 
@@ -136,7 +144,8 @@ class XlaStep(TrainStep):
 
     def step_function(self) -> Callable[..., Any]:
         """The whole step as a JAX function (what is jitted): (params, exp_avg, exp_avg_sq, step,
-        lr, tokens [A, B, S], labels [A, B, S]) -> (params, exp_avg, exp_avg_sq, step, loss, grad_norm, applied)."""
+        lr, tokens [A, B, S], labels [A, B, S][, document ids [A, B, S]]) -> (params, exp_avg,
+        exp_avg_sq, step, loss, grad_norm, applied)."""
         import jax
         import jax.numpy as jnp
 
@@ -147,13 +156,16 @@ class XlaStep(TrainStep):
         def sharded_like_params(arrays: list[Any]) -> list[Any]:  # gradients reduce-scatter, not all-reduce
             return jax.lax.with_sharding_constraint(arrays, shardings)
 
-        def step(params, exp_avg, exp_avg_sq, count, lr, tokens_ABS, labels_ABS):
+        def step(params, exp_avg, exp_avg_sq, count, lr, tokens_ABS, labels_ABS, document_ids_ABS=None):
             def micro_step(grad_sum, batch):
                 loss, grads = value_and_grad(params, *batch)
                 return [s + g for s, g in zip(grad_sum, sharded_like_params(grads), strict=True)], loss
 
             zeros = sharded_like_params([jnp.zeros(p.shape, jnp.float32) for p in params])
-            grad_sum, losses_A = jax.lax.scan(micro_step, zeros, (tokens_ABS, labels_ABS))
+            scanned = (
+                (tokens_ABS, labels_ABS) if document_ids_ABS is None else (tokens_ABS, labels_ABS, document_ids_ABS)
+            )
+            grad_sum, losses_A = jax.lax.scan(micro_step, zeros, scanned)
             micro_batches = tokens_ABS.shape[0]
             grads = [(g / micro_batches).astype(p.dtype) for g, p in zip(grad_sum, params, strict=True)]
             params, exp_avg, exp_avg_sq, count, grad_norm, applied = update(
@@ -179,22 +191,22 @@ class XlaStep(TrainStep):
         )
         return jax.jit(self.step_function(), donate_argnums=(0, 1, 2, 3), out_shardings=out_shardings)
 
-    def place_batch(self, micro_batches: list[Batch]) -> tuple[Any, Any]:
-        """Stack the micro-batches to tokens and labels [A, B, S] and put them on the mesh."""
+    def place_batch(self, micro_batches: list[Batch]) -> tuple[Any, ...]:
+        """Stack the micro-batches to tokens and labels [A, B, S] (and document ids, when the
+        batches are 3-tuples) and put them on the mesh, each sharded like the tokens."""
         import jax
 
         sharding = self.batch_sharding()
-        tokens_ABS = np.stack([np.asarray(tokens.cpu()) for tokens, _ in micro_batches])
-        labels_ABS = np.stack([np.asarray(labels.cpu()) for _, labels in micro_batches])
-        return jax.device_put(tokens_ABS, sharding), jax.device_put(labels_ABS, sharding)
+        stacked = [t for t in stack_micro_batches(micro_batches) if t is not None]
+        return tuple(jax.device_put(np.asarray(t.cpu()), sharding) for t in stacked)
 
     def _arguments(self, micro_batches: list[Batch], lr: float) -> tuple:
         import jax
 
-        tokens_ABS, labels_ABS = self.place_batch(micro_batches)
+        batch_arrays = self.place_batch(micro_batches)
         lr_array = jax.device_put(np.float32(lr), self._replicated())  # an argument, so no recompile per lr
         state = self.state
-        return (self.jax_params, state.exp_avg, state.exp_avg_sq, state.step, lr_array, tokens_ABS, labels_ABS)
+        return (self.jax_params, state.exp_avg, state.exp_avg_sq, state.step, lr_array, *batch_arrays)
 
     def lower(self, micro_batches: list[Batch], lr: float = 0.0) -> Any:
         """The step's ``jax.stages.Lowered`` for batches like ``micro_batches`` (for its HLO, cost and memory)."""
@@ -275,8 +287,12 @@ class _LossModule(nn.Module):
         super().__init__()
         self.inner = inner
 
-    def forward(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
-        return self.inner.loss(tokens_BS, labels_BS)  # type: ignore[operator]
+    def forward(
+        self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if document_ids_BS is None:
+            return self.inner.loss(tokens_BS, labels_BS)  # type: ignore[operator]
+        return self.inner.loss(tokens_BS, labels_BS, document_ids_BS=document_ids_BS)  # type: ignore[operator]
 
 
 @contextlib.contextmanager

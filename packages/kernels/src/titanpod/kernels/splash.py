@@ -5,7 +5,9 @@ S sequence, D head dim.
 
 The kernel runs per (batch, kv head) with the G query heads of that group (its MQA
 form), under ``jax.vmap``; off a TPU it runs in Pallas interpret mode. One op is
-registered per distinct (S, G, D, dtype) the model meets.
+registered per distinct (S, G, D, dtype, with or without document ids) the model meets.
+Document ids (packed sequences) become the kernel's segment ids: its static mask (causal
+or local) is and-ed with "same segment", one row of ids per batch element.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 
 from titanpod.kernels.jax_op import JaxOp, jax_op
+from titanpod.models import document_causal_mask
 
 LANES = 128
 """Splash attention's tiles are whole multiples of the TPU's 128 lanes."""
@@ -45,19 +48,21 @@ def _interpret(config: SplashConfig) -> bool:
 
 @dataclass
 class SplashAttention:
-    """Callable with the ``AttentionOp`` signature: causal (optionally local) GQA attention."""
+    """Callable with the ``AttentionOp`` signature: causal (optionally local) GQA attention,
+    kept within packed documents when given document ids (the kernel's segment ids)."""
 
     config: SplashConfig = field(default_factory=SplashConfig)
     """Mask and tiles."""
     _ops: dict[tuple[Any, ...], JaxOp] = field(default_factory=dict, repr=False)
 
-    def _op(self, S: int, G: int, D: int, dtype: torch.dtype) -> JaxOp:
-        key = (S, G, D, dtype)
+    def _op(self, S: int, G: int, D: int, dtype: torch.dtype, documents: bool) -> JaxOp:
+        key = (S, G, D, dtype, documents)
         if key not in self._ops:
-            self._ops[key] = jax_op(f"splash_{id(self)}_{S}_{G}_{D}_{str(dtype).split('.')[-1]}", self._kernel(S, G, D))
+            name = f"splash_{id(self)}_{S}_{G}_{D}_{str(dtype).split('.')[-1]}{'_documents' if documents else ''}"
+            self._ops[key] = jax_op(name, self._kernel(S, G, D, documents))
         return self._ops[key]
 
-    def _kernel(self, S: int, G: int, D: int) -> Any:
+    def _kernel(self, S: int, G: int, D: int, documents: bool) -> Any:
         import jax
         from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
@@ -87,27 +92,60 @@ class SplashAttention:
             out_BKGSD = jax.vmap(jax.vmap(kernel))(q_BKGSD, k_BKSD, v_BKSD)
             return out_BKGSD.reshape(B, K * G, S, D)
 
-        return attention
+        def attention_in_documents(q_BHSD: Any, k_BKSD: Any, v_BKSD: Any, ids_BS: Any) -> Any:
+            B, K = k_BKSD.shape[:2]
+            q_BKGSD = (q_BHSD * (D**-0.5)).astype(q_BHSD.dtype).reshape(B, K, G, S, D)
+            segments = splash.SegmentIds(q=ids_BS, kv=ids_BS)  # each leaf [B, S]; one row per kernel call
+            per_kv_head = jax.vmap(kernel, in_axes=(0, 0, 0, None))  # every kv head of a row: that row's ids
+            out_BKGSD = jax.vmap(per_kv_head)(q_BKGSD, k_BKSD, v_BKSD, segments)
+            return out_BKGSD.reshape(B, K * G, S, D)
 
-    def __call__(self, q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
-        _, H, S, D = q_BHSD.shape
+        return attention_in_documents if documents else attention
+
+    def __call__(
+        self,
+        q_BHSD: torch.Tensor,
+        k_BKSD: torch.Tensor,
+        v_BKSD: torch.Tensor,
+        document_ids_BS: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Causal (or local) GQA attention [B, H, S, D]; with ``document_ids_BS``, only within each document."""
+        B, H, S, D = q_BHSD.shape
         K = k_BKSD.shape[1]
         if H % K:
             raise ValueError(f"Splash attention needs query heads ({H}) to be a multiple of key/value heads ({K}).")
         if q_BHSD.dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(f"Splash attention runs in float32 or bfloat16, not {q_BHSD.dtype}.")
-        return self._op(S, H // K, D, q_BHSD.dtype)(q_BHSD, k_BKSD, v_BKSD)
+        if document_ids_BS is None:
+            return self._op(S, H // K, D, q_BHSD.dtype, False)(q_BHSD, k_BKSD, v_BKSD)
+        if tuple(document_ids_BS.shape) != (B, S) or document_ids_BS.is_floating_point():
+            raise ValueError(
+                f"Splash attention needs integer document ids of shape [{B}, {S}] (one per token), "
+                f"got {document_ids_BS.dtype} {list(document_ids_BS.shape)}."
+            )
+        # The kernel's segment ids are int32; ids relative to each row's smallest keep "same document" exact.
+        ids_BS = (document_ids_BS - document_ids_BS.amin(dim=1, keepdim=True)).to(torch.int32)
+        return self._op(S, H // K, D, q_BHSD.dtype, True)(q_BHSD, k_BKSD, v_BKSD, ids_BS)
 
 
 def local_causal_sdpa(window: int):
-    """Reference for local attention: SDPA with an explicit band mask (query i sees keys i-window..i)."""
+    """Reference for local attention: SDPA with an explicit band mask (query i sees keys i-window..i).
 
-    def attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
+    The returned op has the ``AttentionOp`` signature; given ``document_ids_BS`` it also keeps
+    each query within its own document (band and same document).
+    """
+
+    def attention(
+        q_BHSD: torch.Tensor,
+        k_BKSD: torch.Tensor,
+        v_BKSD: torch.Tensor,
+        document_ids_BS: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         S = q_BHSD.shape[2]
         i = torch.arange(S, device=q_BHSD.device)
         band_SS = (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - window)
-        return torch.nn.functional.scaled_dot_product_attention(
-            q_BHSD, k_BKSD, v_BKSD, attn_mask=band_SS, enable_gqa=True
-        )
+        # With ids: [B, 1, S, S], the band and the document mask.
+        mask = band_SS if document_ids_BS is None else band_SS & document_causal_mask(document_ids_BS)
+        return torch.nn.functional.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, attn_mask=mask, enable_gqa=True)
 
     return attention

@@ -11,6 +11,7 @@ from titanpod.models.common.counting import decoder_flops_per_token, parameter_c
 from titanpod.models.common.ops import (
     IGNORE_INDEX,
     ModelOps,
+    document_causal_mask,
     linear_cross_entropy,
     looped_grouped_matmul,
     sdpa_attention,
@@ -30,6 +31,7 @@ __all__ = [
     "Transformer",
     "build_model",
     "decoder_flops_per_token",
+    "document_causal_mask",
     "get_flavor",
     "linear_cross_entropy",
     "looped_grouped_matmul",

@@ -28,7 +28,14 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
         self.attention_op = attention_op
 
-    def forward(self, x_BSM: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x_BSM: torch.Tensor,
+        cos_SD: torch.Tensor,
+        sin_SD: torch.Tensor,
+        document_ids_BS: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attend over ``x_BSM`` causally (and within documents when ``document_ids_BS`` is given)."""
         B, S, _ = x_BSM.shape
         # Head counts come from the projections' widths, so the same code runs on a tensor-
         # parallel shard that holds only some of the heads.
@@ -39,5 +46,8 @@ class Attention(nn.Module):
             q_BSHD, k_BSKD = self.q_norm(q_BSHD), self.k_norm(k_BSKD)
         q_BHSD = apply_rotary(q_BSHD.transpose(1, 2), cos_SD, sin_SD)
         k_BKSD = apply_rotary(k_BSKD.transpose(1, 2), cos_SD, sin_SD)
-        out_BHSD = self.attention_op(q_BHSD, k_BKSD, v_BKSD)
+        if document_ids_BS is None:  # the op as it was called before document masking: unchanged
+            out_BHSD = self.attention_op(q_BHSD, k_BKSD, v_BKSD)
+        else:
+            out_BHSD = self.attention_op(q_BHSD, k_BKSD, v_BKSD, document_ids_BS)
         return self.wo(out_BHSD.transpose(1, 2).reshape(B, S, -1))

@@ -21,9 +21,19 @@ IGNORE_INDEX = -100
 
 
 class AttentionOp(Protocol):
-    """Causal self-attention over already-projected, already-rotated heads."""
+    """Causal self-attention over already-projected, already-rotated heads.
 
-    def __call__(self, q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
+    With ``document_ids_BS`` (packed sequences: equal within a document, increasing along
+    the row), a query attends only to keys at or before it in its own document.
+    """
+
+    def __call__(
+        self,
+        q_BHSD: torch.Tensor,
+        k_BKSD: torch.Tensor,
+        v_BKSD: torch.Tensor,
+        document_ids_BS: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Return the attended values, shape [B, H, S, D]; H is a multiple of K (GQA)."""
         ...
 
@@ -57,9 +67,33 @@ def local_batch_mean(statistic: torch.Tensor) -> torch.Tensor:
     return statistic
 
 
-def sdpa_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
-    """Reference attention: ``torch.nn.functional.scaled_dot_product_attention``, causal, GQA."""
-    return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=True)
+def document_causal_mask(document_ids_BS: torch.Tensor) -> torch.Tensor:
+    """Boolean attention mask [B, 1, S, S]: query i may see key j when j <= i and both lie in one document.
+
+    The diagonal is always allowed, so no query row is fully masked (no NaN from softmax).
+    """
+    S = document_ids_BS.shape[1]
+    i_S = torch.arange(S, device=document_ids_BS.device)
+    causal_SS = i_S[None, :] <= i_S[:, None]
+    same_document_BSS = document_ids_BS[:, :, None] == document_ids_BS[:, None, :]
+    return (same_document_BSS & causal_SS).unsqueeze(1)
+
+
+def sdpa_attention(
+    q_BHSD: torch.Tensor,
+    k_BKSD: torch.Tensor,
+    v_BKSD: torch.Tensor,
+    document_ids_BS: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference attention: ``torch.nn.functional.scaled_dot_product_attention``, causal, GQA.
+
+    With ``document_ids_BS`` the mask is causal and same-document (``document_causal_mask``);
+    without, SDPA runs with ``is_causal=True``.
+    """
+    if document_ids_BS is None:
+        return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=True)
+    mask_B1SS = document_causal_mask(document_ids_BS)
+    return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, attn_mask=mask_B1SS, enable_gqa=True)
 
 
 def linear_cross_entropy(h_BSM: torch.Tensor, weight_VM: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:

@@ -38,10 +38,21 @@ class TransformerBlock(nn.Module):
         )
 
     def forward(
-        self, x_BSM: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor
+        self,
+        x_BSM: torch.Tensor,
+        cos_SD: torch.Tensor,
+        sin_SD: torch.Tensor,
+        document_ids_BS: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The block's output and, for an MoE block, its router logits [N, E]."""
-        h_BSM = x_BSM + self.attention(self.attention_norm(x_BSM), cos_SD, sin_SD)
+        """The block's output and, for an MoE block, its router logits [N, E].
+
+        ``document_ids_BS`` (optional) keeps attention within each packed document.
+        """
+        normed_BSM = self.attention_norm(x_BSM)
+        if document_ids_BS is None:
+            h_BSM = x_BSM + self.attention(normed_BSM, cos_SD, sin_SD)
+        else:
+            h_BSM = x_BSM + self.attention(normed_BSM, cos_SD, sin_SD, document_ids_BS)
         ffn_out = self.feed_forward(self.ffn_norm(h_BSM))
         if isinstance(ffn_out, tuple):
             return h_BSM + ffn_out[0], ffn_out[1]
@@ -67,8 +78,22 @@ class Transformer(nn.Module):
         """The output projection, [V, M]: the embedding table when embeddings are tied."""
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
-    def hidden_states_and_router_logits(self, tokens_BS: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Final-norm hidden states [B, S, M], and every MoE layer's router logits [N, E]."""
+    def hidden_states_and_router_logits(
+        self, tokens_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Final-norm hidden states [B, S, M], and every MoE layer's router logits [N, E].
+
+        ``document_ids_BS`` [B, S] (optional, integer) marks the documents packed into each
+        row: equal within a document, increasing along the row. With it, a token attends only
+        to earlier tokens of its own document; without it, to every earlier token. Rotary
+        positions stay those of the row (RoPE is relative, so a document's attention scores
+        do not depend on where in the row it starts).
+        """
+        if document_ids_BS is not None and document_ids_BS.shape != tokens_BS.shape:
+            raise ValueError(
+                f"document_ids_BS has shape {list(document_ids_BS.shape)} but the tokens have "
+                f"{list(tokens_BS.shape)}: give one document id per token."
+            )
         h_BSM = self.tok_embeddings(tokens_BS)
         positions_S = torch.arange(tokens_BS.shape[1], device=tokens_BS.device)
         inv_freq = inverse_frequencies(
@@ -77,31 +102,46 @@ class Transformer(nn.Module):
         cos_SD, sin_SD = rotary_cos_sin(positions_S, inv_freq, h_BSM.dtype)
         router_logits: list[torch.Tensor] = []
         for layer in self.layers:
-            h_BSM, logits_NE = layer(h_BSM, cos_SD, sin_SD)
+            if document_ids_BS is None:
+                h_BSM, logits_NE = layer(h_BSM, cos_SD, sin_SD)
+            else:
+                h_BSM, logits_NE = layer(h_BSM, cos_SD, sin_SD, document_ids_BS)
             if logits_NE is not None:
                 router_logits.append(logits_NE)
         return self.norm(h_BSM), router_logits
 
-    def hidden_states(self, tokens_BS: torch.Tensor) -> torch.Tensor:
-        """Final-norm hidden states, shape [B, S, M]."""
-        return self.hidden_states_and_router_logits(tokens_BS)[0]
+    def hidden_states(self, tokens_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-norm hidden states, shape [B, S, M] (``document_ids_BS``: see ``hidden_states_and_router_logits``)."""
+        return self.hidden_states_and_router_logits(tokens_BS, document_ids_BS)[0]
 
-    def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
-        """Next-token logits, shape [B, S, V]."""
-        return F.linear(self.hidden_states(tokens_BS), self.head_weight)
+    def forward(self, tokens_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None) -> torch.Tensor:
+        """Next-token logits, shape [B, S, V] (``document_ids_BS``: see ``hidden_states_and_router_logits``)."""
+        return F.linear(self.hidden_states(tokens_BS, document_ids_BS), self.head_weight)
 
-    def loss_terms(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``cross_entropy`` (mean over labelled tokens) and, for MoE models, ``load_balancing``."""
-        h_BSM, router_logits = self.hidden_states_and_router_logits(tokens_BS)
+    def loss_terms(
+        self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """``cross_entropy`` (mean over labelled tokens) and, for MoE models, ``load_balancing``.
+
+        ``document_ids_BS`` (optional) masks attention to each packed document; see
+        ``hidden_states_and_router_logits``.
+        """
+        h_BSM, router_logits = self.hidden_states_and_router_logits(tokens_BS, document_ids_BS)
         terms = {"cross_entropy": self.ops.head_loss(h_BSM, self.head_weight, labels_BS)}
         if self.args.moe is not None:
             moe = self.args.moe
             terms["load_balancing"] = load_balancing_loss(router_logits, moe.n_experts, moe.top_k, self.ops.batch_mean)
         return terms
 
-    def loss(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
-        """The training loss: cross-entropy, plus ``aux_loss_coef`` x load balancing for MoE models."""
-        terms = self.loss_terms(tokens_BS, labels_BS)
+    def loss(
+        self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The training loss: cross-entropy, plus ``aux_loss_coef`` x load balancing for MoE models.
+
+        ``document_ids_BS`` (optional, [B, S] integer) keeps attention within each packed
+        document; see ``hidden_states_and_router_logits``.
+        """
+        terms = self.loss_terms(tokens_BS, labels_BS, document_ids_BS)
         if self.args.moe is None:
             return terms["cross_entropy"]
         return terms["cross_entropy"] + self.args.moe.aux_loss_coef * terms["load_balancing"]
