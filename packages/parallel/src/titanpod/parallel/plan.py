@@ -5,7 +5,9 @@ Written once per model family as data, applied by either executor (DTensor or XL
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -21,8 +23,10 @@ class ParamRule:
 
     pattern: str
     """Regular expression matched against the whole parameter name."""
-    shard_dim: int
-    """Tensor dimension split over the data-parallel shard axes (``fsdp``, and ``ep`` for non-experts)."""
+    shard_dim: int | None
+    """Tensor dimension split over the data-parallel shard axes (``fsdp``, and ``ep`` for non-experts);
+    ``None`` keeps the parameter whole on every data rank (for tensors too small to split, such as
+    per-head norms, whose few elements would not divide over a large mesh)."""
     tp_dim: int | None = None
     """Tensor dimension split over ``tp``; ``None`` keeps the parameter whole on every tp rank."""
     ep_dim: int | None = None
@@ -54,26 +58,50 @@ class ShardingPlan:
                 return rule
         raise PlanError(f"No rule of the sharding plan matches parameter {name!r}; add one to the family's plan.")
 
-    def check(self, named_params: dict[str, torch.Tensor], axes: dict[str, int]) -> None:
+    def splits(self, name: str, axes: Mapping[str, int]) -> dict[int, int]:
+        """Tensor dimension -> how many ways the mesh ``axes`` split it, for parameter ``name``.
+
+        The shard dimension splits over ``fsdp`` (and ``ep`` for non-experts), the tp dimension
+        over ``tp``, an expert dimension over ``ep``; an axis of size 1 splits nothing.
+        """
+        rule = self.rule_for(name)
+        expert = rule.ep_dim is not None
+        splits = (
+            {}
+            if rule.shard_dim is None
+            else {rule.shard_dim: axes.get("fsdp", 1) * (1 if expert else axes.get("ep", 1))}
+        )
+        if rule.tp_dim is not None:
+            splits[rule.tp_dim] = splits.get(rule.tp_dim, 1) * axes.get("tp", 1)
+        if rule.ep_dim is not None:
+            splits[rule.ep_dim] = splits.get(rule.ep_dim, 1) * axes.get("ep", 1)
+        return splits
+
+    def local_numel(self, name: str, shape: tuple[int, ...], axes: Mapping[str, int]) -> int:
+        """Elements of parameter ``name`` (of full ``shape``) that one rank holds on mesh ``axes``.
+
+        An uneven split is rounded up, as padded shards are.
+        """
+        local = list(shape)
+        for dim, ways in self.splits(name, axes).items():
+            if dim < len(local):
+                local[dim] = -(-local[dim] // ways)
+        return math.prod(local)
+
+    def check(self, named_params: dict[str, torch.Tensor], axes: Mapping[str, int]) -> None:
         """Check every parameter's split dimensions divide by their axis sizes; ``PlanError`` lists all that do not."""
         unknown = sorted(set(axes) - set(MESH_AXES))
         if unknown:
             raise PlanError(
                 f"Mesh axes {', '.join(unknown)} are not ones a plan can use; the axes are {', '.join(MESH_AXES)}."
             )
-        shard_ways = {"expert": axes.get("fsdp", 1), "other": axes.get("fsdp", 1) * axes.get("ep", 1)}
-        problems = []
+        problems: dict[str, None] = {}  # ordered and deduplicated: every layer repeats the same problem
         for name, param in named_params.items():
-            rule = self.rule_for(name)
-            splits = {rule.shard_dim: shard_ways["expert" if rule.ep_dim is not None else "other"]}
-            if rule.tp_dim is not None:
-                splits[rule.tp_dim] = splits.get(rule.tp_dim, 1) * axes.get("tp", 1)
-            if rule.ep_dim is not None:
-                splits[rule.ep_dim] = splits.get(rule.ep_dim, 1) * axes.get("ep", 1)
-            for dim, ways in splits.items():
+            for dim, ways in self.splits(name, axes).items():
                 if dim >= param.ndim or param.shape[dim] % ways:
                     size = param.shape[dim] if dim < param.ndim else "absent"
-                    problems.append(f"{name} {tuple(param.shape)}: dimension {dim} ({size}) cannot split {ways} ways")
+                    where = re.sub(r"^layers\.\d+\.", "layers.*.", name)
+                    problems[f"{where} {tuple(param.shape)}: dimension {dim} ({size}) cannot split {ways} ways"] = None
         if problems:
             raise PlanError(
                 "The sharding plan does not fit this model on this mesh:\n  " + "\n  ".join(problems)

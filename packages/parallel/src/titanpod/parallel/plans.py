@@ -8,8 +8,9 @@ _LAYER = r"layers\.\d+\."
 
 DECODER_PLAN = ShardingPlan(
     params=(
-        ParamRule(r"tok_embeddings\.weight", shard_dim=0),
-        ParamRule(r"output\.weight", shard_dim=0),
+        # vocabularies (151,936 for Qwen 3) divide over fewer ranks than the model width does
+        ParamRule(r"tok_embeddings\.weight", shard_dim=1),
+        ParamRule(r"output\.weight", shard_dim=1),
         ParamRule(r"norm\.weight", shard_dim=0, tp_grad="sum_if_sequence_parallel"),
         ParamRule(_LAYER + r"(attention_norm|ffn_norm)\.weight", shard_dim=0, tp_grad="sum_if_sequence_parallel"),
         # column-parallel: heads (or hidden units) split over tp, so shard the input width
@@ -18,8 +19,9 @@ DECODER_PLAN = ShardingPlan(
         # row-parallel: the input width is split over tp, so shard the output width
         ParamRule(_LAYER + r"attention\.wo\.weight", shard_dim=0, tp_dim=1),
         ParamRule(_LAYER + r"feed_forward\.w2\.weight", shard_dim=0, tp_dim=1),
-        # per-head norms see only this rank's heads: their gradients add up over tp
-        ParamRule(_LAYER + r"attention\.(q_norm|k_norm)\.weight", shard_dim=0, tp_grad="sum"),
+        # per-head norms see only this rank's heads: their gradients add up over tp. They hold
+        # one head's width (128) of elements, too few to split over a large mesh: kept whole.
+        ParamRule(_LAYER + r"attention\.(q_norm|k_norm)\.weight", shard_dim=None, tp_grad="sum"),
         ParamRule(_LAYER + r"feed_forward\.router\.weight", shard_dim=1),
         ParamRule(_LAYER + r"feed_forward\.experts\.(w1|w2|w3)", shard_dim=1, ep_dim=0),
     ),

@@ -26,7 +26,8 @@ def param_partition_spec(plan: ShardingPlan, name: str, ndim: int, axes: Mapping
     rule = plan.rule_for(name)
     expert = rule.ep_dim is not None
     dims: list[list[str]] = [[] for _ in range(ndim)]
-    dims[rule.shard_dim].extend(_present(axes, ("fsdp",) if expert else ("fsdp", "ep")))
+    if rule.shard_dim is not None:
+        dims[rule.shard_dim].extend(_present(axes, ("fsdp",) if expert else ("fsdp", "ep")))
     if rule.tp_dim is not None:
         dims[rule.tp_dim].extend(_present(axes, ("tp",)))
     if expert:

@@ -54,7 +54,8 @@ def layout_for(
             compute.append(Shard(rule.ep_dim))  # type: ignore[arg-type]
             grad.append(Shard(rule.ep_dim))  # type: ignore[arg-type]
         else:  # a data axis: stored sharded (not over dp_replicate), computed whole, gradient averaged
-            stored.append(Replicate() if axis == "dp_replicate" else Shard(rule.shard_dim))
+            whole = axis == "dp_replicate" or rule.shard_dim is None
+            stored.append(Replicate() if whole else Shard(rule.shard_dim))  # type: ignore[arg-type]
             compute.append(Replicate())
             grad.append(Partial("avg"))
     grad_scale = 1.0 / axes.get("ep", 1) if expert else 1.0
