@@ -5,6 +5,8 @@ titanpod-pretrain --list-recipes
 titanpod-pretrain --recipe llama3_debug --train.steps 20 --device.lane cpu
 titanpod-pretrain --output.run-name try1 --resume   # continue try1 from its newest checkpoint
 titanpod-pretrain --resume                         # continue the newest run of the recipe that has one
+titanpod-pretrain --recipe llama3_405b --dry-run   # memory per device and step time on its target slice
+titanpod-pretrain --recipe llama3_405b --dry-run --chip v5p --chips 512
 titanpod-pretrain --help                           # every field of the recipe
 """
 
@@ -23,16 +25,37 @@ from rich.table import Table
 from titanpod.device import process_info
 from titanpod.pretrain.errors import print_error
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, PretrainResult, Recipe, get_recipe, run_pretraining
+from titanpod.recipes.planner.report import dry_run
 from titanpod.recipes.run import latest_resumable_run
 
 
-def parse_recipe(argv: list[str]) -> Recipe | None:
-    """The recipe named by ``--recipe`` with the remaining flags applied; ``None`` after ``--list-recipes``."""
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """What the command line asks for: a recipe, and whether to train it or only plan it."""
+
+    recipe: Recipe
+    """The recipe with every override applied."""
+    dry_run: bool = False
+    """Plan on the recipe's target slice instead of training."""
+
+
+def parse_command(argv: list[str]) -> Command | None:
+    """The recipe named by ``--recipe`` with the remaining flags applied; ``None`` after ``--list-recipes``.
+
+    ``--chip`` and ``--chips`` are short for ``--target.chip`` and ``--target.chips``.
+    """
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--recipe", default=DEFAULT_RECIPE)
     parser.add_argument("--list-recipes", action="store_true")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--chip")
+    parser.add_argument("--chips")
     known, rest = parser.parse_known_args(argv)
+    if known.chip is not None:
+        rest += ["--target.chip", known.chip]
+    if known.chips is not None:
+        rest += ["--target.chips", known.chips]
     if known.list_recipes:
         for name, build in RECIPES.items():
             print(f"{name:24s} {(build.__doc__ or '').strip()}")
@@ -45,11 +68,18 @@ def parse_recipe(argv: list[str]) -> Recipe | None:
         prog="titanpod-pretrain",
         description=(
             f"Train the recipe chosen with --recipe NAME (default {DEFAULT_RECIPE}; see --list-recipes). "
-            f"Every field below overrides it. Now showing: {known.recipe}."
+            f"Every field below overrides it. Now showing: {known.recipe}. --dry-run plans the recipe on "
+            "--chips (--target.chips) chips of kind --chip (--target.chip) without training."
         ),
         config=(tyro.conf.FlagConversionOff,),
     )
-    return with_resume(recipe) if known.resume else recipe
+    return Command(with_resume(recipe) if known.resume else recipe, dry_run=known.dry_run)
+
+
+def parse_recipe(argv: list[str]) -> Recipe | None:
+    """The recipe the command line describes; ``None`` after ``--list-recipes``."""
+    command = parse_command(argv)
+    return None if command is None else command.recipe
 
 
 def with_resume(recipe: Recipe) -> Recipe:
@@ -98,12 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``titanpod-pretrain``; returns the process exit code."""
     console = Console()
     try:
-        recipe = parse_recipe(sys.argv[1:] if argv is None else argv)
+        command = parse_command(sys.argv[1:] if argv is None else argv)
     except (KeyError, ValueError) as error:
         print_error(error)
         return 2
-    if recipe is None:
+    if command is None:
         return 0
+    recipe = command.recipe
+    if command.dry_run:
+        try:
+            plan = dry_run(recipe, console)
+        except (KeyError, ValueError) as error:  # PlanError is a ValueError
+            print_error(error)
+            return 2
+        return 0 if plan.fits else 1
     main_process = process_info().is_main  # under torchrun only rank 0 speaks
     if main_process:
         console.print_json(recipe.to_json())

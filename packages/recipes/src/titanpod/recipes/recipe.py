@@ -42,6 +42,24 @@ class OutputConfig:
 
 
 @dataclass(frozen=True)
+class TargetConfig:
+    """The hardware a recipe is sized for: what ``--dry-run`` plans for unless told otherwise."""
+
+    chip: str = "cpu"
+    """Chip kind (``v5p``, ``v6e``, ``h100`` ...; see titanpod.device.CHIPS), or ``cpu`` for this machine."""
+    chips: int = 1
+    """Chips in the slice (a TPU v7 chip is two devices)."""
+    mfu: float = 0.4
+    """Model FLOPs utilisation the dry run assumes to turn FLOPs per step into step time."""
+
+    def __post_init__(self) -> None:
+        if self.chips < 1:
+            raise ValueError(f"target.chips must be at least 1, got {self.chips}.")
+        if not 0 < self.mfu <= 1:
+            raise ValueError(f"target.mfu must be in (0, 1], got {self.mfu}.")
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A complete, reproducible description of a training run."""
 
@@ -63,6 +81,8 @@ class Recipe:
     """When the trainer state is saved, and whether the run resumes from a checkpoint."""
     output: OutputConfig = field(default_factory=OutputConfig)
     """What it writes."""
+    target: TargetConfig = field(default_factory=TargetConfig)
+    """The slice the recipe is sized for; read by ``--dry-run`` only."""
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as plain JSON-able data."""

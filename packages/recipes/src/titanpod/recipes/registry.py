@@ -1,29 +1,172 @@
-"""Named recipes: one function each, listed by ``titanpod-pretrain --list-recipes``."""
+"""Named recipes: one function each, listed by ``titanpod-pretrain --list-recipes``.
+
+The debug recipes train on this machine in minutes. The others describe a production run
+on the slice named in their ``target``: ``titanpod-pretrain --recipe NAME --dry-run``
+shows what that costs, and the same recipe runs on the pod unchanged.
+"""
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
 
+from titanpod.checkpoint import CheckpointConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
+from titanpod.kernels import KernelConfig
+from titanpod.models.registry import choose
+from titanpod.parallel import ParallelConfig
 from titanpod.recipes.data.config import DataConfig
-from titanpod.recipes.recipe import ModelConfig, OutputConfig, Recipe
+from titanpod.recipes.recipe import ModelConfig, OutputConfig, Recipe, TargetConfig
+
+_TPU_KERNELS = KernelConfig(attention="splash", head_loss="pallas", expert_matmul="gmm")
+"""Pallas kernels for every slot: Splash attention, fused head + loss, grouped expert matmul."""
+
+_BF16_FSDP = ParallelConfig(param_dtype="bfloat16", reduce_dtype="float32")
+"""SimpleFSDP over every device, gathering bf16 parameters and reducing fp32 gradients."""
+
+
+def _debug(name: str, family: str, steps: int = 100) -> Recipe:
+    return Recipe(
+        name=name,
+        model=ModelConfig(family=family, flavor="debug"),
+        device=DeviceConfig(lane="auto"),
+        data=DataConfig(source="builtin", tokenizer="builtin", seq_len=256, batch_size=8),
+        train=TrainConfig(steps=steps, lr=3e-3, warmup_steps=10, decay="cosine", min_lr_ratio=0.1, log_every=10),
+        output=OutputConfig(),
+        target=TargetConfig(chip="cpu", chips=1),
+    )
+
+
+def _pod(
+    name: str,
+    family: str,
+    flavor: str,
+    target: TargetConfig,
+    *,
+    parallel: ParallelConfig = _BF16_FSDP,
+    tokenizer: str,
+    seq_len: int,
+    batch_size: int,
+    lr: float,
+    steps: int,
+    warmup_steps: int,
+    memory_policy: str = "recompute",
+) -> Recipe:
+    return Recipe(
+        name=name,
+        model=ModelConfig(family=family, flavor=flavor),
+        device=DeviceConfig(lane="auto"),
+        parallel=parallel,
+        kernels=_TPU_KERNELS,
+        data=DataConfig(
+            source="hub",
+            path="allenai/c4",
+            name="en",
+            tokenizer=tokenizer,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            validation_split="validation",
+            validation_every=1000,
+        ),
+        train=TrainConfig(
+            steps=steps,
+            lr=lr,
+            warmup_steps=warmup_steps,
+            decay="cosine",
+            min_lr_ratio=0.1,
+            weight_decay=0.1,
+            grad_clip=1.0,
+            log_every=10,
+            step_mode="whole_step",
+            memory_policy=memory_policy,
+            precision="bf16",
+        ),
+        checkpoint=CheckpointConfig(every=500, keep_last=2, async_save=True),
+        output=OutputConfig(),
+        target=target,
+    )
 
 
 def llama3_debug() -> Recipe:
     """Llama 3 debug model (6 layers, dim 256) on the built-in corpus: 100 steps, minutes on a CPU."""
-    return Recipe(
-        name="llama3_debug",
-        model=ModelConfig(family="llama3", flavor="debug"),
-        device=DeviceConfig(lane="auto"),
-        data=DataConfig(source="builtin", tokenizer="builtin", seq_len=256, batch_size=8),
-        train=TrainConfig(steps=100, lr=3e-3, warmup_steps=10, decay="cosine", min_lr_ratio=0.1, log_every=10),
-        output=OutputConfig(),
+    return _debug("llama3_debug", "llama3")
+
+
+def llama3_8b() -> Recipe:
+    """Llama 3.1 8B on a TPU v6e-256: FSDP, recomputed blocks, 8K sequences, Pallas kernels."""
+    return _pod(
+        "llama3_8b", "llama3", "8B", TargetConfig(chip="v6e", chips=256),
+        tokenizer="meta-llama/Llama-3.1-8B", seq_len=8192, batch_size=2, lr=3e-4, steps=10_000, warmup_steps=500,
+    )  # fmt: skip
+
+
+def llama3_70b() -> Recipe:
+    """Llama 3.1 70B on a TPU v5p-256: FSDP, recomputed blocks, 8K sequences, Pallas kernels."""
+    return _pod(
+        "llama3_70b", "llama3", "70B", TargetConfig(chip="v5p", chips=256),
+        tokenizer="meta-llama/Llama-3.1-70B", seq_len=8192, batch_size=2, lr=1.5e-4, steps=10_000, warmup_steps=1000,
+    )  # fmt: skip
+
+
+def llama3_405b() -> Recipe:
+    """Llama 3.1 405B on a TPU v5p-512: FSDP 64 x TP 8 with sequence parallelism, recomputed blocks, 8K sequences."""
+    return _pod(
+        "llama3_405b", "llama3", "405B", TargetConfig(chip="v5p", chips=512),
+        parallel=ParallelConfig(fsdp=-1, tp=8, param_dtype="bfloat16", reduce_dtype="float32"),
+        tokenizer="meta-llama/Llama-3.1-405B", seq_len=8192, batch_size=2, lr=8e-5, steps=10_000, warmup_steps=2000,
+    )  # fmt: skip
+
+
+def qwen3_debug() -> Recipe:
+    """Qwen 3 debug model (4 layers, dim 256, q/k norms, tied embeddings) on the built-in corpus."""
+    return _debug("qwen3_debug", "qwen3")
+
+
+def qwen3_8b() -> Recipe:
+    """Qwen 3 8B on a TPU v6e-64: FSDP, selective activation memory, 4K sequences, Pallas kernels."""
+    return _pod(
+        "qwen3_8b", "qwen3", "8B", TargetConfig(chip="v6e", chips=64),
+        tokenizer="Qwen/Qwen3-8B", seq_len=4096, batch_size=2, lr=3e-4, steps=10_000, warmup_steps=500,
+        memory_policy="selective",
+    )  # fmt: skip
+
+
+def qwen3_32b() -> Recipe:
+    """Qwen 3 32B on a TPU v5p-128: FSDP, recomputed blocks, 4K sequences, Pallas kernels."""
+    return _pod(
+        "qwen3_32b", "qwen3", "32B", TargetConfig(chip="v5p", chips=128),
+        tokenizer="Qwen/Qwen3-32B", seq_len=4096, batch_size=4, lr=2e-4, steps=10_000, warmup_steps=1000,
+    )  # fmt: skip
+
+
+def qwen3_moe_debug() -> Recipe:
+    """Qwen 3 MoE debug model (8 experts, top 2) on the built-in corpus."""
+    return _debug("qwen3_moe_debug", "qwen3_moe")
+
+
+def qwen3_235b_a22b() -> Recipe:
+    """Qwen 3 235B-A22B (128 experts, top 8) on a TPU v6e-256: FSDP 32 x EP 8, recomputed blocks, 4K sequences."""
+    return _pod(
+        "qwen3_235b_a22b", "qwen3_moe", "235B-A22B", TargetConfig(chip="v6e", chips=256),
+        parallel=ParallelConfig(fsdp=-1, ep=8, param_dtype="bfloat16", reduce_dtype="float32"),
+        tokenizer="Qwen/Qwen3-235B-A22B", seq_len=4096, batch_size=1, lr=1e-4, steps=10_000, warmup_steps=1000,
+    )  # fmt: skip
+
+
+RECIPES: Mapping[str, Callable[[], Recipe]] = {
+    recipe.__name__: recipe
+    for recipe in (
+        llama3_debug,
+        llama3_8b,
+        llama3_70b,
+        llama3_405b,
+        qwen3_debug,
+        qwen3_8b,
+        qwen3_32b,
+        qwen3_moe_debug,
+        qwen3_235b_a22b,
     )
-
-
-RECIPES: Mapping[str, Callable[[], Recipe]] = {"llama3_debug": llama3_debug}
+}
 """Every named recipe."""
 
 DEFAULT_RECIPE = "llama3_debug"
@@ -31,8 +174,4 @@ DEFAULT_RECIPE = "llama3_debug"
 
 def get_recipe(name: str) -> Recipe:
     """The recipe called ``name``; ``KeyError`` names the closest one."""
-    if name in RECIPES:
-        return RECIPES[name]()
-    close = difflib.get_close_matches(name, list(RECIPES), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise KeyError(f"Unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}.{hint}")
+    return choose("recipe", name, RECIPES)()

@@ -1,0 +1,212 @@
+"""The dry-run planner: what a recipe costs per device on a given slice, without running it.
+
+The model is built on the meta device. Parameters, gradients and optimizer state come
+from the family's sharding plan on the mesh (each parameter's local share, fp32 masters,
+fp32 gradients, two fp32 AdamW moments). Activations come from one block and the head
+measured on meta tensors (``activations.py``) and the step's memory policy:
+
+==========  ===========================================  ============================
+policy      kept between forward and backward, per block  extra while running backward
+==========  ===========================================  ============================
+save        everything autograd saves                     -
+selective   matmul and attention outputs, block input     the rest of one block
+recompute   the block input                               one whole block
+offload     nothing (block inputs go to the host)         one block and two inputs
+==========  ===========================================  ============================
+
+The backward's working memory is the larger of the head's saved bytes (its gradients, as
+large, exist at the start of the backward) and the recomputed part of one block; when
+parameters are sharded, two blocks of gathered parameters in the compute dtype (this block
+and the prefetched next) come on top. A compiler may fuse and free sooner,
+so the activation figures are an upper estimate for compiled steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from titanpod.device import ChipSpec
+from titanpod.kernels import model_ops
+from titanpod.models import Transformer, build_model, parameter_count
+from titanpod.parallel import DATA_AXES, PLANS, ShardingPlan
+from titanpod.recipes.planner.activations import SavedBytes, block_saved_bytes, head_saved_bytes
+from titanpod.recipes.recipe import Recipe
+
+FIT_FRACTION = 0.9
+"""Share of a device's memory a plan may use; the rest is left to the runtime, compiler
+scratch space and fragmentation."""
+
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes on one device, by what holds them."""
+
+    parameters: int
+    """This device's share of the fp32 parameters."""
+    gradients: int
+    """This device's share of the fp32 gradients."""
+    optimizer: int
+    """This device's share of the AdamW moments (two fp32 tensors per parameter)."""
+    activations: int
+    """Activations kept for the backward pass under the memory policy (one micro-batch)."""
+    transient: int
+    """Working memory at the peak: backward gradients, recomputed blocks, gathered parameters."""
+    host_offload: int = 0
+    """Bytes the ``offload`` policy moves to host memory (not counted in ``total``)."""
+
+    @property
+    def total(self) -> int:
+        """Predicted peak bytes on one device."""
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.transient
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything the dry run works out for one recipe on one slice."""
+
+    recipe: str
+    """Recipe name."""
+    model: str
+    """Family and flavor, e.g. ``llama3 405B``."""
+    parameters: int
+    """All parameters."""
+    active_parameters: int
+    """Parameters one token uses (differs from ``parameters`` for MoE)."""
+    flops_per_token: float
+    """Training FLOPs per token (6N + attention; see the README's MFU section)."""
+    chip: ChipSpec
+    """The device the plan is for."""
+    chips: int
+    """Chips in the slice."""
+    devices: int
+    """Devices in the slice (chips x devices per chip)."""
+    mesh: dict[str, int]
+    """Mesh axis -> size."""
+    batch_per_device: int
+    """Sequences in one micro-batch on each data-parallel rank."""
+    seq_len: int
+    """Tokens per sequence."""
+    grad_accum_steps: int
+    """Micro-batches per optimizer step."""
+    tokens_per_step: int
+    """Tokens in one optimizer step over the whole slice."""
+    memory_policy: str
+    """Activation memory policy the plan assumes."""
+    precision: str
+    """``fp32`` or ``bf16`` compute."""
+    memory: MemoryPlan
+    """Predicted bytes per device."""
+    target_mfu: float
+    """MFU the step time is worked out for."""
+
+    def chips_text(self) -> str:
+        """The slice in words, e.g. ``512 x v5p`` or ``2 x v7 (4 devices)``."""
+        text = f"{self.chips} x {self.chip.name}"
+        return text + (f" ({self.devices} devices)" if self.devices != self.chips else "")
+
+    @property
+    def fits(self) -> bool:
+        """Whether the predicted peak leaves the runtime its share of the device's memory."""
+        return self.memory.total <= FIT_FRACTION * self.chip.memory_bytes
+
+    @property
+    def step_seconds(self) -> float:
+        """Seconds per optimizer step at ``target_mfu``."""
+        return self.flops_per_token * self.tokens_per_step / (self.devices * self.chip.peak_flops * self.target_mfu)
+
+    @property
+    def tokens_per_second_per_device(self) -> float:
+        """Throughput per device at ``target_mfu``."""
+        return self.tokens_per_step / self.step_seconds / self.devices
+
+
+def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> RunPlan:
+    """Plan ``recipe`` on ``chips`` chips of kind ``chip``; ``PlanError`` if the mesh does not fit the model."""
+    if chips < 1:
+        raise ValueError(f"--chips must be at least 1, got {chips}.")
+    if not 0 < target_mfu <= 1:
+        raise ValueError(f"The target MFU must be in (0, 1], got {target_mfu}.")
+    devices = chips * chip.devices_per_chip
+    model = build_model(recipe.model.family, recipe.model.flavor, model_ops(recipe.kernels))
+    mesh = recipe.parallel.mesh_axes(devices)
+    plan = PLANS[recipe.model.family]
+    named = dict(model.named_parameters())
+    plan.check(named, mesh)
+    local = sum(plan.local_numel(name, tuple(p.shape), mesh) for name, p in named.items())
+    train, data = recipe.train, recipe.data
+    dtype = torch.bfloat16 if train.precision == "bf16" else torch.float32
+    block = block_saved_bytes(
+        model.args, data.batch_size, data.seq_len, dtype, mesh["tp"], recipe.parallel.sequence_parallel
+    )
+    head = head_saved_bytes(model.args, data.batch_size, data.seq_len, dtype, model.ops.head_loss)
+    gathered = 0
+    if mesh["fsdp"] * mesh["ep"] > 1:  # sharded parameters are gathered a block at a time, with one prefetched
+        gathered = 2 * _gathered_block_numel(plan, model, mesh) * _BYTES[recipe.parallel.param_dtype]
+    memory = _memory(local, block, head, model.args.n_layers, train.memory_policy, gathered)
+    data_ranks = math.prod(mesh[axis] for axis in DATA_AXES)
+    return RunPlan(
+        recipe=recipe.name,
+        model=f"{recipe.model.family} {recipe.model.flavor}",
+        parameters=parameter_count(model),
+        active_parameters=model.active_parameter_count(),
+        flops_per_token=model.flops_per_token(data.seq_len),
+        chip=chip,
+        chips=chips,
+        devices=devices,
+        mesh=mesh,
+        batch_per_device=data.batch_size,
+        seq_len=data.seq_len,
+        grad_accum_steps=train.grad_accum_steps,
+        tokens_per_step=data.batch_size * data.seq_len * data_ranks * train.grad_accum_steps,
+        memory_policy=train.memory_policy,
+        precision=train.precision,
+        memory=memory,
+        target_mfu=target_mfu,
+    )
+
+
+def _gathered_block_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str, int]) -> int:
+    """Elements of one block's parameters after the FSDP all-gather: tp and expert splits remain."""
+    total = 0
+    for name, param in model.layers[0].named_parameters():
+        full = f"layers.0.{name}"
+        tp_only = plan.local_numel(full, tuple(param.shape), {"tp": mesh["tp"]})
+        total += tp_only // (mesh["ep"] if plan.rule_for(full).ep_dim is not None else 1)
+    return total
+
+
+def _memory(
+    local_params: int, block: SavedBytes, head: SavedBytes, n_layers: int, policy: str, gathered: int
+) -> MemoryPlan:
+    host = 0
+    if policy == "save":
+        kept, recomputed = block.all_saved, 0
+    elif policy == "selective":
+        kept, recomputed = block.matmul_saved + block.region_input, block.all_saved - block.matmul_saved
+    elif policy == "recompute":
+        kept, recomputed = block.region_input, block.all_saved
+    elif policy == "offload":
+        kept, recomputed, host = 0, block.all_saved + 2 * block.region_input, n_layers * block.region_input
+    else:
+        raise ValueError(f"Unknown memory policy {policy!r}; choose save, selective, recompute or offload.")
+    return MemoryPlan(
+        parameters=4 * local_params,
+        gradients=4 * local_params,
+        optimizer=8 * local_params,
+        activations=n_layers * kept + head.all_saved,
+        transient=max(head.all_saved, recomputed) + gathered,
+        host_offload=host,
+    )
+
+
+def with_changes(recipe: Recipe, **sections: dict[str, object]) -> Recipe:
+    """``recipe`` with fields of its sections replaced: ``with_changes(r, train={"memory_policy": "recompute"})``."""
+    return dataclasses.replace(
+        recipe, **{name: dataclasses.replace(getattr(recipe, name), **fields) for name, fields in sections.items()}
+    )

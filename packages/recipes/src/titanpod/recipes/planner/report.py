@@ -1,0 +1,127 @@
+"""The dry run for people: the plan as a table, and what to change when it does not fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from titanpod.device import ChipSpec, chip_by_name, measure_cpu_peak
+from titanpod.parallel import PlanError
+from titanpod.recipes.planner.plan import FIT_FRACTION, RunPlan, plan_run, with_changes
+from titanpod.recipes.recipe import Recipe
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """One change to a recipe that lowers memory per device, with the plan it gives."""
+
+    flags: str
+    """The command-line flags that make the change."""
+    plan: RunPlan
+    """The plan with the change."""
+
+
+def plan_table(plan: RunPlan) -> Table:
+    """The plan as a two-column table: parameters, FLOPs, memory per device and step time."""
+    memory = plan.memory
+    table = Table(title=f"dry run: {plan.recipe} on {plan.chips_text()}", show_header=False)
+    table.add_row("model", plan.model)
+    params = f"{plan.parameters:,} ({plan.parameters / 1e9:.3f}B)"
+    if plan.active_parameters != plan.parameters:
+        params += f"; {plan.active_parameters / 1e9:.2f}B active per token"
+    table.add_row("parameters", params)
+    table.add_row("FLOPs per token", f"{plan.flops_per_token / 1e9:,.2f} GFLOP (6N + attention, training)")
+    table.add_row("mesh", " x ".join(f"{axis} {size}" for axis, size in plan.mesh.items() if size > 1) or "one device")
+    table.add_row(
+        "batch",
+        f"{plan.batch_per_device} x {plan.seq_len} tokens per data rank x {plan.grad_accum_steps} micro-batches; "
+        f"{plan.tokens_per_step:,} tokens per step",
+    )
+    table.add_row("step", f"memory policy {plan.memory_policy}, {plan.precision} compute")
+    table.add_row("memory per device", "")
+    table.add_row("  parameters (fp32)", _gib(memory.parameters))
+    table.add_row("  gradients (fp32)", _gib(memory.gradients))
+    table.add_row("  optimizer state (AdamW, fp32)", _gib(memory.optimizer))
+    table.add_row(f"  activations ({plan.memory_policy})", _gib(memory.activations))
+    table.add_row("  working memory (backward, gathers)", _gib(memory.transient))
+    if memory.host_offload:
+        table.add_row("  offloaded to host (not in total)", _gib(memory.host_offload))
+    verdict = "[green]fits[/]" if plan.fits else "[bold red]does not fit[/]"
+    table.add_row(
+        "  total",
+        f"{_gib(memory.total)} of {plan.chip.memory_bytes / GiB:.1f} GiB "
+        f"({memory.total / plan.chip.memory_bytes:.0%}; plans may use {FIT_FRACTION:.0%}): {verdict}",
+    )
+    table.add_row(
+        f"step time at {plan.target_mfu:.0%} MFU",
+        f"{plan.step_seconds:.3g} s ({plan.tokens_per_second_per_device:,.0f} tokens/s per device, "
+        f"peak {plan.chip.peak_flops / 1e12:,.0f} TFLOP/s per device)",
+    )
+    return table
+
+
+def suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float, limit: int = 4) -> list[Suggestion]:
+    """Changes that lower memory per device, each planned, the ones that fit first."""
+    train, data, kernels = recipe.train, recipe.data, recipe.kernels
+    candidates: list[tuple[str, Recipe, int]] = []
+    if train.memory_policy in ("save", "selective"):
+        flags = "--train.memory-policy recompute"
+        if train.step_mode != "whole_step":
+            flags += " --train.step-mode whole_step"
+        changed = with_changes(recipe, train={"memory_policy": "recompute", "step_mode": "whole_step"})
+        candidates.append((flags, changed, chips))
+    if data.batch_size > 1:
+        half, accum = data.batch_size // 2, train.grad_accum_steps * 2
+        changed = with_changes(recipe, data={"batch_size": half}, train={"grad_accum_steps": accum})
+        candidates.append((f"--data.batch-size {half} --train.grad-accum-steps {accum}", changed, chips))
+    if kernels.head_loss == "reference":
+        changed = with_changes(recipe, kernels={"head_loss": "chunked"})
+        candidates.append(("--kernels.head-loss chunked", changed, chips))
+    candidates.append((f"--chips {chips * 2}", recipe, chips * 2))
+    found = []
+    for flags, changed, count in candidates:
+        try:
+            found.append(Suggestion(flags, plan_run(changed, chip, count, target_mfu)))
+        except (PlanError, ValueError):
+            continue  # a change the mesh or the model cannot take is no suggestion
+    found.sort(key=lambda s: (not s.plan.fits, s.plan.memory.total))
+    return found[:limit]
+
+
+def _gib(size: int) -> str:
+    return f"{size / GiB:,.2f} GiB"
+
+
+def target_chip(name: str) -> ChipSpec:
+    """The ``ChipSpec`` a dry run plans for: a named accelerator, or ``cpu`` (this machine, measured)."""
+    if name.lower() == "cpu":
+        return measure_cpu_peak()
+    return chip_by_name(name)
+
+
+def dry_run(recipe: Recipe, console: Console) -> RunPlan:
+    """Plan ``recipe`` on its target slice, print the table and, when it does not fit, what to change."""
+    target = recipe.target
+    chip = target_chip(target.chip)
+    plan = plan_run(recipe, chip, target.chips, target.mfu)
+    console.print(plan_table(plan))
+    if not plan.fits:
+        console.print(
+            f"[bold red]{recipe.name} needs {_gib(plan.memory.total)} per device; "
+            f"{plan.chip.name} has {plan.chip.memory_bytes / GiB:.1f} GiB.[/] Changes that lower it:",
+            soft_wrap=True,
+        )
+        table = Table("change", "memory per device", "fits", "step time")
+        for suggestion in suggestions(recipe, chip, target.chips, target.mfu):
+            table.add_row(
+                suggestion.flags,
+                _gib(suggestion.plan.memory.total),
+                "yes" if suggestion.plan.fits else "no",
+                f"{suggestion.plan.step_seconds:.3g} s",
+            )
+        console.print(table)
+    return plan
