@@ -13,7 +13,7 @@ def test_importing_titanpod_device_loads_no_accelerator_stack():
     assert result.stdout.strip() == "none"
 
 
-def test_importing_every_layer_loads_no_accelerator_stack():
+def test_importing_every_layer_loads_no_accelerator_stack_and_no_data_library():
     layers = [
         "device",
         "models",
@@ -29,7 +29,8 @@ def test_importing_every_layer_loads_no_accelerator_stack():
     imports = "; ".join(f"import titanpod.{layer}" for layer in layers)
     result = run_python(
         f"import sys; {imports}\n"
-        "print(','.join(m for m in ('jax', 'torchax', 'torch_tpu', 'torch_xla') if m in sys.modules) or 'none')\n"
+        "heavy = ('jax', 'torchax', 'torch_tpu', 'torch_xla', 'datasets', 'pyarrow', 'pandas')\n"
+        "print(','.join(m for m in heavy if m in sys.modules) or 'none')\n"
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "none"

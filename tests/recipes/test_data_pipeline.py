@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 
-from tests.conftest import run_python
 from tests.recipes.data_helpers import (  # noqa: F401  (private_datasets_cache: an autouse fixture)
     EOT,
     TOKENIZER,
@@ -180,12 +179,3 @@ def test_a_resumed_loader_refuses_a_position_from_another_kind_of_loader(tmp_pat
         packed.load_state_dict(synthetic.state_dict())
     with pytest.raises(ValueError, match="packed loader"):
         synthetic.load_state_dict(packed.state_dict())
-
-
-def test_importing_titanpod_recipes_does_not_import_datasets():
-    result = run_python(
-        "import sys, titanpod.recipes, titanpod.recipes.data\n"
-        "print(','.join(m for m in ('datasets', 'pyarrow', 'pandas') if m in sys.modules) or 'none')\n"
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "none"

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from titanpod.recipes import RECIPES, Recipe, get_recipe, run_pretraining
-from titanpod.recipes.run import build_batches
+from titanpod.recipes.run import build_run_data
 
 
 def test_every_named_recipe_builds_and_round_trips_through_json(tmp_path):
@@ -34,7 +34,7 @@ def test_unknown_fields_are_named():
 def test_tokenizer_larger_than_the_model_vocabulary_is_rejected_before_training():
     recipe = get_recipe("llama3_debug")
     with pytest.raises(ValueError, match=r"tokenizer .* has 1,\d+ tokens but the model's vocabulary has 512 rows"):
-        build_batches(recipe, vocab_size=512, rank=0, world_size=1)
+        build_run_data(recipe, vocab_size=512, rank=0, world_size=1)
 
 
 def test_unwritable_run_directory_fails_before_any_training(tmp_path):

@@ -58,6 +58,10 @@ class JsonlWriter:
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
+    def write_scalars(self, step: int, values: dict[str, float]) -> None:
+        """Append ``values`` at ``step`` as one line (e.g. a validation loss)."""
+        self.write({"step": step, **values})
+
     def close(self) -> None:
         """Close the file."""
         self._file.close()
@@ -77,6 +81,12 @@ class TensorBoardWriter:
         for name, value in asdict(record).items():
             if name != "step":
                 self._writer.add_scalar(f"train/{name}", value, record.step)
+        self._writer.flush()
+
+    def write_scalars(self, step: int, values: dict[str, float]) -> None:
+        """Add ``values`` as scalars at ``step`` under ``eval/`` (e.g. ``eval/validation_loss``), and flush."""
+        for name, value in values.items():
+            self._writer.add_scalar(f"eval/{name}", value, step)
         self._writer.flush()
 
     def close(self) -> None:

@@ -25,10 +25,9 @@ from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import PLANS
 from titanpod.parallel.torch_executor import parallelize, unshard
-from titanpod.recipes.data import PackedBatches, builtin_corpus_path, builtin_tokenizer_path, load_tokenizer
-from titanpod.recipes.data.packing import pack_documents
-from titanpod.recipes.data.tokenizer import end_of_text_id
+from titanpod.recipes.data import TrainData, build_data, gather_data_state
 from titanpod.recipes.recipe import Recipe
+from titanpod.recipes.validation import validation_loss
 
 
 @dataclass
@@ -82,21 +81,9 @@ def latest_resumable_run(recipe: Recipe) -> str | None:
     return max(candidates, key=lambda run: run.name).name if candidates else None
 
 
-def build_batches(recipe: Recipe, vocab_size: int, rank: int, world_size: int) -> PackedBatches:
-    """Tokenize the recipe's data and pack it into batches for this process."""
-    data = recipe.data
-    if data.source != "builtin":
-        raise ValueError(f"Unknown data.source {data.source!r}: this version reads only 'builtin'.")
-    tokenizer_path = builtin_tokenizer_path() if data.tokenizer == "builtin" else Path(data.tokenizer)
-    tokenizer = load_tokenizer(tokenizer_path)
-    if tokenizer.get_vocab_size() > vocab_size:
-        raise ValueError(
-            f"The tokenizer at {tokenizer_path} has {tokenizer.get_vocab_size():,} tokens but the model's vocabulary "
-            f"has {vocab_size:,} rows; pick a model flavor with a larger vocabulary or a smaller tokenizer."
-        )
-    documents = builtin_corpus_path().read_text(encoding="utf-8").split("\n\n")
-    tokens_N = pack_documents(documents, tokenizer, end_of_text_id(tokenizer))
-    return PackedBatches(tokens_N, data.seq_len, data.batch_size, recipe.train.seed, rank, world_size)
+def build_run_data(recipe: Recipe, vocab_size: int, rank: int, world_size: int) -> TrainData:
+    """The recipe's training (and held-out) batches for data-parallel rank ``rank`` of ``world_size``."""
+    return build_data(recipe.data, vocab_size, recipe.train.seed, rank, world_size)
 
 
 def build_initialised_model(recipe: Recipe, backend: Backend) -> Transformer:
@@ -128,7 +115,8 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         data_rank, data_world = sharded.data_rank, sharded.data_world
     else:
         data_rank, data_world = 0, 1
-    batches = build_batches(recipe, model.args.vocab_size, data_rank, data_world)
+    data = build_run_data(recipe, model.args.vocab_size, data_rank, data_world)
+    batches = data.train
     if not info.is_main:
         console = None
     run_dir = prepare_run_dir(recipe)
@@ -146,19 +134,37 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         if start_step >= recipe.train.steps:
             say("nothing left to train: raise --train.steps to continue this run")
     every = recipe.checkpoint.every
+    validate_every = recipe.data.validation_every
+    reduce = None if sharded is None else sharded.mean_over_data
+    writers: list[JsonlWriter | TensorBoardWriter] = []
+
+    validated_at: list[int] = []
+    model_device = torch.device("cpu") if backend.lane == "xla" else backend.device(info.local_rank)
+
+    def validate(step_number: int) -> None:
+        if data.validation is None:
+            return
+        step.finish()  # the xla step hands its trained weights back to the (host) model first
+        loss = validation_loss(model, data.validation, model_device, recipe.train, reduce)
+        validated_at.append(step_number)
+        say(f"step {step_number}: validation loss {loss:.4f} ({len(data.validation)} batches)")
+        for writer in writers:
+            writer.write_scalars(step_number, {"validation_loss": loss})
 
     def after_step(step_number: int) -> None:
+        if validate_every and step_number % validate_every == 0:
+            validate(step_number)
         if every and step_number % every == 0:
-            checkpointer.save(step_number, model, step, batches.state_dict())
+            checkpointer.save(step_number, model, step, gather_data_state(batches))
         checkpointer.poll()
 
     if console is not None:
         console.print(
             f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family} {recipe.model.flavor}: "
-            f"{parameters:,} parameters; {batches.batches_per_epoch} batches per epoch; "
-            f"step {describe_step(recipe.train, backend.lane)}; run directory {run_dir}"
+            f"{parameters:,} parameters; step {describe_step(recipe.train, backend.lane)}; run directory {run_dir}",
+            soft_wrap=True,
         )
-    writers: list[JsonlWriter | TensorBoardWriter] = []
+        console.print(data.describe(), soft_wrap=True)
     if info.is_main:
         writers.append(JsonlWriter(run_dir / "metrics.jsonl"))
         if recipe.output.tensorboard:
@@ -184,8 +190,11 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             start_step=start_step,
             after_step=after_step,
         )
+        finished = summary.steps_done > start_step and not summary.interrupted and not summary.stopped_because
+        if finished and summary.steps_done not in validated_at:
+            validate(summary.steps_done)
         if recipe.checkpoint.at_end and summary.steps_done > start_step:
-            checkpointer.save(summary.steps_done, model, step, batches.state_dict())
+            checkpointer.save(summary.steps_done, model, step, gather_data_state(batches))
     finally:
         checkpointer.wait()  # a background save in flight is completed, whatever happened
         for writer in writers:

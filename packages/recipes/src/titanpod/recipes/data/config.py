@@ -53,6 +53,9 @@ class DataConfig:
     """Local files and ``builtin``: the fraction of documents held out for validation, chosen by index (0: none)."""
     validation_batches: int = 8
     """Batches on each process per evaluation (at most this many for small map-style held-out data)."""
+    validation_every: int = 0
+    """Report the validation loss every this many steps, and after the last step (0: only after the last step,
+    when data is held out)."""
 
     @property
     def is_streaming(self) -> bool:
@@ -114,6 +117,13 @@ class DataConfig:
             raise ValueError(
                 "data.validation_fraction holds out documents of local data; for data.source 'hub' name a held-out "
                 "split with data.validation_split (e.g. validation) instead."
+            )
+        if self.validation_every < 0:
+            raise ValueError(f"data.validation_every must be 0 or more, got {self.validation_every}.")
+        if self.validation_every and not self.has_validation:
+            raise ValueError(
+                "data.validation_every needs held-out data: set data.validation_fraction (e.g. 0.01) for local data, "
+                "or data.validation_split (e.g. validation) for a Hub dataset."
             )
         if self.validation_batches < 1:
             raise ValueError(f"data.validation_batches must be at least 1, got {self.validation_batches}.")
