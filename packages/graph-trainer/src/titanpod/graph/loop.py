@@ -6,7 +6,7 @@ Legend: B batch, S sequence.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -63,6 +63,16 @@ class TrainSummary:
     """Steps done before this call (a resumed run); ``losses[0]`` is step ``start_step + 1``."""
 
 
+def _to_device(batch: Batch, device: torch.device) -> Batch:
+    if isinstance(batch, Mapping):
+        return {name: tensor.to(device) for name, tensor in batch.items()}
+    return tuple(tensor.to(device) for tensor in batch)  # type: ignore[return-value]
+
+
+def _first_tensor_size(batch: Batch) -> int:
+    return batch[0].numel() if not isinstance(batch, Mapping) else next(iter(batch.values())).numel()
+
+
 def _progress(console: Console | None) -> Progress:
     return Progress(
         TextColumn("[bold]train"),
@@ -92,6 +102,7 @@ def train(
     step: TrainStep | None = None,
     start_step: int = 0,
     after_step: Callable[[int], None] | None = None,
+    count_tokens: Callable[[Batch], int] | None = None,
 ) -> TrainSummary:
     """Train ``model`` (which must have ``loss(tokens, labels)``) for ``config.steps`` steps.
 
@@ -106,7 +117,9 @@ def train(
     Sharded training: each process passes its own batches; ``data_parallel`` is the number
     of distinct data shards (global tokens = local tokens x ``data_parallel``), ``devices``
     the number of processes, and ``reduce_loss`` averages a loss over the data shards for
-    reporting. Gradients are reduced by the model's own sharding (titanpod.parallel).
+    reporting. ``count_tokens(batch)`` says how many tokens a batch holds (default: the
+    elements of its first tensor); ``flops_per_token`` is per such token. Gradients are
+    reduced by the model's own sharding (titanpod.parallel).
 
     Losses stay on the device and are read back every ``config.log_every`` steps, so the
     loop waits for the device only when it reports. A step whose gradient norm is NaN or
@@ -147,13 +160,14 @@ def train(
             for step_number in range(start_step + 1, last_step + 1):
                 micro_batches = [next(batches) for _ in range(config.grad_accum_steps)]
                 if device is not None:
-                    micro_batches = [tuple(t.to(device) for t in batch) for batch in micro_batches]  # type: ignore[misc]
+                    micro_batches = [_to_device(batch, device) for batch in micro_batches]
                 lr = config.lr * lr_multiplier(step_number, config)
                 out = train_step(micro_batches, lr)
                 if reduce_loss is not None:
                     out.loss = reduce_loss(out.loss)
                 pending.append(out)
-                step_tokens = sum(batch[0].numel() for batch in micro_batches) * data_parallel
+                count = count_tokens or _first_tensor_size
+                step_tokens = sum(count(batch) for batch in micro_batches) * data_parallel
                 tokens_since += step_tokens
                 if step_number == start_step + 1:
                     backend.synchronize()

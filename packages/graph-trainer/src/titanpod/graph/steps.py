@@ -13,6 +13,7 @@ AdamW of ``titanpod.graph.optimizer``), so their losses and parameters agree to 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +34,19 @@ from titanpod.graph.optimizer import (
     weight_decays,
 )
 
-Batch = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Batch = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor] | Mapping[str, torch.Tensor]
 """``(tokens_BS, labels_BS)``, each [B, S] token ids, or ``(tokens_BS, labels_BS, document_ids_BS)``:
 the third, [B, S] integers equal within a document and increasing along the row, keeps each
-token's attention within its own packed document (``Transformer.loss(..., document_ids_BS)``)."""
+token's attention within its own packed document (``Transformer.loss(..., document_ids_BS)``).
+Any other model takes its batch as named tensors: a mapping, passed as ``model.loss(**batch)``
+(eager and per-block steps)."""
 
 
 def batch_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """``model.loss`` of one batch: ``loss(tokens, labels)``, plus ``document_ids_BS=`` for a 3-tuple."""
+    """``model.loss`` of one batch: ``loss(tokens, labels)``, plus ``document_ids_BS=`` for a 3-tuple;
+    ``loss(**batch)`` for a mapping of named tensors."""
+    if isinstance(batch, Mapping):
+        return model.loss(**batch)  # type: ignore[operator]
     if len(batch) == 2:
         return model.loss(batch[0], batch[1])  # type: ignore[operator]
     if len(batch) == 3:
@@ -55,6 +61,11 @@ def stack_micro_batches(micro_batches: list[Batch]) -> tuple[torch.Tensor, torch
 
     Every micro-batch of a step must have the same form: all 2-tuples or all 3-tuples.
     """
+    if any(isinstance(batch, Mapping) for batch in micro_batches):
+        raise NotImplementedError(
+            "Batches of named tensors (a diffusion model's) run in the eager and per_block step modes; "
+            "set train.step_mode to eager or per_block."
+        )
     lengths = sorted({len(batch) for batch in micro_batches})
     if len(lengths) != 1 or lengths[0] not in (2, 3):
         raise ValueError(
