@@ -18,12 +18,17 @@ from titanpod.models.common.ops import (
 )
 from titanpod.models.common.rope import Llama3RopeScaling
 from titanpod.models.common.transformer import Transformer
+from titanpod.models.flux import FLUX_FLAVORS, FluxArgs, FluxOps, FluxTransformer
 from titanpod.models.registry import FAMILIES, ModelFamily, build_model, get_flavor
 
 __all__ = [
     "FAMILIES",
+    "FLUX_FLAVORS",
     "IGNORE_INDEX",
     "DecoderArgs",
+    "FluxArgs",
+    "FluxOps",
+    "FluxTransformer",
     "Llama3RopeScaling",
     "MoEArgs",
     "ModelFamily",
