@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from titanpod.device import process_info
-from titanpod.pretrain.errors import print_error
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, PretrainResult, Recipe, get_recipe, run_pretraining
+from titanpod.recipes.errors import print_error
 from titanpod.recipes.planner.report import dry_run
 from titanpod.recipes.run import latest_resumable_run
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from titanpod.checkpoint import load_hf_checkpoint, load_model, push, resolve_source, save_hf_checkpoint, save_model
 from titanpod.checkpoint.hf_files import DEFAULT_MAX_SHARD_BYTES, dtype_from_name
 from titanpod.models import parameter_count
-from titanpod.pretrain.errors import print_error
+from titanpod.recipes.errors import print_error
 
 
 def _parser() -> argparse.ArgumentParser:
