@@ -95,7 +95,7 @@ class Recipe:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Recipe:
         """Rebuild a recipe from ``to_dict`` output; unknown fields are an error that names them."""
-        return _from_dict(cls, data, "recipe")
+        return dataclass_from_dict(cls, data, "recipe")
 
     @classmethod
     def load(cls, path: Path) -> Recipe:
@@ -103,7 +103,7 @@ class Recipe:
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
-def _from_dict(kind: type, data: dict[str, Any], where: str) -> Any:
+def dataclass_from_dict(kind: type, data: dict[str, Any], where: str) -> Any:
     """Build dataclass ``kind`` from plain data, recursing into fields that are dataclasses."""
     fields = {f.name for f in dataclasses.fields(kind)}
     unknown = sorted(set(data) - fields)
@@ -111,7 +111,7 @@ def _from_dict(kind: type, data: dict[str, Any], where: str) -> Any:
         raise ValueError(f"Unknown fields in {where}: {', '.join(unknown)}.")
     hints = typing.get_type_hints(kind)
     values = {
-        name: _from_dict(hints[name], value, f"{where}.{name}")
+        name: dataclass_from_dict(hints[name], value, f"{where}.{name}")
         if dataclasses.is_dataclass(hints[name]) and isinstance(value, dict)
         else value
         for name, value in data.items()

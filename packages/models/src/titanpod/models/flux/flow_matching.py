@@ -48,7 +48,7 @@ def text_position_ids(text_tokens: int, device: torch.device | str | None = None
 def shift_mu(
     image_tokens: int, base_tokens: int = 256, max_tokens: int = 4096, base: float = 0.5, top: float = 1.15
 ) -> float:
-    """The shift exponent for ``image_tokens`` tokens: ``base`` at ``base_tokens``, ``top`` at ``max_tokens``, linear."""
+    """The shift exponent for ``image_tokens``: ``base`` at ``base_tokens``, ``top`` at ``max_tokens``, linear."""
     slope = (top - base) / (max_tokens - base_tokens)
     return base + slope * (image_tokens - base_tokens)
 
@@ -95,3 +95,46 @@ def euler_sample(velocity, noise_BLP: torch.Tensor, schedule: torch.Tensor) -> t
         t_B = torch.full((x.shape[0],), t, dtype=x.dtype, device=x.device)
         x = x + (t_next - t) * velocity(x, t_B)
     return x
+
+
+class FlowMatchingModel(torch.nn.Module):
+    """A FLUX transformer with its training objective: ``loss(**batch)`` is the velocity MSE.
+
+    The batch holds clean ``latents`` and ``noise`` (both packed, [B, L, P]), ``timesteps``
+    [B], the text conditioning (``text`` [B, T, D], ``pooled`` [B, D_pooled]), position ids
+    (``img_ids`` [L, 3], ``txt_ids`` [T, 3]) and, for a guidance-distilled model, ``guidance`` [B].
+    Noise and timesteps come with the batch, so a step is a pure function of its inputs.
+    """
+
+    def __init__(self, transformer: torch.nn.Module) -> None:
+        super().__init__()
+        self.transformer = transformer
+
+    def velocity(
+        self,
+        x_BLP: torch.Tensor,
+        t_B: torch.Tensor,
+        text: torch.Tensor,
+        pooled: torch.Tensor,
+        img_ids: torch.Tensor,
+        txt_ids: torch.Tensor,
+        guidance: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The transformer's predicted velocity at ``x_BLP``, time ``t_B``."""
+        return self.transformer(x_BLP, img_ids, text, txt_ids, t_B, pooled, guidance)
+
+    def loss(
+        self,
+        latents: torch.Tensor,
+        noise: torch.Tensor,
+        timesteps: torch.Tensor,
+        text: torch.Tensor,
+        pooled: torch.Tensor,
+        img_ids: torch.Tensor,
+        txt_ids: torch.Tensor,
+        guidance: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Mean squared error of the predicted velocity at ``(1 - t) latents + t noise`` against ``noise - latents``."""
+        x_t = noisy_latents(latents, noise, timesteps)
+        velocity = self.velocity(x_t, timesteps, text, pooled, img_ids, txt_ids, guidance)
+        return flow_matching_loss(velocity, latents, noise)

@@ -1,0 +1,149 @@
+"""Building a diffusion run's models: the FLUX transformer, the image codec and the frozen text encoders.
+
+Legend: B batch, C channels, H height, W width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from titanpod.checkpoint.flux_autoencoder_files import load_flux_autoencoder
+from titanpod.checkpoint.flux_files import load_flux_transformer
+from titanpod.models.flux import FLUX_FLAVORS, FluxTransformer, build_flux_transformer
+from titanpod.models.flux.autoencoder import FLUX_AUTOENCODER_FLAVORS, FluxAutoencoder, build_flux_autoencoder
+from titanpod.models.flux.text_encoders import FluxTextEncoders, TinyTextEncoderConfig
+from titanpod.models.registry import choose
+from titanpod.recipes.diffusion.recipe import DiffusionRecipe
+
+
+class ImageCodec(Protocol):
+    """Images in [-1, 1] <-> the latents the transformer models."""
+
+    channels: int
+    """Latent channels."""
+    downsample: int
+    """Image pixels per latent pixel, per side."""
+
+    def encode(self, images_BCHW: torch.Tensor) -> torch.Tensor:
+        """Latents of ``images`` in the transformer's space."""
+        ...
+
+    def decode(self, latents_BCHW: torch.Tensor) -> torch.Tensor:
+        """Images in [-1, 1] from latents in the transformer's space."""
+        ...
+
+
+class PixelCodec:
+    """No autoencoder: the latents are the pixels (3 channels, full resolution)."""
+
+    channels = 3
+    downsample = 1
+
+    def encode(self, images_BCHW: torch.Tensor) -> torch.Tensor:
+        """The images themselves."""
+        return images_BCHW
+
+    def decode(self, latents_BCHW: torch.Tensor) -> torch.Tensor:
+        """The latents, clipped to [-1, 1]."""
+        return latents_BCHW.clamp(-1.0, 1.0)
+
+
+class AutoencoderCodec:
+    """The FLUX autoencoder: the mean of the posterior, shifted and scaled into the transformer's space."""
+
+    def __init__(self, autoencoder: FluxAutoencoder) -> None:
+        self.autoencoder = autoencoder.requires_grad_(False).eval()
+        self.channels = autoencoder.args.latent_channels
+        self.downsample = autoencoder.args.downsample_factor
+
+    @torch.no_grad()
+    def encode(self, images_BCHW: torch.Tensor) -> torch.Tensor:
+        """``(mean - shift) x scale`` of the encoder's posterior."""
+        return self.autoencoder.to_model_space(self.autoencoder.encode(images_BCHW).mode())
+
+    @torch.no_grad()
+    def decode(self, latents_BCHW: torch.Tensor) -> torch.Tensor:
+        """The decoder's image, clipped to [-1, 1]."""
+        return self.autoencoder.decode(self.autoencoder.from_model_space(latents_BCHW)).clamp(-1.0, 1.0)
+
+
+@dataclass
+class DiffusionModels:
+    """Everything a diffusion run computes with."""
+
+    transformer: FluxTransformer
+    """The model being trained."""
+    codec: ImageCodec
+    """Images <-> latents (frozen)."""
+    text_encoders: FluxTextEncoders
+    """Captions -> (T5 states, pooled CLIP vector) (frozen)."""
+
+
+def build_codec(name: str, seed: int) -> ImageCodec:
+    """``pixels``, an autoencoder flavor (randomly initialised from ``seed``), or a diffusers AutoencoderKL folder."""
+    if name == "pixels":
+        return PixelCodec()
+    if Path(name).is_dir():
+        return AutoencoderCodec(load_flux_autoencoder(Path(name)))
+    choose("autoencoder (or a diffusers AutoencoderKL folder)", name, {"pixels": None, **FLUX_AUTOENCODER_FLAVORS})
+    autoencoder = build_flux_autoencoder(name, device="cpu")
+    autoencoder.init_weights(seed)
+    return AutoencoderCodec(autoencoder)
+
+
+def build_text_encoders(name: str, context_dim: int, pooled_dim: int, seed: int) -> FluxTextEncoders:
+    """Tiny random encoders sized for the transformer, or the pretrained ones of a FLUX folder / Hub id."""
+    if name == "random":
+        return FluxTextEncoders.random(TinyTextEncoderConfig(context_dim=context_dim, pooled_dim=pooled_dim), seed)
+    return FluxTextEncoders.from_pretrained(name)
+
+
+def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device) -> DiffusionModels:
+    """The recipe's transformer (initialised or loaded), codec and text encoders, on ``device``."""
+    model = recipe.model
+    seed = recipe.train.seed
+    codec = build_codec(model.autoencoder, seed)
+    args = choose("FLUX flavor", model.flavor, FLUX_FLAVORS)
+    args = dataclasses.replace(args, in_channels=codec.channels * 4, out_channels=None)
+    text_encoders = build_text_encoders(model.text_encoders, args.context_dim, args.pooled_dim, seed)
+    if text_encoders.context_dim != args.context_dim or text_encoders.pooled_dim != args.pooled_dim:
+        raise ValueError(
+            f"The text encoders give {text_encoders.context_dim}-wide T5 states and a {text_encoders.pooled_dim}-wide "
+            f"pooled vector, but FLUX {model.flavor} takes {args.context_dim} and {args.pooled_dim}; "
+            "use text encoders made for this flavor."
+        )
+    if model.transformer_weights is not None:
+        transformer = load_flux_transformer(Path(model.transformer_weights))
+        if transformer.args.in_channels != args.in_channels:
+            raise ValueError(
+                f"The transformer at {model.transformer_weights} takes {transformer.args.in_channels} channels per "
+                f"token but model.autoencoder {model.autoencoder!r} gives {args.in_channels}; pick the matching one."
+            )
+    else:
+        transformer = build_flux_transformer(args)
+        transformer.to_empty(device="cpu")
+        transformer.init_weights(seed)
+    if model.recompute_blocks:
+        recompute_each_block(transformer)
+    text_encoders.to(device)
+    if isinstance(codec, AutoencoderCodec):
+        codec.autoencoder.to(device)
+    return DiffusionModels(transformer.to(device), codec, text_encoders)
+
+
+def recompute_each_block(transformer: FluxTransformer) -> None:
+    """Activation checkpointing: each block keeps only its inputs and runs again in the backward pass."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in [*transformer.double_blocks, *transformer.single_blocks]:
+        forward = block.forward
+
+        def recomputed(*inputs: torch.Tensor, _forward=forward) -> object:
+            return checkpoint(_forward, *inputs, use_reentrant=False)
+
+        block.forward = recomputed  # type: ignore[method-assign]

@@ -1,0 +1,90 @@
+"""The typed diffusion recipe: one object that decides everything a FLUX training run does."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from titanpod.device import DeviceConfig
+from titanpod.graph import TrainConfig
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.images.config import ImageDataConfig
+from titanpod.recipes.recipe import OutputConfig, TargetConfig, dataclass_from_dict
+
+
+@dataclass(frozen=True)
+class FluxModelConfig:
+    """Which transformer, autoencoder and text encoders to use."""
+
+    flavor: str = "debug"
+    """Transformer shape: ``debug``, ``schnell`` or ``dev`` (titanpod.models.flux.FLUX_FLAVORS)."""
+    autoencoder: str = "pixels"
+    """``pixels`` (no autoencoder: the transformer models 2x2 pixel patches, so a CPU run's samples are
+    readable without pretrained weights), an autoencoder flavor (``debug``, ``flux``; randomly initialised),
+    or a diffusers AutoencoderKL folder (e.g. the ``vae`` folder of FLUX.1-dev)."""
+    text_encoders: str = "random"
+    """``random`` (tiny T5 and CLIP, randomly initialised, offline), or a diffusers FLUX folder or Hub id
+    whose text_encoder / text_encoder_2 subfolders hold CLIP and T5."""
+    transformer_weights: str | None = None
+    """A diffusers FluxTransformer2DModel folder to start from; ``None`` initialises from the seed."""
+    guidance: float = 1.0
+    """The guidance value a guidance-distilled transformer (dev) is given while training."""
+    recompute_blocks: bool = False
+    """Keep only each transformer block's inputs in the forward pass and recompute the rest in the backward
+    (activation checkpointing), trading a second forward for activation memory."""
+    encodings_cache: str | None = None
+    """A folder where the frozen encoders' outputs (latents per image, text states per caption) are kept as
+    safetensors, so later epochs and runs do not encode again; ``None`` keeps them in memory for this run."""
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """Sample images written during and after training."""
+
+    every: int = 0
+    """Write a sample grid every this many steps (0: only after the last step)."""
+    prompts: int = 4
+    """How many of the fixed prompts to draw (one image each)."""
+    steps: int = 24
+    """Euler steps from noise to image."""
+    cfg_scale: float = 3.0
+    """Classifier-free guidance: velocity = uncond + scale x (cond - uncond); 1 turns it off."""
+    seed: int = 0
+    """Seed of the starting noise (the same every time, so grids are comparable across steps)."""
+
+
+@dataclass(frozen=True)
+class DiffusionRecipe:
+    """A complete, reproducible description of a FLUX training run."""
+
+    name: str = "custom"
+    """Recipe name, used in run directory names."""
+    model: FluxModelConfig = field(default_factory=FluxModelConfig)
+    """The models."""
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    """Where it runs."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """How it splits over processes (the dry run plans with it)."""
+    data: ImageDataConfig = field(default_factory=ImageDataConfig)
+    """Images and captions."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """How it trains (eager or per_block steps)."""
+    samples: SampleConfig = field(default_factory=SampleConfig)
+    """What sample images it writes."""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """What it writes."""
+    target: TargetConfig = field(default_factory=TargetConfig)
+    """The slice the recipe is sized for; read by ``--dry-run`` only."""
+
+    def to_json(self) -> str:
+        """The recipe as indented JSON (saved beside every run)."""
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def load(cls, path: Path) -> DiffusionRecipe:
+        """Read a recipe saved by ``to_json``."""
+        data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+        return dataclass_from_dict(cls, data, "recipe")

@@ -1,0 +1,135 @@
+"""Building a FLUX training run from a diffusion recipe and running it: metrics, sample grids, weights."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from titanpod.checkpoint.flux_files import save_flux_transformer
+from titanpod.device import get_backend
+from titanpod.graph import JsonlWriter, StepMetrics, TensorBoardWriter, TrainSummary, build_step, train
+from titanpod.models import parameter_count
+from titanpod.models.flux.flow_matching import FlowMatchingModel
+from titanpod.recipes.diffusion.batches import EncodingCache, FlowMatchingBatches
+from titanpod.recipes.diffusion.components import DiffusionModels, build_diffusion_models
+from titanpod.recipes.diffusion.recipe import DiffusionRecipe
+from titanpod.recipes.diffusion.sampling import generate
+from titanpod.recipes.images import build_image_data, fixed_prompts, save_image_grid
+
+TRANSFORMER_FOLDER = "transformer"
+"""Where a run writes its trained transformer (diffusers FluxTransformer2DModel layout)."""
+
+
+@dataclass
+class DiffusionResult:
+    """What a finished diffusion run leaves behind."""
+
+    run_dir: Path
+    """The run directory: recipe.json, metrics.jsonl, samples/, transformer/."""
+    summary: TrainSummary
+    """The training loop's summary."""
+    samples: list[Path]
+    """Sample grids written, in order."""
+    transformer_path: Path | None
+    """The trained transformer's folder, if saved."""
+    parameters: int
+    """Transformer parameters."""
+    samples_per_second: float
+    """Training images per second after the first step."""
+
+
+def prepare_diffusion_run_dir(recipe: DiffusionRecipe) -> Path:
+    """Create the run directory and write the recipe into it; fail early if it cannot be written."""
+    name = recipe.output.run_name or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(recipe.output.runs_dir) / name
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "recipe.json").write_text(recipe.to_json(), encoding="utf-8")
+    except OSError as error:
+        raise OSError(
+            f"Cannot write the run directory {run_dir}: {error.strerror}. "
+            "Choose another with --output.runs-dir or --output.run-name."
+        ) from error
+    return run_dir
+
+
+def write_samples(models: DiffusionModels, recipe: DiffusionRecipe, path: Path) -> Path:
+    """Draw the fixed prompts and write them as one PNG grid with their captions."""
+    prompts = fixed_prompts(recipe.samples.prompts)
+    images = generate(models, prompts, recipe.data.resolution, recipe.samples, recipe.model.guidance)
+    return save_image_grid(images, path, captions=prompts)
+
+
+def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> DiffusionResult:
+    """Train the recipe's FLUX transformer by flow matching; write metrics, sample grids and weights."""
+    if recipe.train.step_mode == "whole_step":
+        raise ValueError("Diffusion runs take train.step_mode eager or per_block; whole_step is not available yet.")
+    backend = get_backend(recipe.device.lane)
+    if backend.lane == "xla":
+        raise ValueError("Diffusion runs on the cpu, cuda or tpu lanes; the xla lane is not available for them yet.")
+    device = backend.device()
+    torch.manual_seed(recipe.train.seed)
+    models = build_diffusion_models(recipe, device)
+    data = build_image_data(recipe.data, recipe.train.seed, 0, 1)
+    run_dir = prepare_diffusion_run_dir(recipe)
+    say = (lambda message: console.print(message, soft_wrap=True)) if console is not None else (lambda message: None)
+    cache = EncodingCache(Path(recipe.model.encodings_cache) if recipe.model.encodings_cache else None)
+    guidance = recipe.model.guidance if models.transformer.args.guidance_embed else None
+    batches = FlowMatchingBatches(data, models, cache, guidance, recipe.train.seed, 0, device)
+    objective = FlowMatchingModel(models.transformer)
+    side = recipe.data.resolution // models.codec.downsample
+    image_tokens = (side // 2) ** 2
+    text_tokens = models.text_encoders.t5_max_length
+    flops_per_token = models.transformer.flops_per_sample(image_tokens, text_tokens) / image_tokens
+    parameters = parameter_count(models.transformer)
+    say(
+        f"lane [bold]{backend.lane}[/] on {device}, FLUX {recipe.model.flavor}: {parameters:,} parameters; "
+        f"{image_tokens} image tokens + {text_tokens} text tokens per sample; codec {recipe.model.autoencoder}; "
+        f"run directory {run_dir}"
+    )
+    say(data.describe())
+    samples_dir = run_dir / "samples"
+    samples: list[Path] = []
+    writers: list[JsonlWriter | TensorBoardWriter] = [JsonlWriter(run_dir / "metrics.jsonl")]
+    if recipe.output.tensorboard:
+        writers.append(TensorBoardWriter(run_dir / "tensorboard"))
+
+    def write_report(report: StepMetrics) -> None:
+        for writer in writers:
+            writer.write(report)
+
+    def after_step(step_number: int) -> None:
+        if recipe.samples.every and step_number % recipe.samples.every == 0:
+            samples.append(write_samples(models, recipe, samples_dir / f"step-{step_number:06d}.png"))
+            say(f"samples: {samples[-1]}")
+
+    step = build_step(objective, recipe.train, backend)
+    try:
+        summary = train(
+            objective,
+            batches,
+            recipe.train,
+            backend,
+            flops_per_token=flops_per_token,
+            on_report=write_report,
+            console=console,
+            step=step,
+            after_step=after_step,
+            count_tokens=lambda batch: batch["latents"].shape[0] * batch["latents"].shape[1],
+        )
+    finally:
+        for writer in writers:
+            writer.close()
+    if summary.steps_done and (not samples or not samples[-1].name.endswith(f"{summary.steps_done:06d}.png")):
+        samples.append(write_samples(models, recipe, samples_dir / f"step-{summary.steps_done:06d}.png"))
+        say(f"samples: {samples[-1]}")
+    transformer_path = None
+    if recipe.output.save_weights and summary.steps_done:
+        transformer_path = save_flux_transformer(models.transformer, run_dir / TRANSFORMER_FOLDER)
+    return DiffusionResult(
+        run_dir, summary, samples, transformer_path, parameters, summary.tokens_per_second / image_tokens
+    )
