@@ -1,0 +1,170 @@
+"""The dry run of a FLUX diffusion recipe: parameters, FLOPs per sample, memory per device, step time.
+
+Legend: B batch, L image tokens, T text tokens, S = T + L, M model width, D head dim.
+
+Every transformer parameter is sharded over all devices (FSDP; fp32 masters, gradients and
+two AdamW moments). Activations come from one double-stream and one single-stream block run
+on meta tensors with this device's micro-batch (see ``activations.py``): all they save, or only
+their inputs when blocks are recomputed (``model.recompute_blocks``). The frozen encoders
+(T5-XXL, CLIP-L, the autoencoder) sit on every device in bf16 unless their outputs are cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from rich.table import Table
+
+from titanpod.device import ChipSpec
+from titanpod.models import parameter_count
+from titanpod.models.flux import FLUX_FLAVORS, FluxOps, build_flux_transformer
+from titanpod.models.flux.layers import axes_rotary_cos_sin
+from titanpod.models.registry import choose
+from titanpod.recipes.diffusion.recipe import DiffusionRecipe
+from titanpod.recipes.planner.activations import _flash_attention, _measure
+from titanpod.recipes.planner.plan import FIT_FRACTION, MemoryPlan
+
+FROZEN_ENCODER_PARAMETERS = {"t5": 4_762_310_656, "clip": 123_060_480, "autoencoder": 83_819_683}
+"""Published sizes of FLUX.1's frozen models: the T5 v1.1 XXL encoder, the CLIP ViT-L/14 text model
+and the FLUX autoencoder (its count is the flavor ``flux`` built here)."""
+
+T5_TOKENS = 512
+"""Text tokens per prompt for FLUX.1-dev (schnell uses 256)."""
+
+
+@dataclass(frozen=True)
+class FluxRunPlan:
+    """What the dry run works out for one diffusion recipe on one slice."""
+
+    recipe: str
+    """Recipe name."""
+    flavor: str
+    """Transformer flavor."""
+    parameters: int
+    """Transformer parameters."""
+    flops_per_sample: float
+    """Training FLOPs per image (forward and backward)."""
+    image_tokens: int
+    """Image tokens per sample."""
+    text_tokens: int
+    """Text tokens per sample."""
+    chip: ChipSpec
+    """The device planned for."""
+    devices: int
+    """Devices in the slice."""
+    batch_per_device: int
+    """Images in one micro-batch on each device."""
+    memory: MemoryPlan
+    """Predicted bytes per device."""
+    frozen_encoders: int
+    """Bytes of the frozen encoders on each device (0 with an encodings cache)."""
+    target_mfu: float
+    """MFU the step time is worked out for."""
+
+    @property
+    def total_bytes(self) -> int:
+        """Predicted peak bytes per device, encoders included."""
+        return self.memory.total + self.frozen_encoders
+
+    @property
+    def fits(self) -> bool:
+        """Whether the plan leaves the runtime its share of device memory."""
+        return self.total_bytes <= FIT_FRACTION * self.chip.memory_bytes
+
+    @property
+    def step_seconds(self) -> float:
+        """Seconds per step at ``target_mfu``."""
+        samples = self.batch_per_device * self.devices
+        return self.flops_per_sample * samples / (self.devices * self.chip.peak_flops * self.target_mfu)
+
+
+def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: float) -> FluxRunPlan:
+    """Plan ``recipe`` on ``chips`` chips of kind ``chip``."""
+    devices = chips * chip.devices_per_chip
+    latent_side = recipe.data.resolution // (1 if recipe.model.autoencoder == "pixels" else 8)
+    channels = 3 if recipe.model.autoencoder == "pixels" else 16
+    args = dataclasses.replace(choose("FLUX flavor", recipe.model.flavor, FLUX_FLAVORS), in_channels=channels * 4)
+    image_tokens = (latent_side // 2) ** 2
+    text_tokens = T5_TOKENS if recipe.model.text_encoders != "random" else 32
+    model = build_flux_transformer(args, FluxOps(attention=_flash_attention))
+    parameters = parameter_count(model)
+    dtype = torch.bfloat16 if recipe.train.precision == "bf16" else torch.float32
+    B = recipe.data.batch_size
+    with torch.device("meta"):
+        double, single = model.double_blocks[0].to(dtype), model.single_blocks[0].to(dtype)
+        img = torch.empty(B, image_tokens, args.dim, dtype=dtype, requires_grad=True)
+        txt = torch.empty(B, text_tokens, args.dim, dtype=dtype, requires_grad=True)
+        joint = torch.empty(B, text_tokens + image_tokens, args.dim, dtype=dtype, requires_grad=True)
+        vec = torch.empty(B, args.dim, dtype=dtype, requires_grad=True)
+        ids = torch.zeros(text_tokens + image_tokens, 3)
+        cos, sin = axes_rotary_cos_sin(ids, args.axes_dims, args.rope_theta)
+    saved_double = _measure(double, lambda: double(img, txt, vec, cos, sin), img)
+    saved_single = _measure(single, lambda: single(joint, vec, cos, sin), joint)
+    input_double = saved_double.region_input * (text_tokens + image_tokens) // image_tokens
+    if recipe.model.recompute_blocks:
+        kept = args.depth * input_double + args.depth_single * saved_single.region_input
+    else:
+        kept = args.depth * saved_double.all_saved + args.depth_single * saved_single.all_saved
+    working = max(saved_double.all_saved, saved_single.all_saved)  # a recomputed block, or a block's gradients
+    local = -(-parameters // devices)
+    gathered = 0
+    if devices > 1:
+        biggest = max(parameter_count(model.double_blocks[0]), parameter_count(model.single_blocks[0]))
+        gathered = 2 * biggest * (2 if recipe.parallel.param_dtype == "bfloat16" else 4)
+    memory = MemoryPlan(
+        parameters=4 * local,
+        gradients=4 * local,
+        optimizer=8 * local,
+        activations=kept,
+        transient=working + gathered,
+    )
+    encoders = (
+        0
+        if recipe.model.encodings_cache or recipe.model.text_encoders == "random"
+        else 2 * sum(FROZEN_ENCODER_PARAMETERS.values())
+    )
+    return FluxRunPlan(
+        recipe=recipe.name,
+        flavor=recipe.model.flavor,
+        parameters=parameters,
+        flops_per_sample=model.flops_per_sample(image_tokens, text_tokens),
+        image_tokens=image_tokens,
+        text_tokens=text_tokens,
+        chip=chip,
+        devices=devices,
+        batch_per_device=B,
+        memory=memory,
+        frozen_encoders=encoders,
+        target_mfu=target_mfu,
+    )
+
+
+def flux_plan_table(plan: FluxRunPlan) -> Table:
+    """The FLUX plan as a two-column table."""
+    gib = 1024**3
+    memory = plan.memory
+    table = Table(title=f"dry run: {plan.recipe} on {plan.devices} x {plan.chip.name}", show_header=False)
+    table.add_row("model", f"FLUX.1 {plan.flavor} transformer")
+    table.add_row("parameters", f"{plan.parameters:,} ({plan.parameters / 1e9:.2f}B)")
+    table.add_row("tokens per sample", f"{plan.image_tokens:,} image + {plan.text_tokens} text")
+    table.add_row(
+        "FLOPs per sample", f"{plan.flops_per_sample / 1e12:,.1f} TFLOP (training; titanpod.models.flux.counting)"
+    )
+    table.add_row("mesh", f"fsdp {plan.devices}" if plan.devices > 1 else "one device")
+    table.add_row("batch", f"{plan.batch_per_device} per device; {plan.batch_per_device * plan.devices} per step")
+    table.add_row("  parameters (fp32)", f"{memory.parameters / gib:,.2f} GiB")
+    table.add_row("  gradients (fp32)", f"{memory.gradients / gib:,.2f} GiB")
+    table.add_row("  optimizer state (AdamW, fp32)", f"{memory.optimizer / gib:,.2f} GiB")
+    table.add_row("  activations", f"{memory.activations / gib:,.2f} GiB")
+    table.add_row("  working memory (backward, gathers)", f"{memory.transient / gib:,.2f} GiB")
+    table.add_row("  frozen encoders (bf16)", f"{plan.frozen_encoders / gib:,.2f} GiB")
+    verdict = "[green]fits[/]" if plan.fits else "[bold red]does not fit[/]"
+    table.add_row(
+        "  total",
+        f"{plan.total_bytes / gib:,.2f} of {plan.chip.memory_bytes / gib:.1f} GiB "
+        f"(plans may use {FIT_FRACTION:.0%}): {verdict}",
+    )
+    table.add_row(f"step time at {plan.target_mfu:.0%} MFU", f"{plan.step_seconds:.3g} s")
+    return table
