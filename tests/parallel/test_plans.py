@@ -86,3 +86,17 @@ def test_a_whole_parameter_is_replicated_with_an_averaged_gradient():
     layout = layout_for(ParamRule("n", shard_dim=None, tp_grad="sum"), {"fsdp": 4, "tp": 2}, ("fsdp", "tp"))
     assert layout.stored == (Replicate(), Replicate())
     assert layout.grad == (Partial("avg"), Partial("sum"))
+
+
+def test_every_flux_parameter_has_a_rule_and_dev_shards_over_eight_devices():
+    from titanpod.models.flux import FLUX_FLAVORS, build_flux_transformer
+
+    plan = PLANS["flux"]
+    for flavor in FLUX_FLAVORS:
+        named = dict(build_flux_transformer(flavor).named_parameters())
+        for name in named:
+            plan.rule_for(name)
+    named = dict(build_flux_transformer("dev").named_parameters())
+    plan.check(named, {"dp_replicate": 1, "fsdp": 8, "ep": 1, "tp": 1})
+    assert plan.local_numel("double_blocks.0.img_attn.q_norm.weight", (128,), {"fsdp": 8}) == 128
+    assert plan.local_numel("single_blocks.3.linear1.weight", (21504, 3072), {"fsdp": 8}) == 21504 * 3072 // 8

@@ -31,5 +31,20 @@ DECODER_PLAN = ShardingPlan(
 )
 """Every decoder family's plan: FSDP everywhere, TP over heads and feed-forward width, EP over experts."""
 
-PLANS: dict[str, ShardingPlan] = {"llama3": DECODER_PLAN, "qwen3": DECODER_PLAN, "qwen3_moe": DECODER_PLAN}
+FLUX_PLAN = ShardingPlan(
+    params=(
+        # per-head query/key norm scales: one head's width (128), kept whole on every rank
+        ParamRule(r".*\.(q_norm|k_norm)\.weight", shard_dim=None),
+        ParamRule(r".*", shard_dim=0),
+    ),
+)
+"""FLUX.1's plan: FSDP over every parameter's first dimension (no tensor parallelism yet: the single-stream
+blocks fuse q, k, v and the MLP input in one matrix, which needs a packed split)."""
+
+PLANS: dict[str, ShardingPlan] = {
+    "llama3": DECODER_PLAN,
+    "qwen3": DECODER_PLAN,
+    "qwen3_moe": DECODER_PLAN,
+    "flux": FLUX_PLAN,
+}
 """Family name -> plan."""

@@ -2,8 +2,8 @@
 
 Legend: B batch, L image tokens, T text tokens, S = T + L, M model width, D head dim.
 
-Every transformer parameter is sharded over all devices (FSDP; fp32 masters, gradients and
-two AdamW moments). Activations come from one double-stream and one single-stream block run
+Every transformer parameter is sharded by the FLUX plan (FSDP over all devices; fp32 masters,
+gradients and two AdamW moments). Activations come from one double-stream and one single-stream block run
 on meta tensors with this device's micro-batch (see ``activations.py``): all they save, or only
 their inputs when blocks are recomputed (``model.recompute_blocks``). The frozen encoders
 (T5-XXL, CLIP-L, the autoencoder) sit on every device in bf16 unless their outputs are cached.
@@ -22,6 +22,7 @@ from titanpod.models import parameter_count
 from titanpod.models.flux import FLUX_FLAVORS, FluxOps, build_flux_transformer
 from titanpod.models.flux.layers import axes_rotary_cos_sin
 from titanpod.models.registry import choose
+from titanpod.parallel import PLANS
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.recipes.planner.activations import _flash_attention, _measure
 from titanpod.recipes.planner.plan import FIT_FRACTION, MemoryPlan
@@ -108,7 +109,11 @@ def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: f
     else:
         kept = args.depth * saved_double.all_saved + args.depth_single * saved_single.all_saved
     working = max(saved_double.all_saved, saved_single.all_saved)  # a recomputed block, or a block's gradients
-    local = -(-parameters // devices)
+    mesh = recipe.parallel.mesh_axes(devices)
+    plan = PLANS["flux"]
+    named = dict(model.named_parameters())
+    plan.check(named, mesh)
+    local = sum(plan.local_numel(name, tuple(p.shape), mesh) for name, p in named.items())
     gathered = 0
     if devices > 1:
         biggest = max(parameter_count(model.double_blocks[0]), parameter_count(model.single_blocks[0]))
