@@ -70,3 +70,22 @@ def test_recipes_are_listed_and_a_bad_name_gets_the_closest(capsys):
 def test_sampling_from_a_folder_that_is_not_a_run_says_what_it_needs(tmp_path, capsys):
     assert main(["sample", "--checkpoint", str(tmp_path), "--prompt", "x"]) == 1
     assert "needs recipe.json and transformer/" in capsys.readouterr().err
+
+
+def test_a_run_stopped_and_resumed_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+    from safetensors.torch import load_file
+
+    base = [SHORT[0], "4", *SHORT[2:], "--samples.every", "0", "--checkpoint.every", "2"]
+    straight = diffusion(*base, "--output.run-name", "straight", cwd=tmp_path)
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+    first = diffusion(*base, "--output.run-name", "split", "--train.stop-at-step", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = diffusion(*base, "--output.run-name", "split", cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "resumed from" in second.stdout
+    weights = "transformer/diffusion_pytorch_model.safetensors"
+    expected = load_file(tmp_path / "runs" / "straight" / weights)
+    resumed = load_file(tmp_path / "runs" / "split" / weights)
+    assert expected.keys() == resumed.keys()
+    for name, tensor in expected.items():
+        assert resumed[name].equal(tensor), name

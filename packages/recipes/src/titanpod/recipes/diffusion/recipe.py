@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from titanpod.checkpoint import CheckpointConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
 from titanpod.parallel import ParallelConfig
@@ -74,14 +75,20 @@ class DiffusionRecipe:
     """How it trains (eager or per_block steps)."""
     samples: SampleConfig = field(default_factory=SampleConfig)
     """What sample images it writes."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """When the trainer state (transformer, AdamW, data position) is saved, and whether the run resumes."""
     output: OutputConfig = field(default_factory=OutputConfig)
     """What it writes."""
     target: TargetConfig = field(default_factory=TargetConfig)
     """The slice the recipe is sized for; read by ``--dry-run`` only."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as plain JSON-able data."""
+        return dataclasses.asdict(self)
+
     def to_json(self) -> str:
-        """The recipe as indented JSON (saved beside every run)."""
-        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+        """The recipe as indented JSON (saved beside every run and checkpoint)."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
 
     @classmethod
     def load(cls, path: Path) -> DiffusionRecipe:

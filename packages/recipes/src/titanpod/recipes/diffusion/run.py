@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from titanpod.checkpoint import Checkpointer
 from titanpod.checkpoint.flux_files import save_flux_transformer
 from titanpod.device import get_backend
 from titanpod.graph import JsonlWriter, StepMetrics, TensorBoardWriter, TrainSummary, build_step, train
@@ -102,12 +103,25 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
         for writer in writers:
             writer.write(report)
 
+    step = build_step(objective, recipe.train, backend)
+    checkpointer = Checkpointer(run_dir, recipe.checkpoint, recipe.to_json(), say)
+    checkpointer.remove_partial()
+    start_step = 0
+    resume_from = checkpointer.resume_folder()
+    if resume_from is not None:
+        point = checkpointer.load(resume_from, objective, step, recipe.to_dict())
+        batches.load_state_dict(point.data_state)
+        start_step = point.step
+        say(f"resumed from {resume_from}: {start_step} of {recipe.train.steps} steps done")
+
     def after_step(step_number: int) -> None:
         if recipe.samples.every and step_number % recipe.samples.every == 0:
             samples.append(write_samples(models, recipe, samples_dir / f"step-{step_number:06d}.png"))
             say(f"samples: {samples[-1]}")
+        if recipe.checkpoint.every and step_number % recipe.checkpoint.every == 0:
+            checkpointer.save(step_number, objective, step, batches.state_dict())
+        checkpointer.poll()
 
-    step = build_step(objective, recipe.train, backend)
     try:
         summary = train(
             objective,
@@ -119,16 +133,20 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
             console=console,
             step=step,
             after_step=after_step,
+            start_step=start_step,
             count_tokens=lambda batch: batch["latents"].shape[0] * batch["latents"].shape[1],
         )
+        if recipe.checkpoint.at_end and summary.steps_done > start_step:
+            checkpointer.save(summary.steps_done, objective, step, batches.state_dict())
     finally:
+        checkpointer.wait()
         for writer in writers:
             writer.close()
-    if summary.steps_done and (not samples or not samples[-1].name.endswith(f"{summary.steps_done:06d}.png")):
+    if summary.steps_done > start_step and samples[-1:] != [samples_dir / f"step-{summary.steps_done:06d}.png"]:
         samples.append(write_samples(models, recipe, samples_dir / f"step-{summary.steps_done:06d}.png"))
         say(f"samples: {samples[-1]}")
     transformer_path = None
-    if recipe.output.save_weights and summary.steps_done:
+    if recipe.output.save_weights and summary.steps_done > start_step:
         transformer_path = save_flux_transformer(models.transformer, run_dir / TRANSFORMER_FOLDER)
     return DiffusionResult(
         run_dir, summary, samples, transformer_path, parameters, summary.tokens_per_second / image_tokens
