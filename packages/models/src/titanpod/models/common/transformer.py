@@ -5,6 +5,7 @@ E experts.
 
 Build on the meta device, move with ``to_empty``, then ``init_weights``. Parallelism,
 kernels and compilation are applied from outside; the swappable ops arrive as ``ModelOps``.
+Incremental decoding (``forward_with_cache``) keeps keys and values in a ``KVCache``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from titanpod.models.common.args import DecoderArgs
 from titanpod.models.common.attention import Attention
 from titanpod.models.common.counting import decoder_flops_per_token, parameter_count
 from titanpod.models.common.feed_forward import FeedForward
+from titanpod.models.common.kv_cache import KVCache, cache_positions
 from titanpod.models.common.moe import MoE, load_balancing_loss
 from titanpod.models.common.norms import RMSNorm
 from titanpod.models.common.ops import ModelOps
@@ -57,6 +59,24 @@ class TransformerBlock(nn.Module):
         if isinstance(ffn_out, tuple):
             return h_BSM + ffn_out[0], ffn_out[1]
         return h_BSM + ffn_out, None
+
+    def forward_with_cache(
+        self,
+        x_BSM: torch.Tensor,
+        cos_B1SD: torch.Tensor,
+        sin_B1SD: torch.Tensor,
+        cache: KVCache,
+        layer: int,
+        positions_BS: torch.Tensor,
+        end: int,
+    ) -> torch.Tensor:
+        """The block's output for new tokens at ``positions_BS``, attending over (and filling) ``cache``."""
+        attended_BSM = self.attention.forward_with_cache(
+            self.attention_norm(x_BSM), cos_B1SD, sin_B1SD, cache, layer, positions_BS, end
+        )
+        h_BSM = x_BSM + attended_BSM
+        ffn_out = self.feed_forward(self.ffn_norm(h_BSM))
+        return h_BSM + (ffn_out[0] if isinstance(ffn_out, tuple) else ffn_out)
 
 
 class Transformer(nn.Module):
@@ -117,6 +137,58 @@ class Transformer(nn.Module):
     def forward(self, tokens_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None) -> torch.Tensor:
         """Next-token logits, shape [B, S, V] (``document_ids_BS``: see ``hidden_states_and_router_logits``)."""
         return F.linear(self.hidden_states(tokens_BS, document_ids_BS), self.head_weight)
+
+    def hidden_states_with_cache(
+        self, tokens_BS: torch.Tensor, cache: KVCache, start_position: int | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Final-norm hidden states [B, S, M] of new tokens, reading and extending ``cache``.
+
+        Row b's tokens sit at absolute positions ``start_position[b] + 0 .. S-1`` (an int
+        means the same start for every row; ``None`` means ``cache.lengths_B``, i.e. continue
+        each row). RoPE uses those positions; each token's keys and values are written into
+        the cache there, and it attends causally to its row's cache positions ``0 ..`` its own.
+        Afterwards ``cache.lengths_B`` is ``start_position + S``. For a right-padded batch of
+        prompts, prefill from 0 and then ``cache.set_lengths(true_lengths)``: the padding's
+        cache entries are never attended to and are overwritten by the next tokens.
+        """
+        B, S = tokens_BS.shape
+        if cache.batch_size != B or cache.n_layers != len(self.layers):
+            raise ValueError(
+                f"The cache holds {cache.batch_size} rows for {cache.n_layers} layers, but the tokens have "
+                f"{B} rows and the model {len(self.layers)} layers: allocate it with KVCache.for_model."
+            )
+        device = tokens_BS.device
+        if start_position is None:
+            start_B = cache.lengths_B.to(device)
+        else:
+            start_B = torch.as_tensor(start_position, dtype=torch.long, device=device).expand(B)
+        end = int(start_B.max()) + S
+        if int(start_B.min()) < 0 or end > cache.max_seq_len:
+            raise ValueError(
+                f"Tokens at positions {int(start_B.min())} .. {end - 1} do not fit a cache of "
+                f"{cache.max_seq_len} positions: allocate a longer cache or generate fewer tokens."
+            )
+        positions_BS = cache_positions(start_B, S)
+        h_BSM = self.tok_embeddings(tokens_BS)
+        inv_freq = inverse_frequencies(
+            self.args.resolved_head_dim, self.args.rope_theta, self.args.rope_scaling, device=device
+        )
+        cos_ND, sin_ND = rotary_cos_sin(positions_BS.flatten(), inv_freq, h_BSM.dtype)
+        cos_B1SD, sin_B1SD = cos_ND.view(B, 1, S, -1), sin_ND.view(B, 1, S, -1)
+        for index, layer in enumerate(self.layers):
+            h_BSM = layer.forward_with_cache(h_BSM, cos_B1SD, sin_B1SD, cache, index, positions_BS, end)
+        cache.lengths_B = (start_B + S).to(cache.lengths_B.device)
+        return self.norm(h_BSM)
+
+    def forward_with_cache(
+        self, tokens_BS: torch.Tensor, cache: KVCache, start_position: int | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Next-token logits [B, S, V] of new tokens, reading and extending ``cache``.
+
+        Positions and padding: see ``hidden_states_with_cache``. Equal (to rounding) to the
+        matching positions of ``forward`` over each row's whole sequence.
+        """
+        return F.linear(self.hidden_states_with_cache(tokens_BS, cache, start_position), self.head_weight)
 
     def loss_terms(
         self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None

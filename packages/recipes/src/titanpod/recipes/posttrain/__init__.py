@@ -1,0 +1,1 @@
+"""titanpod.recipes.posttrain: post-training building blocks (GRPO rollouts and weight sync)."""
