@@ -82,15 +82,6 @@ def test_unavailable_lane_fails_before_training_with_the_fix(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_unbuilt_apps_say_so(tmp_path):
-    for app in ("posttrain",):
-        result = subprocess.run(
-            [sys.executable, "-m", f"titanpod.{app}.cli"], capture_output=True, text=True, check=False
-        )
-        assert result.returncode == 2
-        assert "not available yet" in result.stderr
-
-
 def test_whole_step_mode_with_a_memory_policy_runs_from_the_command_line(tmp_path):
     whole_step = ["--train.step-mode", "whole_step", "--train.memory-policy", "selective", "--train.compiler", "none"]
     result = pretrain(*SHORT_RUN, *whole_step, "--output.run-name", "whole", cwd=tmp_path)

@@ -1,18 +1,116 @@
-"""``titanpod-posttrain``: supervised fine-tuning and GRPO. Not available yet."""
+"""``titanpod-posttrain``: post-train a language model from a recipe (supervised fine-tuning; GRPO to come).
+
+titanpod-posttrain                                   # sft_debug: the llama3 debug model learns to reverse strings
+titanpod-posttrain --list-recipes
+titanpod-posttrain --recipe sft_debug --train.steps 50 --eval.examples 100
+titanpod-posttrain --model.init-from runs/sft_debug-.../model   # start from a finished run's weights
+titanpod-posttrain --data.source jsonl --data.path chats.jsonl --eval.task reverse
+titanpod-posttrain --output.run-name try1 --resume   # continue try1 from its newest checkpoint
+titanpod-posttrain --help                            # every field of the recipe
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import sys
+from typing import Any
+
+import tyro
+from rich.console import Console
+from rich.table import Table
+
+from titanpod.recipes.errors import print_error
+from titanpod.recipes.posttrain.registry import (
+    DEFAULT_POSTTRAIN_RECIPE,
+    POSTTRAIN_RECIPES,
+    PosttrainRecipe,
+    PosttrainResult,
+    get_posttrain_recipe,
+)
+from titanpod.recipes.run import latest_resumable_run
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """What the command line asks for: a recipe with its overrides, and the entry that runs it."""
+
+    entry: PosttrainRecipe
+    """The named recipe's entry (its kind and runner)."""
+    recipe: Any
+    """The recipe with every override applied."""
+
+
+def parse_command(argv: list[str]) -> Command | None:
+    """The recipe named by ``--recipe`` with the remaining flags applied; ``None`` after ``--list-recipes``."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--recipe", default=DEFAULT_POSTTRAIN_RECIPE)
+    parser.add_argument("--list-recipes", action="store_true")
+    parser.add_argument("--resume", action="store_true")
+    known, rest = parser.parse_known_args(argv)
+    if known.list_recipes:
+        for name, entry in POSTTRAIN_RECIPES.items():
+            print(f"{name:20s} {entry.kind:5s} {entry.description}")
+        return None
+    entry = get_posttrain_recipe(known.recipe)
+    base = entry.build()
+    recipe = tyro.cli(
+        type(base),
+        default=base,
+        args=rest,
+        prog="titanpod-posttrain",
+        description=(
+            f"Post-train with the recipe chosen with --recipe NAME (default {DEFAULT_POSTTRAIN_RECIPE}; see "
+            f"--list-recipes). Every field below overrides it. Now showing: {known.recipe} ({entry.kind}). "
+            "--resume continues --output.run-name (or the newest run of the recipe) from its newest checkpoint."
+        ),
+        config=(tyro.conf.FlagConversionOff,),
+    )
+    return Command(entry, with_resume(recipe) if known.resume else recipe)
+
+
+def with_resume(recipe: Any) -> Any:
+    """``--resume``: the recipe set to continue its run (``--output.run-name``, else the newest
+    run of this recipe under ``--output.runs-dir`` that has a complete checkpoint)."""
+    run_name = recipe.output.run_name or latest_resumable_run(recipe)
+    if run_name is None:
+        raise ValueError(
+            f"--resume: no run of recipe {recipe.name} under {recipe.output.runs_dir} has a complete checkpoint; "
+            "name the run with --output.run-name, or start a new one without --resume."
+        )
+    return dataclasses.replace(
+        recipe,
+        output=dataclasses.replace(recipe.output, run_name=run_name),
+        checkpoint=dataclasses.replace(recipe.checkpoint, resume="auto"),
+    )
+
+
+def print_summary(console: Console, result: PosttrainResult) -> None:
+    """The run's summary rows as a table."""
+    table = Table(title="titanpod-posttrain summary", show_header=False)
+    for label, value in result.summary_rows():
+        table.add_row(label, value)
+    console.print(table)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Say plainly that this app is not available yet, and exit with status 2."""
-    print(
-        "titanpod-posttrain is not available yet: SFT and GRPO have not landed. "
-        "Use titanpod-pretrain for language models.",
-        file=sys.stderr,
-    )
-    return 2
+    """Entry point of ``titanpod-posttrain``; returns the process exit code."""
+    console = Console()
+    try:
+        command = parse_command(sys.argv[1:] if argv is None else argv)
+    except (KeyError, ValueError) as error:
+        print_error(error)
+        return 2
+    if command is None:
+        return 0
+    console.print_json(command.recipe.to_json())
+    try:
+        result = command.entry.run(command.recipe, console)
+    except (KeyError, ValueError, RuntimeError, OSError) as error:  # NotImplementedError is a RuntimeError
+        print_error(error)
+        return 1
+    print_summary(console, result)
+    return result.exit_code
 
 
 if __name__ == "__main__":

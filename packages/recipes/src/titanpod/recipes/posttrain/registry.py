@@ -1,0 +1,90 @@
+"""Named post-training recipes, listed by ``titanpod-posttrain --list-recipes``.
+
+Each name maps to a ``PosttrainRecipe``: the function that builds the typed recipe (a frozen
+dataclass, whose fields the command line overrides) and the runner of its kind. A new kind (GRPO)
+adds its recipe type, its runner and its named recipes here; the command line needs no change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+
+from titanpod.checkpoint import CheckpointConfig
+from titanpod.device import DeviceConfig
+from titanpod.graph import TrainConfig
+from titanpod.models.registry import choose
+from titanpod.recipes.posttrain.sft_recipe import EvalConfig, SFTDataConfig, SFTModelConfig, SFTRecipe
+from titanpod.recipes.recipe import OutputConfig
+
+
+class PosttrainResult(Protocol):
+    """What every post-training runner returns."""
+
+    run_dir: Path
+    """The run directory."""
+
+    @property
+    def exit_code(self) -> int:
+        """The process exit code the run deserves (0 finished, 1 stopped, 130 interrupted)."""
+        ...
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """The run's summary as (label, value) rows."""
+        ...
+
+
+@dataclass(frozen=True)
+class PosttrainRecipe:
+    """A named recipe: its kind, how to build it, and how to run it."""
+
+    kind: str
+    """``sft`` (later ``grpo``)."""
+    build: Callable[[], Any]
+    """Returns the typed recipe (a frozen dataclass with ``name``, ``output`` and ``to_json``)."""
+    run: Callable[[Any, Console | None], PosttrainResult]
+    """Runs a recipe of this kind to the end and returns its result."""
+
+    @property
+    def description(self) -> str:
+        """The builder's docstring."""
+        return (self.build.__doc__ or "").strip()
+
+
+def sft_debug() -> SFTRecipe:
+    """SFT of the llama3 debug model on the built-in 'reverse' task: held-out accuracy 0% to over 90% in minutes."""
+    return SFTRecipe(
+        name="sft_debug",
+        model=SFTModelConfig(family="llama3", flavor="debug"),
+        device=DeviceConfig(lane="auto"),
+        data=SFTDataConfig(source="task", task="reverse", train_examples=20_000, tokenizer="chars", seq_len=64,
+                           batch_size=16),
+        train=TrainConfig(steps=300, lr=3e-3, warmup_steps=30, decay="cosine", min_lr_ratio=0.1, weight_decay=0.0,
+                          log_every=20),
+        eval=EvalConfig(examples=200, max_new_tokens=12),
+        checkpoint=CheckpointConfig(at_end=True, export_hf=True),
+        output=OutputConfig(),
+    )  # fmt: skip
+
+
+def _run_sft(recipe: Any, console: Console | None) -> PosttrainResult:
+    from titanpod.recipes.posttrain.sft_run import run_sft
+
+    return run_sft(recipe, console)
+
+
+POSTTRAIN_RECIPES: Mapping[str, PosttrainRecipe] = {
+    "sft_debug": PosttrainRecipe("sft", sft_debug, _run_sft),
+}
+"""Every named post-training recipe."""
+
+DEFAULT_POSTTRAIN_RECIPE = "sft_debug"
+
+
+def get_posttrain_recipe(name: str) -> PosttrainRecipe:
+    """The entry called ``name``; ``KeyError`` lists the recipes and names the closest."""
+    return choose("post-training recipe", name, POSTTRAIN_RECIPES)

@@ -1,0 +1,164 @@
+"""The typed SFT recipe: one object that decides everything a supervised fine-tuning run does."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from titanpod.checkpoint import CheckpointConfig
+from titanpod.device import DeviceConfig
+from titanpod.graph import TrainConfig
+from titanpod.kernels import KernelConfig
+from titanpod.recipes.data.config import closest
+from titanpod.recipes.posttrain.tasks import TASKS
+from titanpod.recipes.recipe import OutputConfig, dataclass_from_dict
+
+SFT_SOURCES = ("task", "jsonl")
+"""Every value ``SFTDataConfig.source`` accepts."""
+FORMATS = ("plain", "chat")
+"""Every value ``SFTDataConfig.format`` accepts."""
+BAD_EXAMPLES = ("error", "skip")
+"""Every value ``SFTDataConfig.bad_examples`` accepts."""
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}.{closest(value, choices)}")
+
+
+@dataclass(frozen=True)
+class SFTModelConfig:
+    """Which model to fine-tune, and the weights it starts from."""
+
+    family: str = "llama3"
+    """Model family, e.g. ``llama3``; a folder in ``init_from`` must hold this family."""
+    flavor: str = "debug"
+    """Named size within the family, e.g. ``debug``; ignored when ``init_from`` is set (the folder gives the shape)."""
+    init_from: str | None = None
+    """Start from these weights: a titanpod model folder (model.json + model.safetensors, e.g. ``<run>/model``),
+    a Hugging Face folder (config.json + safetensors) or a Hub model id; ``None`` initialises from the seed."""
+
+
+@dataclass(frozen=True)
+class SFTDataConfig:
+    """What the run fine-tunes on and how examples become batches."""
+
+    source: str = "task"
+    """``task`` (a built-in task's generated train split) or ``jsonl`` (local JSON lines records)."""
+    task: str = "reverse"
+    """``source task``: the built-in task (``reverse``, ``add``)."""
+    train_examples: int = 20_000
+    """``source task``: distinct training examples generated (with ``train.seed``)."""
+    path: str | None = None
+    """``source jsonl``: a file, directory or glob of ``{"prompt", "response"}`` or ``{"messages"}`` records."""
+    format: str = "plain"
+    """How prompt/response records are laid out: ``plain`` (prompt text, then the response) or ``chat`` (a user
+    and an assistant message through the tokenizer's chat template). Messages always use the chat template."""
+    tokenizer: str = "chars"
+    """``chars`` (built-in character tokenizer with a ChatML template), a ``tokenizer.json`` path or its folder
+    (the folder's tokenizer_config.json / chat_template.jinja gives the chat template), or a Hub model id."""
+    seq_len: int = 128
+    """Positions per packed row; an example longer than this is a bad example."""
+    batch_size: int = 16
+    """Packed rows per batch."""
+    bad_examples: str = "error"
+    """A record that is missing a field or too long: ``error`` (stop, naming its index) or ``skip`` (count it and
+    report the skips at the start of the run)."""
+
+    def __post_init__(self) -> None:
+        _choice("data.source", self.source, SFT_SOURCES)
+        _choice("data.format", self.format, FORMATS)
+        _choice("data.bad_examples", self.bad_examples, BAD_EXAMPLES)
+        _choice("data.task", self.task, tuple(TASKS))
+        if self.source == "jsonl" and not self.path:
+            raise ValueError("data.source 'jsonl' needs data.path: a file, directory or glob of JSON lines records.")
+        if self.source == "task" and self.path is not None:
+            raise ValueError("data.path is not read for data.source 'task'; drop it, or set data.source jsonl.")
+        if self.train_examples < 1:
+            raise ValueError(f"data.train_examples must be at least 1, got {self.train_examples}.")
+        if self.seq_len < 2:
+            raise ValueError(f"data.seq_len must be at least 2, got {self.seq_len}.")
+        if self.batch_size < 1:
+            raise ValueError(f"data.batch_size must be at least 1, got {self.batch_size}.")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out accuracy: greedy completions of a task's test prompts, scored by the task's reward."""
+
+    enabled: bool = True
+    """Score held-out accuracy at all."""
+    task: str | None = None
+    """The task whose test split is scored; ``None``: the training task with ``data.source task``, else none."""
+    examples: int = 200
+    """Test prompts scored each time."""
+    max_new_tokens: int = 16
+    """Longest completion generated."""
+    before: bool = True
+    """Also score the model before training (at the step it starts from)."""
+    seed: int = 0
+    """Seed of the test prompts drawn (the same every time, so scores compare)."""
+    batch_size: int = 64
+    """Prompts generated together."""
+    show: int = 3
+    """Completions printed after the final evaluation."""
+
+    def __post_init__(self) -> None:
+        if self.task is not None:
+            _choice("eval.task", self.task, tuple(TASKS))
+        if self.examples < 1 or self.max_new_tokens < 1 or self.batch_size < 1 or self.show < 0:
+            raise ValueError(
+                "eval.examples, eval.max_new_tokens and eval.batch_size must be at least 1; show 0 or more."
+            )
+
+
+@dataclass(frozen=True)
+class SFTRecipe:
+    """A complete, reproducible description of a supervised fine-tuning run."""
+
+    name: str = "custom_sft"
+    """Recipe name, used in run directory names."""
+    model: SFTModelConfig = field(default_factory=SFTModelConfig)
+    """The model and its starting weights."""
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    """Where it runs (one process, on the cpu, cuda or tpu lane)."""
+    kernels: KernelConfig = field(default_factory=KernelConfig)
+    """Which implementation fills each of the model's op slots (references by default)."""
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    """What it fine-tunes on."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """How it trains."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out accuracy before and after training."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """When the trainer state is saved, whether the run resumes, and the Hugging Face export (``export_hf``)."""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """What it writes."""
+
+    @property
+    def eval_task(self) -> str | None:
+        """The task scored for accuracy: ``eval.task``, else the training task, else ``None``."""
+        if self.eval.task is not None:
+            return self.eval.task
+        return self.data.task if self.data.source == "task" else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as plain JSON-able data."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The recipe as indented JSON (saved beside every run and checkpoint)."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SFTRecipe:
+        """Rebuild a recipe from ``to_dict`` output; unknown fields are an error that names them."""
+        return dataclass_from_dict(cls, data, "recipe")
+
+    @classmethod
+    def load(cls, path: Path) -> SFTRecipe:
+        """Read a recipe saved by ``to_json``."""
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
