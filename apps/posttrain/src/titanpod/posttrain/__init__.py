@@ -1,1 +1,1 @@
-"""titanpod-posttrain: not available yet."""
+"""titanpod-posttrain: supervised fine-tuning (and reinforcement learning) of a language model from a recipe."""
