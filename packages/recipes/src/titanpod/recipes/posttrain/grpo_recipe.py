@@ -1,0 +1,143 @@
+"""The typed GRPO recipe: one object that decides everything a (single-process) GRPO run does."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from titanpod.device import DeviceConfig
+from titanpod.recipes.posttrain.sft_recipe import FORMATS, EvalConfig, _choice
+from titanpod.recipes.posttrain.tasks import TASKS
+from titanpod.recipes.recipe import OutputConfig, dataclass_from_dict
+
+MISSING_INIT_FROM = (
+    "GRPO starts from a fine-tuned model, and model.init_from is not set. Run SFT first, e.g. "
+    "`uv run titanpod-posttrain --recipe sft_debug --output.run-name sft`, then pass its model folder: "
+    "`--model.init-from runs/sft/model`."
+)
+
+
+@dataclass(frozen=True)
+class GRPOModelConfig:
+    """The model GRPO starts from."""
+
+    init_from: str | None = None
+    """Required: a titanpod model folder written by an SFT run (``<run>/model``: model.json, model.safetensors
+    and the run's tokenizer.json). The family and shape come from the folder."""
+    tokenizer: str | None = None
+    """``None``: the tokenizer saved in ``init_from``; else ``chars``, a ``tokenizer.json`` path or its folder."""
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Rollouts and the GRPO objective."""
+
+    task: str = "reverse"
+    """The built-in task whose train split gives prompts and whose reward scores completions."""
+    format: str = "plain"
+    """How a prompt is laid out (``plain`` or ``chat``), as the SFT run that made the model laid it out."""
+    group_size: int = 8
+    """Completions sampled per prompt (n); advantages are relative within this group."""
+    prompts_per_step: int = 8
+    """Prompts per step; a step trains on ``prompts_per_step * group_size`` completions."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling of the rollouts (1 keeps the whole vocabulary)."""
+    max_new_tokens: int = 12
+    """Longest completion (the end token, when sampled, counts as one)."""
+    clip_eps: float = 0.2
+    """PPO clip range of the policy ratio."""
+    kl_beta: float = 0.0
+    """Weight of the k3 KL penalty to the starting model; 0 disables it and skips the reference model."""
+    updates_per_step: int = 1
+    """Optimizer updates on each step's rollouts (1: on-policy, the ratio is 1 and nothing clips)."""
+
+    def __post_init__(self) -> None:
+        _choice("grpo.task", self.task, tuple(TASKS))
+        _choice("grpo.format", self.format, FORMATS)
+        problems = []
+        if self.group_size < 1 or self.prompts_per_step < 1 or self.max_new_tokens < 1 or self.updates_per_step < 1:
+            problems.append("group_size, prompts_per_step, max_new_tokens and updates_per_step must be at least 1")
+        if self.temperature <= 0:
+            problems.append(f"temperature must be > 0 for exploration, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.clip_eps < 0 or self.kl_beta < 0:
+            problems.append(f"clip_eps and kl_beta must be >= 0, got {self.clip_eps} and {self.kl_beta}")
+        if problems:
+            raise ValueError("grpo: " + "; ".join(problems) + ".")
+
+
+@dataclass(frozen=True)
+class GRPOTrainConfig:
+    """The optimizer (torch AdamW, constant learning rate) and how long it runs."""
+
+    steps: int = 40
+    """GRPO steps (rollout, update, weight sync)."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+    beta2: float = 0.99
+    """AdamW second-moment decay."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+    seed: int = 0
+    """Seeds the prompts drawn and the sampling."""
+    log_every: int = 1
+    """Print metrics every this many steps (every step goes to metrics.jsonl)."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.lr <= 0 or self.grad_clip < 0 or self.log_every < 1:
+            raise ValueError("train: steps must be >= 0, lr > 0, grad_clip >= 0 and log_every >= 1.")
+
+
+@dataclass(frozen=True)
+class GRPORecipe:
+    """A complete, reproducible description of a GRPO run (one process)."""
+
+    name: str = "custom_grpo"
+    """Recipe name, used in run directory names."""
+    model: GRPOModelConfig = field(default_factory=GRPOModelConfig)
+    """The SFT model it starts from."""
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    """Where it runs (one process)."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """Rollouts and the objective."""
+    train: GRPOTrainConfig = field(default_factory=GRPOTrainConfig)
+    """The optimizer and the number of steps."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out greedy accuracy before and after (``eval.task`` ``None``: the GRPO task)."""
+    export_hf: bool = True
+    """Also write the final model as a Hugging Face checkpoint with its tokenizer (``<run>/hf``)."""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """What it writes."""
+
+    @property
+    def eval_task(self) -> str:
+        """The task scored for accuracy: ``eval.task``, else the GRPO task."""
+        return self.eval.task or self.grpo.task
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as plain JSON-able data."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The recipe as indented JSON (saved beside the run and its model)."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GRPORecipe:
+        """Rebuild a recipe from ``to_dict`` output; unknown fields are an error that names them."""
+        return dataclass_from_dict(cls, data, "recipe")
+
+    @classmethod
+    def load(cls, path: Path) -> GRPORecipe:
+        """Read a recipe saved by ``to_json``."""
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
