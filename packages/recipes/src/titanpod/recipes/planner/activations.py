@@ -61,7 +61,8 @@ class _FlashAttentionStandIn(torch.autograd.Function):
         raise RuntimeError("the planning stand-in for attention has no backward")
 
 
-def _flash_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, *_: Any) -> torch.Tensor:
+def flash_attention_stand_in(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, *_: Any) -> torch.Tensor:
+    """An attention op for planning on meta tensors: it saves what a flash-style kernel saves."""
     return _FlashAttentionStandIn.apply(q_BHSD, k_BKSD, v_BKSD)
 
 
@@ -106,7 +107,7 @@ def _storage_key(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
 
 
-def _measure(region: nn.Module, run: Any, region_input: torch.Tensor) -> SavedBytes:
+def measure_saved_bytes(region: nn.Module, run: Any, region_input: torch.Tensor) -> SavedBytes:
     """Run ``run()`` (a forward through ``region``) and total what autograd saves."""
     excluded = {_storage_key(p) for p in region.parameters()}
     saved: dict[int, int] = {}
@@ -153,13 +154,13 @@ def block_saved_bytes(
     """
     shape = local_args(args, tp)
     with torch.device("meta"):
-        block = TransformerBlock(shape, ModelOps(attention=_flash_attention)).to(dtype)
+        block = TransformerBlock(shape, ModelOps(attention=flash_attention_stand_in)).to(dtype)
         if isinstance(block.feed_forward, MoE):
             block.feed_forward = _BalancedMoEStandIn(block.feed_forward)
         x_BSM = torch.empty(batch, seq_len, shape.dim, dtype=dtype, requires_grad=True)
         inv_freq = inverse_frequencies(shape.resolved_head_dim, shape.rope_theta, shape.rope_scaling)
         cos_SD, sin_SD = rotary_cos_sin(torch.arange(seq_len), inv_freq, dtype)
-    saved = _measure(block, lambda: block(x_BSM, cos_SD, sin_SD), x_BSM)
+    saved = measure_saved_bytes(block, lambda: block(x_BSM, cos_SD, sin_SD), x_BSM)
     if sequence_parallel and tp > 1:
         saved = dataclasses.replace(saved, region_input=saved.region_input // tp)
     return saved
@@ -176,4 +177,4 @@ def head_saved_bytes(args: DecoderArgs, batch: int, seq_len: int, dtype: torch.d
         region.register_parameter("head", weight_VM)
         h_BSM = torch.empty(batch, seq_len, args.dim, dtype=dtype, requires_grad=True)
         labels_BS = torch.zeros(batch, seq_len, dtype=torch.int64)
-    return _measure(region, lambda: head_loss(norm(h_BSM), weight_VM, labels_BS), h_BSM)
+    return measure_saved_bytes(region, lambda: head_loss(norm(h_BSM), weight_VM, labels_BS), h_BSM)

@@ -24,7 +24,7 @@ from titanpod.models.flux.layers import axes_rotary_cos_sin
 from titanpod.models.registry import choose
 from titanpod.parallel import PLANS
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
-from titanpod.recipes.planner.activations import _flash_attention, _measure
+from titanpod.recipes.planner.activations import flash_attention_stand_in, measure_saved_bytes
 from titanpod.recipes.planner.plan import FIT_FRACTION, MemoryPlan
 
 FROZEN_ENCODER_PARAMETERS = {"t5": 4_762_310_656, "clip": 123_060_480, "autoencoder": 83_819_683}
@@ -89,7 +89,7 @@ def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: f
     args = dataclasses.replace(choose("FLUX flavor", recipe.model.flavor, FLUX_FLAVORS), in_channels=channels * 4)
     image_tokens = (latent_side // 2) ** 2
     text_tokens = T5_TOKENS if recipe.model.text_encoders != "random" else 32
-    model = build_flux_transformer(args, FluxOps(attention=_flash_attention))
+    model = build_flux_transformer(args, FluxOps(attention=flash_attention_stand_in))
     parameters = parameter_count(model)
     dtype = torch.bfloat16 if recipe.train.precision == "bf16" else torch.float32
     B = recipe.data.batch_size
@@ -101,8 +101,8 @@ def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: f
         vec = torch.empty(B, args.dim, dtype=dtype, requires_grad=True)
         ids = torch.zeros(text_tokens + image_tokens, 3)
         cos, sin = axes_rotary_cos_sin(ids, args.axes_dims, args.rope_theta)
-    saved_double = _measure(double, lambda: double(img, txt, vec, cos, sin), img)
-    saved_single = _measure(single, lambda: single(joint, vec, cos, sin), joint)
+    saved_double = measure_saved_bytes(double, lambda: double(img, txt, vec, cos, sin), img)
+    saved_single = measure_saved_bytes(single, lambda: single(joint, vec, cos, sin), joint)
     input_double = saved_double.region_input * (text_tokens + image_tokens) // image_tokens
     if recipe.model.recompute_blocks:
         kept = args.depth * input_double + args.depth_single * saved_single.region_input
