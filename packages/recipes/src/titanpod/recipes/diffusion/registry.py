@@ -14,14 +14,14 @@ from titanpod.recipes.recipe import OutputConfig, TargetConfig
 
 
 def flux_debug() -> DiffusionRecipe:
-    """Tiny FLUX (273K parameters) on the built-in shapes at 32x32 pixels: minutes on a CPU, then sample grids."""
+    """Tiny FLUX (273K parameters) on the built-in shapes at 16x16 pixels: minutes on a CPU, then sample grids."""
     return DiffusionRecipe(
         name="flux_debug",
         model=FluxModelConfig(flavor="debug", autoencoder="pixels", text_encoders="random"),
         device=DeviceConfig(lane="auto"),
-        data=ImageDataConfig(source="shapes", resolution=32, batch_size=16, caption_dropout=0.1, shapes_count=512),
+        data=ImageDataConfig(source="shapes", resolution=16, batch_size=32, caption_dropout=0.1, shapes_count=512),
         train=TrainConfig(
-            steps=400, lr=2e-3, warmup_steps=20, decay="cosine", min_lr_ratio=0.1, weight_decay=0.0, log_every=20
+            steps=1500, lr=2e-3, warmup_steps=50, decay="cosine", min_lr_ratio=0.1, weight_decay=0.0, log_every=50
         ),
         samples=SampleConfig(every=0, prompts=6, steps=24, cfg_scale=3.0),
         output=OutputConfig(),
