@@ -73,7 +73,7 @@ def sft_debug() -> SFTRecipe:
 
 
 def grpo_debug() -> GRPORecipe:
-    """GRPO on 'reverse' from an SFT model (--model.init-from runs/<sft run>/model): held-out accuracy rises."""
+    """GRPO on 'reverse' from an SFT model (required: --model.init-from runs/<sft run>/model); 40 steps of 8 x 8."""
     return GRPORecipe(
         name="grpo_debug",
         model=GRPOModelConfig(),
