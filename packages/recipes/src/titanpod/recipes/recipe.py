@@ -7,7 +7,7 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self
 
 from titanpod.checkpoint import CheckpointConfig
 from titanpod.device import DeviceConfig
@@ -59,8 +59,39 @@ class TargetConfig:
             raise ValueError(f"target.mfu must be in (0, 1], got {self.mfu}.")
 
 
+class NamedRun(Protocol):
+    """What preparing a run directory needs of any recipe kind (pretraining, diffusion, SFT, GRPO)."""
+
+    name: str
+    output: OutputConfig
+
+    def to_json(self) -> str: ...
+
+
+class RecipeFile:
+    """JSON in and out for a recipe dataclass: what is saved beside every run and checkpoint."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as plain JSON-able data."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    def to_json(self) -> str:
+        """The recipe as indented JSON."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """Rebuild a recipe from ``to_dict`` output; unknown fields are an error that names them."""
+        return dataclass_from_dict(cls, data, "recipe")
+
+    @classmethod
+    def load(cls, path: Path) -> Self:
+        """Read a recipe saved by ``to_json``."""
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
 @dataclass(frozen=True)
-class Recipe:
+class Recipe(RecipeFile):
     """A complete, reproducible description of a training run."""
 
     name: str = "custom"
@@ -83,24 +114,6 @@ class Recipe:
     """What it writes."""
     target: TargetConfig = field(default_factory=TargetConfig)
     """The slice the recipe is sized for; read by ``--dry-run`` only."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The recipe as plain JSON-able data."""
-        return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        """The recipe as indented JSON (what is saved beside every run and checkpoint)."""
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Recipe:
-        """Rebuild a recipe from ``to_dict`` output; unknown fields are an error that names them."""
-        return dataclass_from_dict(cls, data, "recipe")
-
-    @classmethod
-    def load(cls, path: Path) -> Recipe:
-        """Read a recipe saved by ``to_json``."""
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
 def dataclass_from_dict(kind: type, data: dict[str, Any], where: str) -> Any:

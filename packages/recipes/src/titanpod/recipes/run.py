@@ -26,7 +26,7 @@ from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import PLANS
 from titanpod.parallel.torch_executor import parallelize, unshard
 from titanpod.recipes.data import TrainData, build_data, gather_data_state
-from titanpod.recipes.recipe import Recipe
+from titanpod.recipes.recipe import NamedRun, Recipe
 from titanpod.recipes.validation import validation_loss
 
 
@@ -48,7 +48,7 @@ class PretrainResult:
     """How steps ran: the step mode, with the memory policy and compiler where they apply."""
 
 
-def prepare_run_dir(recipe: Recipe) -> Path:
+def prepare_run_dir(recipe: NamedRun) -> Path:
     """Create the run directory and write the recipe into it; fail early if it cannot be written.
 
     Under torchrun every rank must call it: rank 0 picks the name and the others receive it.

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from titanpod.checkpoint import CheckpointConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.images.config import ImageDataConfig
-from titanpod.recipes.recipe import OutputConfig, TargetConfig, dataclass_from_dict
+from titanpod.recipes.recipe import OutputConfig, RecipeFile, TargetConfig
 
 
 @dataclass(frozen=True)
@@ -58,7 +54,7 @@ class SampleConfig:
 
 
 @dataclass(frozen=True)
-class DiffusionRecipe:
+class DiffusionRecipe(RecipeFile):
     """A complete, reproducible description of a FLUX training run."""
 
     name: str = "custom"
@@ -81,17 +77,3 @@ class DiffusionRecipe:
     """What it writes."""
     target: TargetConfig = field(default_factory=TargetConfig)
     """The slice the recipe is sized for; read by ``--dry-run`` only."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The recipe as plain JSON-able data."""
-        return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        """The recipe as indented JSON (saved beside every run and checkpoint)."""
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    @classmethod
-    def load(cls, path: Path) -> DiffusionRecipe:
-        """Read a recipe saved by ``to_json``."""
-        data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
-        return dataclass_from_dict(cls, data, "recipe")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from titanpod.recipes.diffusion.components import DiffusionModels, build_diffusi
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.recipes.diffusion.sampling import generate
 from titanpod.recipes.images import build_image_data, fixed_prompts, save_image_grid
+from titanpod.recipes.run import prepare_run_dir
 
 TRANSFORMER_FOLDER = "transformer"
 """Where a run writes its trained transformer (diffusers FluxTransformer2DModel layout)."""
@@ -43,21 +43,6 @@ class DiffusionResult:
     """Training images per second after the first step."""
 
 
-def prepare_diffusion_run_dir(recipe: DiffusionRecipe) -> Path:
-    """Create the run directory and write the recipe into it; fail early if it cannot be written."""
-    name = recipe.output.run_name or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(recipe.output.runs_dir) / name
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "recipe.json").write_text(recipe.to_json(), encoding="utf-8")
-    except OSError as error:
-        raise OSError(
-            f"Cannot write the run directory {run_dir}: {error.strerror}. "
-            "Choose another with --output.runs-dir or --output.run-name."
-        ) from error
-    return run_dir
-
-
 def write_samples(models: DiffusionModels, recipe: DiffusionRecipe, path: Path) -> Path:
     """Draw the fixed prompts and write them as one PNG grid with their captions."""
     prompts = fixed_prompts(recipe.samples.prompts)
@@ -76,7 +61,7 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
     torch.manual_seed(recipe.train.seed)
     models = build_diffusion_models(recipe, device)
     data = build_image_data(recipe.data, recipe.train.seed, 0, 1)
-    run_dir = prepare_diffusion_run_dir(recipe)
+    run_dir = prepare_run_dir(recipe)
     say = (lambda message: console.print(message, soft_wrap=True)) if console is not None else (lambda message: None)
     cache = EncodingCache(Path(recipe.model.encodings_cache) if recipe.model.encodings_cache else None)
     guidance = recipe.model.guidance if models.transformer.args.guidance_embed else None

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from titanpod.device import DeviceConfig
 from titanpod.recipes.posttrain.sft_recipe import FORMATS, EvalConfig, _choice
 from titanpod.recipes.posttrain.tasks import TASKS
-from titanpod.recipes.recipe import OutputConfig, dataclass_from_dict
+from titanpod.recipes.recipe import OutputConfig, RecipeFile
 
 MISSING_INIT_FROM = (
     "GRPO starts from a fine-tuned model, and model.init_from is not set. Run SFT first, e.g. "
@@ -99,7 +95,7 @@ class GRPOTrainConfig:
 
 
 @dataclass(frozen=True)
-class GRPORecipe:
+class GRPORecipe(RecipeFile):
     """A complete, reproducible description of a GRPO run (one process)."""
 
     name: str = "custom_grpo"
@@ -123,21 +119,3 @@ class GRPORecipe:
     def eval_task(self) -> str:
         """The task scored for accuracy: ``eval.task``, else the GRPO task."""
         return self.eval.task or self.grpo.task
-
-    def to_dict(self) -> dict[str, Any]:
-        """The recipe as plain JSON-able data."""
-        return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        """The recipe as indented JSON (saved beside the run and its model)."""
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GRPORecipe:
-        """Rebuild a recipe from ``to_dict`` output; unknown fields are an error that names them."""
-        return dataclass_from_dict(cls, data, "recipe")
-
-    @classmethod
-    def load(cls, path: Path) -> GRPORecipe:
-        """Read a recipe saved by ``to_json``."""
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))

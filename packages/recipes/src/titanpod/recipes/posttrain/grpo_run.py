@@ -234,7 +234,7 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), weight_decay=train.weight_decay
     )
-    run_dir = prepare_run_dir(recipe)  # type: ignore[arg-type]
+    run_dir = prepare_run_dir(recipe)
     tokenizer.save(run_dir)
     result = GRPOResult(
         run_dir,

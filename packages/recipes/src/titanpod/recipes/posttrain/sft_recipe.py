@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from titanpod.checkpoint import CheckpointConfig
 from titanpod.device import DeviceConfig
@@ -14,7 +10,7 @@ from titanpod.graph import TrainConfig
 from titanpod.kernels import KernelConfig
 from titanpod.recipes.data.config import closest
 from titanpod.recipes.posttrain.tasks import TASKS
-from titanpod.recipes.recipe import OutputConfig, dataclass_from_dict
+from titanpod.recipes.recipe import OutputConfig, RecipeFile
 
 SFT_SOURCES = ("task", "jsonl")
 """Every value ``SFTDataConfig.source`` accepts."""
@@ -116,7 +112,7 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
-class SFTRecipe:
+class SFTRecipe(RecipeFile):
     """A complete, reproducible description of a supervised fine-tuning run."""
 
     name: str = "custom_sft"
@@ -144,21 +140,3 @@ class SFTRecipe:
         if self.eval.task is not None:
             return self.eval.task
         return self.data.task if self.data.source == "task" else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The recipe as plain JSON-able data."""
-        return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        """The recipe as indented JSON (saved beside every run and checkpoint)."""
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SFTRecipe:
-        """Rebuild a recipe from ``to_dict`` output; unknown fields are an error that names them."""
-        return dataclass_from_dict(cls, data, "recipe")
-
-    @classmethod
-    def load(cls, path: Path) -> SFTRecipe:
-        """Read a recipe saved by ``to_json``."""
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))

@@ -187,7 +187,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
     data = build_sft_data(recipe.data, tokenizer, recipe.train.seed)
     task, test_examples = eval_task_and_examples(recipe, tokenizer)
     parameters = parameter_count(model)
-    run_dir = prepare_run_dir(recipe)  # type: ignore[arg-type]
+    run_dir = prepare_run_dir(recipe)
     tokenizer.save(run_dir)
     checkpointer = Checkpointer(run_dir, recipe.checkpoint, recipe.to_json(), say)
     checkpointer.remove_partial()
