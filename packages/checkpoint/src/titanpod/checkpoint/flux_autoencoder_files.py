@@ -13,12 +13,18 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from titanpod.checkpoint.atomic import atomic_directory
 from titanpod.checkpoint.errors import CheckpointMismatchError
-from titanpod.checkpoint.hf_files import CONFIG_FILE, parse_size, read_hf_config
+from titanpod.checkpoint.hf_files import (
+    CONFIG_FILE,
+    index_shard_files,
+    open_shard,
+    parse_size,
+    plan_shards,
+    read_hf_config,
+)
 from titanpod.models.flux.autoencoder import (
     FluxAutoencoder,
     autoencoder_args_from_diffusers_config,
@@ -47,30 +53,14 @@ def _model_folder(directory: Path) -> Path:
     return directory
 
 
-def _open(path: Path):
-    if not path.is_file():
-        raise FileNotFoundError(f"Weights file {path} is listed in the index but missing.")
-    try:
-        return safe_open(str(path), framework="pt")
-    except (SafetensorError, OSError) as error:
-        raise ValueError(f"Weights file {path} is corrupted or truncated: {error}") from error
-
-
 def _weight_files(directory: Path) -> dict[str, list[str]]:
     """File name -> tensor names it holds, from the index or from the single file's header."""
     index_path = directory / INDEX_FILE
     if index_path.is_file():
-        try:
-            weight_map: dict[str, str] = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise ValueError(f"{index_path} is not a valid safetensors index: {error}") from error
-        files: dict[str, list[str]] = {}
-        for name, file in weight_map.items():
-            files.setdefault(file, []).append(name)
-        return files
+        return index_shard_files(index_path)
     single = directory / WEIGHTS_FILE
     if single.is_file():
-        return {WEIGHTS_FILE: list(_open(single).keys())}
+        return {WEIGHTS_FILE: list(open_shard(single).keys())}
     found = sorted(p.name for p in directory.glob("diffusion_pytorch_model*"))
     hint = f" (found {', '.join(found)}; titanpod reads safetensors only)" if found else ""
     raise FileNotFoundError(f"No {INDEX_FILE} or {WEIGHTS_FILE} in {directory}{hint}.")
@@ -84,7 +74,7 @@ def _check(directory: Path, model: FluxAutoencoder, files: dict[str, list[str]])
     seen: set[str] = set()
     dtypes: set[str] = set()
     for file, names in files.items():
-        handle = _open(directory / file)
+        handle = open_shard(directory / file)
         stored = set(handle.keys())
         for name in names:
             if name not in stored:
@@ -139,7 +129,7 @@ def load_flux_autoencoder(
     params = dict(model.named_parameters())
     with torch.no_grad():
         for file, names in files.items():
-            handle = _open(directory / file)
+            handle = open_shard(directory / file)
             for name in names:
                 params[by_name[name]].copy_(handle.get_tensor(name))
     return model.eval()
@@ -163,15 +153,7 @@ def save_flux_autoencoder(
         raise ValueError(f"Cannot save in {dtype}; choose torch.float32, torch.bfloat16 or torch.float16.")
     limit = parse_size(max_shard_bytes)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    shards: list[list[tuple[str, torch.Tensor]]] = [[]]
-    size = 0
-    for name, tensor in diffusers_tensors(model):
-        nbytes = tensor.numel() * itemsize
-        if shards[-1] and size + nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append((name, tensor))
-        size += nbytes
+    shards = plan_shards(diffusers_tensors(model), limit, itemsize)
     directory = Path(directory)
     weight_map: dict[str, str] = {}
     total = 0

@@ -29,9 +29,11 @@ from titanpod.checkpoint.errors import CheckpointMismatchError
 from titanpod.checkpoint.hf_files import (
     CONFIG_FILE,
     Progress,
-    _open,
     dtype_from_name,
+    index_shard_files,
+    open_shard,
     parse_size,
+    plan_shards,
     read_hf_config,
     shard_files,
 )
@@ -67,17 +69,10 @@ def flux_shard_files(directory: Path | str) -> dict[str, list[str]]:
     directory = Path(directory)
     index_path = directory / DIFFUSERS_INDEX_FILE
     if index_path.is_file():
-        try:
-            weight_map: dict[str, str] = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise ValueError(f"{index_path} is not a valid safetensors index: {error}") from error
-        files: dict[str, list[str]] = {}
-        for name, file in weight_map.items():
-            files.setdefault(file, []).append(name)
-        return files
+        return index_shard_files(index_path)
     single = directory / DIFFUSERS_SINGLE_FILE
     if single.is_file():
-        return {DIFFUSERS_SINGLE_FILE: list(_open(single).keys())}
+        return {DIFFUSERS_SINGLE_FILE: list(open_shard(single).keys())}
     try:
         return shard_files(directory)
     except FileNotFoundError:
@@ -101,7 +96,7 @@ def _validate(directory: Path, model: FluxTransformer, files: dict[str, list[str
     seen: set[str] = set()
     dtype: torch.dtype | None = None
     for file, names in files.items():
-        handle = _open(directory / file)
+        handle = open_shard(directory / file)
         for hf_name in names:
             slot = layout.get(hf_name)
             if slot is None:
@@ -162,7 +157,7 @@ def load_flux_transformer(
     with torch.no_grad():
         for number, (file, names) in enumerate(files.items(), 1):
             start = time.perf_counter()
-            handle = _open(directory / file)
+            handle = open_shard(directory / file)
             for hf_name in names:
                 slot = layout[hf_name]
                 target = params[slot.name]
@@ -174,19 +169,6 @@ def load_flux_transformer(
                     f"read {file} ({number}/{len(files)}, {len(names)} tensors, {time.perf_counter() - start:.2f} s)"
                 )
     return model
-
-
-def _plan_shards(model: FluxTransformer, max_shard_bytes: int, itemsize: int) -> list[list[tuple[str, torch.Tensor]]]:
-    shards: list[list[tuple[str, torch.Tensor]]] = [[]]
-    size = 0
-    for name, tensor in flux_hf_tensors(model):
-        nbytes = tensor.numel() * itemsize
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append((name, tensor))
-        size += nbytes
-    return shards
 
 
 def save_flux_transformer(
@@ -211,7 +193,7 @@ def save_flux_transformer(
         dtype = dtype_from_name(dtype)
     dtype = dtype or model.img_in.weight.dtype
     itemsize = torch.empty((), dtype=dtype).element_size()
-    shards = _plan_shards(model, parse_size(max_shard_bytes), itemsize)
+    shards = plan_shards(flux_hf_tensors(model), parse_size(max_shard_bytes), itemsize)
     directory = Path(directory)
     weight_map: dict[str, str] = {}
     total = 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,21 +68,27 @@ def shard_files(directory: Path) -> dict[str, list[str]]:
     directory = Path(directory)
     index_path = directory / INDEX_FILE
     if index_path.is_file():
-        try:
-            weight_map: dict[str, str] = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError) as error:
-            raise ValueError(f"{index_path} is not a valid safetensors index: {error}") from error
-        files: dict[str, list[str]] = {}
-        for name, file in weight_map.items():
-            files.setdefault(file, []).append(name)
-        return files
+        return index_shard_files(index_path)
     single = directory / SINGLE_FILE
     if single.is_file():
-        return {SINGLE_FILE: list(_open(single).keys())}
+        return {SINGLE_FILE: list(open_shard(single).keys())}
     raise FileNotFoundError(f"No {INDEX_FILE} or {SINGLE_FILE} in {directory}.")
 
 
-def _open(path: Path):
+def index_shard_files(index_path: Path) -> dict[str, list[str]]:
+    """Shard file name -> tensor names it holds, from a ``*.safetensors.index.json`` weight map."""
+    try:
+        weight_map: dict[str, str] = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{index_path} is not a valid safetensors index: {error}") from error
+    files: dict[str, list[str]] = {}
+    for name, file in weight_map.items():
+        files.setdefault(file, []).append(name)
+    return files
+
+
+def open_shard(path: Path):
+    """Open one safetensors file for reading headers and tensors; errors name the file and what is wrong."""
     if not path.is_file():
         raise FileNotFoundError(f"Shard {path} is listed in the index but missing.")
     try:
@@ -113,7 +119,7 @@ def _validate(directory: Path, model: Transformer, files: dict[str, list[str]]) 
     problems: list[str] = []
     seen: set[tuple[str, int | None]] = set()
     for file, names in files.items():
-        handle = _open(directory / file)
+        handle = open_shard(directory / file)
         for hf_name in names:
             slot = hf_name_to_slot(hf_name)
             if slot is None or slot.name not in params or (slot.expert or 0) >= params[slot.name].shape[0]:
@@ -162,7 +168,7 @@ def load_hf_checkpoint(
     with torch.no_grad():
         for number, (file, names) in enumerate(files.items(), 1):
             start = time.perf_counter()
-            handle = _open(directory / file)
+            handle = open_shard(directory / file)
             for hf_name in names:
                 slot = hf_name_to_slot(hf_name)
                 assert slot is not None  # _validate rejected unknown names
@@ -175,10 +181,13 @@ def load_hf_checkpoint(
     return LoadedCheckpoint(family, model)
 
 
-def _plan_shards(model: Transformer, max_shard_bytes: int, itemsize: int) -> list[list[tuple[str, torch.Tensor]]]:
+def plan_shards(
+    tensors: Iterable[tuple[str, torch.Tensor]], max_shard_bytes: int, itemsize: int
+) -> list[list[tuple[str, torch.Tensor]]]:
+    """Group named tensors, in order, into shards of at most ``max_shard_bytes`` (a larger tensor gets its own)."""
     shards: list[list[tuple[str, torch.Tensor]]] = [[]]
     size = 0
-    for name, tensor in hf_tensors(model):
+    for name, tensor in tensors:
         nbytes = tensor.numel() * itemsize
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append([])
@@ -206,7 +215,7 @@ def save_hf_checkpoint(
     dtype = dtype or model.tok_embeddings.weight.dtype
     dtype_name = next(name for name, value in _DTYPES.items() if value == dtype)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    shards = _plan_shards(model, parse_size(max_shard_size), itemsize)
+    shards = plan_shards(hf_tensors(model), parse_size(max_shard_size), itemsize)
     directory = Path(directory)
     weight_map: dict[str, str] = {}
     total = 0
@@ -232,6 +241,6 @@ def iter_hf_tensors(directory: Path | str) -> Iterator[tuple[str, torch.Tensor]]
     """Every tensor of a Hugging Face checkpoint directory by name, one shard open at a time."""
     directory = Path(directory)
     for file, names in shard_files(directory).items():
-        handle = _open(directory / file)
+        handle = open_shard(directory / file)
         for name in names:
             yield name, handle.get_tensor(name)
