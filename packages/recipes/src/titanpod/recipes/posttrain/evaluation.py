@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from rich.markup import escape
 from tokenizers import Tokenizer
 
 from titanpod.models import Transformer
@@ -72,6 +73,16 @@ class Evaluation:
     """The examples scored."""
     completions: list[str]
     """Each example's decoded completion (up to its stop token)."""
+
+    def shown(self, task: Task, count: int) -> list[str]:
+        """The first ``count`` examples as console lines (rich markup): prompt -> completion (answer): right/wrong."""
+        lines = []
+        for example, completion in list(zip(self.examples, self.completions, strict=True))[:count]:
+            right = task.reward(example.prompt, completion, example.answer) == 1.0
+            mark = "[green]right[/]" if right else "[red]wrong[/]"
+            answer = escape(repr(example.answer))
+            lines.append(f"  {escape(repr(example.prompt))} -> {escape(repr(completion))} (answer {answer}): {mark}")
+        return lines
 
 
 def evaluate(

@@ -274,19 +274,17 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
         started_from,
         eval_task=task.name if task is not None else None,
         eval_examples=len(test_examples),
-        before=_score(evaluations, "before"),
-        after=_score(evaluations, "after"),
+        before=score_of(evaluations, "before"),
+        after=score_of(evaluations, "after"),
         skipped_examples=len(data.skipped),
     )
     if "after" in evaluations:
         final = evaluations["after"][1]
         shown = range(min(recipe.eval.show, len(final.examples)))
         result.samples = [(final.examples[i].prompt, final.completions[i], final.examples[i].answer) for i in shown]
-        for prompt, completion, answer in result.samples:
-            mark = (
-                "[green]right[/]" if task is not None and task.reward(prompt, completion, answer) else "[red]wrong[/]"
-            )
-            say(f"  {escape(repr(prompt))} -> {escape(repr(completion))} (answer {escape(repr(answer))}): {mark}")
+        if task is not None:
+            for line in final.shown(task, recipe.eval.show):
+                say(line)
     if evaluations:
         write_eval_file(run_dir / EVAL_FILE, result.eval_task, evaluations)
     if recipe.output.save_weights and summary.steps_done > 0:
@@ -301,7 +299,8 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
     return result
 
 
-def _score(evaluations: dict[str, tuple[int, Evaluation]], label: str) -> Score | None:
+def score_of(evaluations: dict[str, tuple[int, Evaluation]], label: str) -> Score | None:
+    """The ``Score`` of the evaluation called ``label`` (``before`` / ``after``), if it ran."""
     if label not in evaluations:
         return None
     step_number, evaluation = evaluations[label]
