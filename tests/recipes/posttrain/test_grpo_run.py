@@ -5,16 +5,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import pytest
 import torch
 
 from titanpod.checkpoint import load_model, save_model
 from titanpod.models import DecoderArgs, build_model
-from titanpod.recipes.posttrain.grpo_recipe import GRPOConfig, GRPOModelConfig, GRPORecipe, GRPOTrainConfig
-from titanpod.recipes.posttrain.grpo_run import run_grpo
+from titanpod.recipes.posttrain.grpo_recipe import (
+    GRPOConfig,
+    GRPOModelConfig,
+    GRPORecipe,
+    GRPOTrainConfig,
+    RolloutConfig,
+)
+from titanpod.recipes.posttrain.grpo_run import run_grpo, warmup_lr
 from titanpod.recipes.posttrain.registry import POSTTRAIN_RECIPES, grpo_debug
 from titanpod.recipes.posttrain.rollout import trainer_state, weights_checksum
+from titanpod.recipes.posttrain.rollout.ray_rollout import import_ray
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig
 from titanpod.recipes.posttrain.tokenizer import load_sft_tokenizer
 from titanpod.recipes.recipe import OutputConfig
@@ -140,3 +148,24 @@ def test_group_of_equal_rewards_gives_no_update(tmp_path, sft_folder):
     _, end = load_model(result.weights_path.parent)
     for (name, a), (_, b) in zip(start.state_dict().items(), end.state_dict().items(), strict=True):
         assert torch.equal(a, b), name  # zero advantages: zero gradient, AdamW without weight decay leaves them
+
+
+def test_warmup_rises_linearly_then_holds():
+    train = GRPOTrainConfig(lr=1e-3, warmup_steps=4)
+    assert [warmup_lr(train, step) for step in (1, 2, 4, 5, 40)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
+    assert warmup_lr(GRPOTrainConfig(lr=1e-3, warmup_steps=0), 1) == 1e-3
+
+
+def test_rollout_config_names_bad_settings():
+    with pytest.raises(ValueError, match=r"--rollout\.mode ray for several workers"):
+        RolloutConfig(mode="local", workers=2)
+    with pytest.raises(ValueError, match=r"rollout\.mode"):
+        RolloutConfig(mode="threads")
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        RolloutConfig(mode="ray", workers=0)
+
+
+def test_ray_mode_without_ray_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    with pytest.raises(ImportError, match=r"titanpod-posttrain\[ray\]"):
+        import_ray()

@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print_json(command.recipe.to_json())
     try:
         result = command.entry.run(command.recipe, console)
-    except (KeyError, ValueError, RuntimeError, OSError) as error:  # NotImplementedError is a RuntimeError
+    # NotImplementedError is a RuntimeError; ImportError names a missing optional dependency (Ray).
+    except (KeyError, ValueError, RuntimeError, OSError, ImportError) as error:
         print_error(error)
         return 1
     print_summary(console, result)

@@ -1,4 +1,4 @@
-"""The typed GRPO recipe: one object that decides everything a (single-process) GRPO run does."""
+"""The typed GRPO recipe: one object that decides everything a GRPO run does."""
 
 from __future__ import annotations
 
@@ -68,14 +68,51 @@ class GRPOConfig:
             raise ValueError("grpo: " + "; ".join(problems) + ".")
 
 
+ROLLOUT_MODES = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Where the rollouts are sampled: in the trainer's process, or by rollout workers on Ray."""
+
+    mode: str = "local"
+    """``local``: a ``BuiltinEngine`` in the trainer's process (the default). ``ray``: ``workers`` Ray actors,
+    each a ``BuiltinEngine`` in its own process; the trainer syncs its weights to all of them every step."""
+    workers: int = 1
+    """Rollout workers (``ray`` mode); a step's prompts are split evenly between them."""
+    ray_address: str | None = None
+    """The Ray cluster to join (``ray`` mode): ``None`` joins the one ``RAY_ADDRESS`` names or else starts a
+    local cluster for the run (shut down at its end); ``auto`` or ``host:port`` joins a running one."""
+    worker_cpus: float = 1.0
+    """CPUs each Ray worker reserves."""
+    worker_gpus: float = 0.0
+    """GPUs each Ray worker reserves; above 0 the worker decodes on cuda."""
+
+    def __post_init__(self) -> None:
+        _choice("rollout.mode", self.mode, ROLLOUT_MODES)
+        if self.workers < 1 or self.worker_cpus < 0 or self.worker_gpus < 0:
+            raise ValueError(
+                f"rollout: workers must be >= 1 and worker_cpus, worker_gpus >= 0; got {self.workers}, "
+                f"{self.worker_cpus}, {self.worker_gpus}."
+            )
+        if self.mode == "local" and self.workers != 1:
+            raise ValueError(
+                f"rollout.workers is {self.workers}, but rollout.mode is 'local' (one engine in the trainer's "
+                "process): set --rollout.mode ray for several workers."
+            )
+
+
 @dataclass(frozen=True)
 class GRPOTrainConfig:
-    """The optimizer (torch AdamW, constant learning rate) and how long it runs."""
+    """The optimizer (torch AdamW, linear warmup then a constant learning rate) and how long it runs."""
 
     steps: int = 40
     """GRPO steps (rollout, update, weight sync)."""
     lr: float = 1e-4
-    """AdamW learning rate."""
+    """AdamW learning rate after warmup."""
+    warmup_steps: int = 10
+    """Steps of linear warmup (step k uses ``k / warmup_steps`` of ``lr``): Adam's first updates move every
+    weight by about ``lr`` whatever the gradient's size, which on noisy policy gradients undoes the SFT."""
     beta1: float = 0.9
     """AdamW first-moment decay."""
     beta2: float = 0.99
@@ -90,22 +127,24 @@ class GRPOTrainConfig:
     """Print metrics every this many steps (every step goes to metrics.jsonl)."""
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.lr <= 0 or self.grad_clip < 0 or self.log_every < 1:
-            raise ValueError("train: steps must be >= 0, lr > 0, grad_clip >= 0 and log_every >= 1.")
+        if self.steps < 0 or self.lr <= 0 or self.grad_clip < 0 or self.log_every < 1 or self.warmup_steps < 0:
+            raise ValueError("train: steps and warmup_steps must be >= 0, lr > 0, grad_clip >= 0 and log_every >= 1.")
 
 
 @dataclass(frozen=True)
 class GRPORecipe(RecipeFile):
-    """A complete, reproducible description of a GRPO run (one process)."""
+    """A complete, reproducible description of a GRPO run."""
 
     name: str = "custom_grpo"
     """Recipe name, used in run directory names."""
     model: GRPOModelConfig = field(default_factory=GRPOModelConfig)
     """The SFT model it starts from."""
     device: DeviceConfig = field(default_factory=DeviceConfig)
-    """Where it runs (one process)."""
+    """Where the trainer runs (one process)."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """Rollouts and the objective."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Where rollouts are sampled (this process, or Ray workers)."""
     train: GRPOTrainConfig = field(default_factory=GRPOTrainConfig)
     """The optimizer and the number of steps."""
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -1,13 +1,17 @@
-"""A GRPO run from a ``GRPORecipe``, in one process: rollouts with the built-in engine, the clipped
-group-relative objective, and a verified weight sync into the engine after every step.
+"""A GRPO run from a ``GRPORecipe``: rollouts from an engine that holds its own copy of the weights, the
+clipped group-relative objective, and a verified weight sync into the engine after every step.
+
+The trainer is this process. The engine is a ``BuiltinEngine`` in this process (``rollout.mode``
+``local``, the default) or ``RayRollout``'s workers, each in its own Ray actor process (``ray``).
 
 Each step: draw ``prompts_per_step`` prompts from the task's train split (seeded by step), sample
-``group_size`` completions of each with the ``BuiltinEngine`` (which holds its own copy of the weights;
-completions stop at the end token), score them with the task's reward (a reward that raises is logged
-and the sample skipped and counted, never scored 0), turn rewards into group-relative advantages,
-recompute the completion tokens' logprobs under the trainer model (one full forward of prompt +
-completion), take ``updates_per_step`` AdamW steps on the clipped loss (+ ``kl_beta`` x the k3 KL to
-the frozen starting model), and sync the weights into the engine as version ``step``.
+``group_size`` completions of each (completions stop at the end token; seeds depend only on the step,
+prompt and sample, so both modes draw the same completions), score them with the task's reward (a
+reward that raises is logged and the sample skipped and counted, never scored 0), turn rewards into
+group-relative advantages, recompute the completion tokens' logprobs under the trainer model (one
+full forward of prompt + completion), take ``updates_per_step`` AdamW steps on the clipped loss
+(+ ``kl_beta`` x the k3 KL to the frozen starting model), and sync the weights into the engine as
+version ``step``; the sync fails unless the engine's checksum equals the trainer's.
 
 The run directory holds recipe.json, tokenizer.json (+ tokenizer_config.json), metrics.jsonl (one
 line per step), eval.json (held-out greedy accuracy before and after), model/ (titanpod weights with
@@ -36,10 +40,11 @@ from titanpod.models import Transformer, parameter_count
 from titanpod.recipes.data.tokenizer import check_fits
 from titanpod.recipes.posttrain.evaluation import Evaluation, evaluate
 from titanpod.recipes.posttrain.grpo_loss import clipped_policy_loss, group_advantages, kl_penalty
-from titanpod.recipes.posttrain.grpo_recipe import MISSING_INIT_FROM, GRPORecipe
-from titanpod.recipes.posttrain.rollout import BuiltinEngine, Completion, SamplingParams, sync_weights
+from titanpod.recipes.posttrain.grpo_recipe import MISSING_INIT_FROM, GRPORecipe, GRPOTrainConfig, RolloutConfig
+from titanpod.recipes.posttrain.rollout import BuiltinEngine, Completion, RolloutEngine, SamplingParams, sync_weights
+from titanpod.recipes.posttrain.rollout.ray_rollout import RayRollout
 from titanpod.recipes.posttrain.sft_data import check_covers, prompt_text
-from titanpod.recipes.posttrain.sft_run import EVAL_FILE, HF_FOLDER, MODEL_FOLDER, Score, write_eval_file
+from titanpod.recipes.posttrain.sft_run import EVAL_FILE, HF_FOLDER, MODEL_FOLDER, Score, score_of, write_eval_file
 from titanpod.recipes.posttrain.tasks import Example, Task, get_task
 from titanpod.recipes.posttrain.tokenizer import TOKENIZER_FILE, SFTTokenizer, load_sft_tokenizer
 from titanpod.recipes.run import prepare_run_dir
@@ -62,6 +67,8 @@ class GRPOResult:
     """Parameter count of the model."""
     started_from: str
     """The SFT model folder it started from."""
+    rollout: str = "local"
+    """Where rollouts were sampled: ``local`` or the Ray workers."""
     steps_done: int = 0
     """GRPO steps completed."""
     interrupted: bool = False
@@ -100,6 +107,7 @@ class GRPOResult:
             ("lane", self.lane),
             ("parameters", f"{self.parameters:,}"),
             ("started from", self.started_from),
+            ("rollouts", self.rollout),
             ("steps", f"{self.steps_done}" + (" (interrupted)" if self.interrupted else "")),
         ]
         if self.history:
@@ -149,6 +157,39 @@ def load_policy(recipe: GRPORecipe, device: torch.device) -> tuple[str, Transfor
     family, model = load_model(folder, "cpu")
     model = model.float().to(device)
     return family, model, load_sft_tokenizer(spec)
+
+
+def warmup_lr(train: GRPOTrainConfig, step: int) -> float:
+    """The learning rate of GRPO step ``step`` (1-based): linear warmup over ``warmup_steps``, then ``lr``."""
+    if step <= train.warmup_steps:
+        return train.lr * step / train.warmup_steps
+    return train.lr
+
+
+def open_rollout(
+    config: RolloutConfig, model: Transformer, max_batch: int, say: Callable[[str], None]
+) -> RolloutEngine:
+    """The rollout engine ``config`` asks for, holding ``model``'s weights as version 0: a ``BuiltinEngine`` in
+    this process, or a ``RayRollout`` whose workers were checked to hold them. Close it with ``close_rollout``."""
+    if config.mode == "local":
+        return BuiltinEngine(model, max_batch=max_batch)
+    rollout = RayRollout(
+        model,
+        config.workers,
+        address=config.ray_address,
+        worker_cpus=config.worker_cpus,
+        worker_gpus=config.worker_gpus,
+        max_batch=max_batch,
+        say=say,
+    )
+    say(rollout.describe())
+    return rollout
+
+
+def close_rollout(engine: RolloutEngine) -> None:
+    """Stop ``engine``'s workers, if it has any."""
+    if isinstance(engine, RayRollout):
+        engine.close()
 
 
 def step_examples(task: Task, recipe: GRPORecipe, step: int) -> list[Example]:
@@ -202,7 +243,9 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
     ``reward`` replaces the task's reward function (prompt, completion text, answer) -> float.
     """
     if process_info().world_size > 1:
-        raise ValueError("GRPO runs in one process for now: start it without torchrun.")
+        raise ValueError(
+            "GRPO's trainer runs in one process: start it without torchrun (--rollout.mode ray spreads the rollouts)."
+        )
     backend = get_backend(recipe.device.lane)
     if backend.lane == "xla":
         raise ValueError("GRPO runs on the cpu, cuda or tpu lanes; the xla lane is not available for it yet.")
@@ -229,101 +272,101 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
     check_covers(tokenizer, eval_task)
     test_examples = eval_task.examples("test", recipe.eval.examples, recipe.eval.seed) if recipe.eval.enabled else []
 
-    reference = copy.deepcopy(model).requires_grad_(False).eval() if config.kl_beta > 0 else None
-    engine = BuiltinEngine(model, max_batch=config.prompts_per_step * config.group_size)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), weight_decay=train.weight_decay
-    )
-    run_dir = prepare_run_dir(recipe)
-    tokenizer.save(run_dir)
-    result = GRPOResult(
-        run_dir,
-        backend.lane,
-        parameter_count(model),
-        f"{recipe.model.init_from} ({family})",
-        eval_task=eval_task.name,
-        eval_examples=len(test_examples),
-        checksum=engine.checksum(),
-    )
-    say(
-        f"lane [bold]{backend.lane}[/] on {device}, {family}: {result.parameters:,} parameters from "
-        f"{escape(result.started_from)}; {train.steps} steps of {config.prompts_per_step} {task.name} prompts x "
-        f"{config.group_size} completions; KL beta {config.kl_beta}"
-        + ("" if reference is not None else " (no reference model)")
-        + f"; run directory {run_dir}"
-    )
-    writer = JsonlWriter(run_dir / "metrics.jsonl")
-    evaluations: dict[str, tuple[int, Evaluation]] = {}
-
-    def score(label: str, step_number: int) -> None:
-        if not test_examples:
-            return
-        evaluation = evaluate(
-            model,
-            tokenizer,
-            eval_task,
-            test_examples,
-            recipe.eval.max_new_tokens,
-            format=config.format,
-            batch_size=recipe.eval.batch_size,
-        )
-        evaluations[label] = (step_number, evaluation)
-        right = round(evaluation.accuracy * len(test_examples))
-        say(
-            f"step {step_number}: held-out accuracy {label} GRPO {evaluation.accuracy:.1%} "
-            f"({right}/{len(test_examples)} {eval_task.name} test prompts, greedy)"
-        )
-        writer.write_scalars(step_number, {"eval_accuracy": evaluation.accuracy})
-
-    started = time.perf_counter()
-    shown_errors = 0
+    engine = open_rollout(recipe.rollout, model, config.prompts_per_step * config.group_size, say)
     try:
-        if recipe.eval.before:
-            score("before", 0)
-        started = time.perf_counter()
-        for step_number, (examples, prompt_ids) in enumerate(plan, start=1):
-            metrics = grpo_step(
-                recipe, model, reference, engine, optimizer, tokenizer, score_fn, examples, prompt_ids, step_number
-            )
-            for message in metrics["reward_errors"]:
-                if shown_errors < SHOWN_REWARD_ERRORS:
-                    shown_errors += 1
-                    say(f"[yellow]step {step_number}: {escape(message)}; sample skipped[/]")
-            result.history.append(metrics)
-            result.steps_done = step_number
-            result.skipped_samples += metrics["skipped"]
-            result.weights_version, result.checksum = metrics["weights_version"], metrics["checksum"]
-            writer.write(metrics)
-            if step_number % train.log_every == 0 or step_number == train.steps:
-                say(format_metrics(metrics))
-        result.wall_seconds = time.perf_counter() - started
-        score("after", result.steps_done)
-    except KeyboardInterrupt:
-        result.interrupted = True
-        result.wall_seconds = time.perf_counter() - started
-        say(f"interrupted after {result.steps_done} steps")
-    finally:
-        writer.close()
-    result.before, result.after = _score(evaluations, "before"), _score(evaluations, "after")
-    if "after" in evaluations:
-        final = evaluations["after"][1]
-        for i in range(min(recipe.eval.show, len(final.examples))):
-            example, completion = final.examples[i], final.completions[i]
-            right = eval_task.reward(example.prompt, completion, example.answer)
-            mark = "[green]right[/]" if right else "[red]wrong[/]"
-            say(f"  {escape(repr(example.prompt))} -> {escape(repr(completion))} (answer {example.answer!r}): {mark}")
-    if evaluations:
-        write_eval_file(run_dir / EVAL_FILE, eval_task.name, evaluations)
-    if recipe.output.save_weights and result.steps_done > 0:
-        extra = {"recipe.json": recipe.to_json(), **tokenizer.files()}
-        result.weights_path = save_model(
-            model, family, run_dir / MODEL_FOLDER, {"step": result.steps_done}, extra_files=extra
+        reference = copy.deepcopy(model).requires_grad_(False).eval() if config.kl_beta > 0 else None
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), weight_decay=train.weight_decay
         )
-        if recipe.export_hf:
-            result.hf_path = save_hf_checkpoint(model, family, run_dir / HF_FOLDER)
-            tokenizer.save(result.hf_path)
-            say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
-    return result
+        run_dir = prepare_run_dir(recipe)
+        tokenizer.save(run_dir)
+        result = GRPOResult(
+            run_dir,
+            backend.lane,
+            parameter_count(model),
+            f"{recipe.model.init_from} ({family})",
+            eval_task=eval_task.name,
+            eval_examples=len(test_examples),
+            rollout=engine.describe() if isinstance(engine, RayRollout) else "local (this process)",
+            checksum=engine.checksum(),
+        )
+        say(
+            f"lane [bold]{backend.lane}[/] on {device}, {family}: {result.parameters:,} parameters from "
+            f"{escape(result.started_from)}; {train.steps} steps of {config.prompts_per_step} {task.name} prompts x "
+            f"{config.group_size} completions; KL beta {config.kl_beta}"
+            + ("" if reference is not None else " (no reference model)")
+            + f"; run directory {run_dir}"
+        )
+        writer = JsonlWriter(run_dir / "metrics.jsonl")
+        evaluations: dict[str, tuple[int, Evaluation]] = {}
+
+        def score(label: str, step_number: int) -> None:
+            if not test_examples:
+                return
+            evaluation = evaluate(
+                model,
+                tokenizer,
+                eval_task,
+                test_examples,
+                recipe.eval.max_new_tokens,
+                format=config.format,
+                batch_size=recipe.eval.batch_size,
+            )
+            evaluations[label] = (step_number, evaluation)
+            right = round(evaluation.accuracy * len(test_examples))
+            say(
+                f"step {step_number}: held-out accuracy {label} GRPO {evaluation.accuracy:.1%} "
+                f"({right}/{len(test_examples)} {eval_task.name} test prompts, greedy)"
+            )
+            writer.write_scalars(step_number, {"eval_accuracy": evaluation.accuracy})
+
+        started = time.perf_counter()
+        shown_errors = 0
+        try:
+            if recipe.eval.before:
+                score("before", 0)
+            started = time.perf_counter()
+            for step_number, (examples, prompt_ids) in enumerate(plan, start=1):
+                metrics = grpo_step(
+                    recipe, model, reference, engine, optimizer, tokenizer, score_fn, examples, prompt_ids, step_number
+                )
+                for message in metrics["reward_errors"]:
+                    if shown_errors < SHOWN_REWARD_ERRORS:
+                        shown_errors += 1
+                        say(f"[yellow]step {step_number}: {escape(message)}; sample skipped[/]")
+                result.history.append(metrics)
+                result.steps_done = step_number
+                result.skipped_samples += metrics["skipped"]
+                result.weights_version, result.checksum = metrics["weights_version"], metrics["checksum"]
+                writer.write(metrics)
+                if step_number % train.log_every == 0 or step_number == train.steps:
+                    say(format_metrics(metrics))
+            result.wall_seconds = time.perf_counter() - started
+            score("after", result.steps_done)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            result.wall_seconds = time.perf_counter() - started
+            say(f"interrupted after {result.steps_done} steps")
+        finally:
+            writer.close()
+        result.before, result.after = score_of(evaluations, "before"), score_of(evaluations, "after")
+        if "after" in evaluations:
+            for line in evaluations["after"][1].shown(eval_task, recipe.eval.show):
+                say(line)
+        if evaluations:
+            write_eval_file(run_dir / EVAL_FILE, eval_task.name, evaluations)
+        if recipe.output.save_weights and result.steps_done > 0:
+            extra = {"recipe.json": recipe.to_json(), **tokenizer.files()}
+            result.weights_path = save_model(
+                model, family, run_dir / MODEL_FOLDER, {"step": result.steps_done}, extra_files=extra
+            )
+            if recipe.export_hf:
+                result.hf_path = save_hf_checkpoint(model, family, run_dir / HF_FOLDER)
+                tokenizer.save(result.hf_path)
+                say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
+        return result
+    finally:
+        close_rollout(engine)
 
 
 def score_completions(
@@ -354,7 +397,7 @@ def grpo_step(
     recipe: GRPORecipe,
     model: Transformer,
     reference: Transformer | None,
-    engine: BuiltinEngine,
+    engine: RolloutEngine,
     optimizer: torch.optim.Optimizer,
     tokenizer: SFTTokenizer,
     score_fn: Reward,
@@ -411,6 +454,8 @@ def grpo_step(
                 kl = kl_penalty(new_NT, ref_NT, mask_NT)
                 loss = loss + config.kl_beta * kl
                 kls.append(kl.item())
+            for group in optimizer.param_groups:
+                group["lr"] = warmup_lr(train, step_number)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip or float("inf"))
@@ -427,6 +472,7 @@ def grpo_step(
         "completion_length": sum(lengths) / len(lengths) if lengths else 0.0,
         "kl": sum(kls) / len(kls) if kls else None,
         "loss": losses[-1] if losses else None,
+        "lr": warmup_lr(train, step_number),
         "clip_fraction": sum(clip_fractions) / len(clip_fractions) if clip_fractions else 0.0,
         "grad_norm": grad_norms[-1] if grad_norms else None,
         "zero_signal_groups": zero_signal_groups,
@@ -450,10 +496,3 @@ def format_metrics(metrics: dict[str, Any]) -> str:
         f"sync {metrics['sync_seconds'] * 1000:.0f} ms v{metrics['weights_version']} {metrics['checksum'][:8]}  "
         f"{metrics['step_seconds']:.2f} s"
     )
-
-
-def _score(evaluations: dict[str, tuple[int, Evaluation]], label: str) -> Score | None:
-    if label not in evaluations:
-        return None
-    step_number, evaluation = evaluations[label]
-    return Score(step_number, evaluation.accuracy)

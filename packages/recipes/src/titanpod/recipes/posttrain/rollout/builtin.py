@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from titanpod.models import Transformer
+from titanpod.models import DecoderArgs, ModelOps, Transformer
 from titanpod.models.common.kv_cache import KVCache
 from titanpod.recipes.posttrain.rollout.sampling import choose_tokens, completion_generator
 from titanpod.recipes.posttrain.rollout.sync import (
@@ -77,24 +77,53 @@ class BuiltinEngine:
         ``max_batch`` bounds the rows decoded together; ``max_seq_len`` (prompt + generated
         tokens, at most the model's ``args.max_seq_len``, which is the default) bounds the cache.
         """
+        source = {name: t.detach() for name, t in model.state_dict().items()}
+        where = torch.device(device) if device is not None else model.tok_embeddings.weight.device
+        self._build(model.args, model.ops, source, where, max_batch, max_seq_len, weights_version)
+
+    @classmethod
+    def from_state(
+        cls,
+        args: DecoderArgs,
+        state: Mapping[str, torch.Tensor],
+        device: torch.device | str = "cpu",
+        max_batch: int = 64,
+        *,
+        max_seq_len: int | None = None,
+        weights_version: int = 0,
+    ) -> BuiltinEngine:
+        """An engine for a model of shape ``args`` holding ``state`` (titanpod names, each tensor's dtype kept),
+        with the default slot ops: how a worker process that received only the weights builds its engine."""
+        engine = cls.__new__(cls)
+        engine._build(args, None, state, torch.device(device), max_batch, max_seq_len, weights_version)
+        return engine
+
+    def _build(
+        self,
+        args: DecoderArgs,
+        ops: ModelOps | None,
+        source: Mapping[str, torch.Tensor],
+        device: torch.device,
+        max_batch: int,
+        max_seq_len: int | None,
+        weights_version: int,
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}.")
-        args = model.args
         self.max_seq_len = args.max_seq_len if max_seq_len is None else max_seq_len
         if not 1 <= self.max_seq_len <= args.max_seq_len:
             raise ValueError(
                 f"max_seq_len must lie in [1, {args.max_seq_len}] (the model's max context), got {self.max_seq_len}."
             )
-        self.device = torch.device(device) if device is not None else model.tok_embeddings.weight.device
+        self.device = device
         self.max_batch = max_batch
         self.weights_version = weights_version
         self._verified = True
-        source = {name: t.detach() for name, t in model.state_dict().items()}
         with torch.device("meta"):
-            self.model = Transformer(args, model.ops)
+            self.model = Transformer(args, ops)
         self.model.to_empty(device=self.device)
-        for name, param in self.model.named_parameters():  # keep the trainer's dtype per tensor
-            if param.dtype != source[name].dtype:
+        for name, param in self.model.named_parameters():  # keep the source's dtype per tensor
+            if name in source and param.dtype != source[name].dtype:
                 param.data = torch.empty_like(param, dtype=source[name].dtype)
         self.model.requires_grad_(False).eval()
         check_state_matches(source, self.model.state_dict())
@@ -142,8 +171,14 @@ class BuiltinEngine:
     # generation
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        """``len(prompts) * params.n`` completions, grouped by prompt (prompt 0's n first), in order."""
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, *, first_prompt_index: int = 0
+    ) -> list[Completion]:
+        """``len(prompts) * params.n`` completions, grouped by prompt (prompt 0's n first), in order.
+
+        ``first_prompt_index`` is the index of ``prompts[0]`` in a caller's longer list: prompt indices
+        and sampling seeds count from it, so a list split across engines samples as it would whole.
+        """
         if not self._verified:
             raise RuntimeError(
                 "The engine's weights failed their last sync verification: sync again before generating."
@@ -153,11 +188,12 @@ class BuiltinEngine:
         rows = [(i, j) for i in range(len(prompts)) for j in range(params.n)]
         completions: list[Completion] = []
         for first in range(0, len(rows), self.max_batch):
-            completions += self._generate_batch(prompts, rows[first : first + self.max_batch], params)
+            batch = rows[first : first + self.max_batch]
+            completions += self._generate_batch(prompts, batch, params, first_prompt_index)
         return completions
 
     def _generate_batch(
-        self, prompts: list[list[int]], rows: list[tuple[int, int]], params: SamplingParams
+        self, prompts: list[list[int]], rows: list[tuple[int, int]], params: SamplingParams, first_prompt_index: int
     ) -> list[Completion]:
         B = len(rows)
         lengths = [len(prompts[i]) for i, _ in rows]
@@ -167,7 +203,7 @@ class BuiltinEngine:
             tokens_BS[b, : lengths[b]] = torch.tensor(prompts[i], dtype=torch.long)
         tokens_BS = tokens_BS.to(self.device)
         lengths_B = torch.tensor(lengths, dtype=torch.long, device=self.device)
-        generators = [completion_generator(params.seed, i, j) for i, j in rows]
+        generators = [completion_generator(params.seed, first_prompt_index + i, j) for i, j in rows]
         cache = KVCache.for_model(self.model, B, S + params.max_new_tokens)
 
         # Prefill the right-padded prompts, keep each row's last real position, then continue each row.
@@ -203,7 +239,7 @@ class BuiltinEngine:
             reason: FinishReason = "stop" if bool(stopped_B[b]) else "length"
             completions.append(
                 Completion(
-                    prompt_index=i,
+                    prompt_index=first_prompt_index + i,
                     prompt_ids=list(prompts[i]),
                     token_ids=token_ids[:end],
                     logprobs=logprobs_BT[b, :end].clone(),

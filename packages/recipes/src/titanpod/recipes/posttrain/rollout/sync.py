@@ -13,7 +13,7 @@ from titanpod.recipes.posttrain.rollout.types import RolloutEngine, SyncReport
 _COMPILE_PREFIX = "_orig_mod."
 
 
-def _plain(tensor: torch.Tensor) -> torch.Tensor:
+def plain_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor as a plain, contiguous CPU tensor (a DTensor is gathered first)."""
     full_tensor = getattr(tensor, "full_tensor", None)
     if callable(full_tensor):  # DTensor: every rank gets the whole value
@@ -29,7 +29,7 @@ def weights_checksum(state: Mapping[str, torch.Tensor]) -> str:
     """
     digest = hashlib.blake2b(digest_size=32)
     for name in sorted(state):
-        tensor = _plain(state[name])
+        tensor = plain_tensor(state[name])
         header = f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0{tensor.numel() * tensor.element_size()}\n"
         digest.update(header.encode())
         if tensor.numel():
