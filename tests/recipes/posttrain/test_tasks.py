@@ -55,6 +55,17 @@ def test_reward_is_exact_match_before_the_end_marker():
     assert task.reward(prompt, "<|endoftext|>cba", answer) == 0.0
 
 
+def test_partial_reward_credits_characters_in_place_and_keeps_full_credit_for_the_answer():
+    task = get_task("reverse")
+    prompt, answer = "reverse: abcd\n", "dcba"
+    assert task.partial_reward(prompt, "dcba<|endoftext|>", answer) == 1.0
+    assert task.partial_reward(prompt, "dcbx", answer) == 0.5 * 3 / 4
+    assert task.partial_reward(prompt, "dc", answer) == 0.5 * 2 / 4  # missing characters are wrong
+    assert task.partial_reward(prompt, "dcbaaa", answer) == 0.5 * 4 / 6  # so are extra ones
+    assert task.partial_reward(prompt, "abcd", answer) == 0.0
+    assert task.partial_reward(prompt, "", answer) == 0.0
+
+
 def test_accuracy_counts_full_rewards():
     task = AddTask()
     examples = [Example("add: 1+2\n", "3"), Example("add: 10+5\n", "15"), Example("add: 0+0\n", "0")]

@@ -60,6 +60,10 @@ class Task(Protocol):
         """1.0 when ``completion`` is the answer (see the module docstring), else 0.0."""
         ...
 
+    def partial_reward(self, prompt: str, completion: str, answer: str) -> float:
+        """1.0 for the answer; otherwise partial credit below 1.0 for how close the completion came."""
+        ...
+
     def accuracy(self, examples: Sequence[Example], completions: Sequence[str]) -> float:
         """The share of ``examples`` whose completion earns the full reward."""
         ...
@@ -117,6 +121,15 @@ class ExactMatchTask:
     def reward(self, prompt: str, completion: str, answer: str) -> float:
         """1.0 when the completion before its end marker, stripped, is exactly ``answer``; else 0.0."""
         return 1.0 if completion_text(completion) == answer.strip() else 0.0
+
+    def partial_reward(self, prompt: str, completion: str, answer: str) -> float:
+        """1.0 for exactly ``answer``; otherwise half the share of positions whose character is right (over the
+        longer of completion and answer), so a near miss earns more than a wild one but never full credit."""
+        done, answer = completion_text(completion), answer.strip()
+        if done == answer:
+            return 1.0
+        right = sum(mine == theirs for mine, theirs in zip(done, answer, strict=False))
+        return 0.5 * right / max(len(done), len(answer))
 
     def accuracy(self, examples: Sequence[Example], completions: Sequence[str]) -> float:
         """The share of ``examples`` whose completion earns reward 1.0 (0.0 for no examples)."""
