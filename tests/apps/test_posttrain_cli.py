@@ -58,6 +58,21 @@ def test_a_short_sft_debug_writes_the_run_and_a_second_run_starts_from_its_model
     assert second_eval["before"]["step"] == 0  # a new run, from the first run's weights: the same completions
     assert second_eval["before"]["completions"] == first_eval["after"]["completions"]
 
+    grpo = posttrain(
+        "--recipe", "grpo_debug", "--model.init-from", str(run / "model"), "--train.steps", "2",
+        "--train.warmup-steps", "1", "--grpo.prompts-per-step", "2", "--grpo.group-size", "3",
+        "--grpo.max-new-tokens", "4", "--eval.examples", "4", "--eval.max-new-tokens", "4",
+        "--device.lane", "cpu", "--output.run-name", "grpo", cwd=tmp_path,
+    )  # fmt: skip
+    assert grpo.returncode == 0, grpo.stdout + grpo.stderr
+    grpo_run = tmp_path / "runs" / "grpo"
+    steps = [json.loads(line) for line in (grpo_run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["weights_version"] for row in steps if "reward_mean" in row] == [1, 2]
+    grpo_eval = json.loads((grpo_run / "eval.json").read_text())
+    assert grpo_eval["before"]["completions"] == first_eval["after"]["completions"][:4]  # started from the SFT model
+    assert "sampled_accuracy" in grpo_eval["after"] and (grpo_run / "model" / "model.safetensors").is_file()
+    assert "engine weights" in grpo.stdout and "version 2" in grpo.stdout
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _, ours = load_model(run / "model")

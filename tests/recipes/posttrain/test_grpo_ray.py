@@ -78,6 +78,10 @@ def test_two_workers_sample_what_one_engine_samples_and_sync_by_checksum(ray_clu
         with pytest.raises(ValueError, match="not newer"):
             sync_weights(model, rollout, version=1)
 
+        ray_cluster.kill(rollout.workers[1])  # a worker that dies is named, not a hang or a bare Ray error
+        with pytest.raises(RuntimeError, match="worker failed while sampling"):
+            rollout.generate(prompts, params)
+
 
 def test_one_grpo_step_with_a_ray_rollout_worker_equals_the_local_step(tmp_path, sft_folder, ray_cluster):  # noqa: F811
     def alternating(prompt, completion, answer):

@@ -19,11 +19,12 @@ from titanpod.recipes.posttrain.grpo_recipe import (
     GRPOTrainConfig,
     RolloutConfig,
 )
-from titanpod.recipes.posttrain.grpo_run import run_grpo, warmup_lr
+from titanpod.recipes.posttrain.grpo_run import run_grpo, sampled_accuracy, warmup_lr
 from titanpod.recipes.posttrain.registry import POSTTRAIN_RECIPES, grpo_debug
-from titanpod.recipes.posttrain.rollout import trainer_state, weights_checksum
+from titanpod.recipes.posttrain.rollout import Completion, trainer_state, weights_checksum
 from titanpod.recipes.posttrain.rollout.ray_rollout import import_ray
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig
+from titanpod.recipes.posttrain.tasks import Example, get_task
 from titanpod.recipes.posttrain.tokenizer import load_sft_tokenizer
 from titanpod.recipes.recipe import OutputConfig
 
@@ -75,6 +76,9 @@ def test_a_step_trains_and_the_engine_holds_the_trainers_weights(tmp_path, sft_f
     lines = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if "reward_mean" in line] == [1, 2]
     assert result.before is not None and result.after is not None
+    assert result.sampled_before is not None and result.sampled_after is not None
+    record = json.loads((result.run_dir / "eval.json").read_text())
+    assert record["after"]["sampled_accuracy"] == result.sampled_after and record["after"]["samples_per_prompt"] == 4
     assert (result.run_dir / "eval.json").is_file() and (result.weights_path.parent / "tokenizer.json").is_file()
 
 
@@ -169,3 +173,21 @@ def test_ray_mode_without_ray_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
     with pytest.raises(ImportError, match=r"titanpod-posttrain\[ray\]"):
         import_ray()
+
+
+def test_sampled_accuracy_counts_exact_answers_among_the_engines_samples():
+    tokenizer = load_sft_tokenizer("chars")
+    task = get_task("reverse")
+    examples = [Example("reverse: abc\n", "cba"), Example("reverse: xy\n", "yx")]
+    texts = ["cba", "cbb", "yx", "yx<|endoftext|>"]  # 3 of the 4 samples are exact answers
+
+    class ScriptedEngine:
+        def generate(self, prompts, params):
+            assert params.n == 2 and len(prompts) == 2 and params.temperature == 0.7
+            return [
+                Completion(i // 2, prompts[i // 2], tokenizer.encode(text), torch.zeros(1), "stop", i % 2)
+                for i, text in enumerate(texts)
+            ]
+
+    recipe = dataclasses.replace(grpo_debug(), grpo=GRPOConfig(eval_samples=2, temperature=0.7))
+    assert sampled_accuracy(ScriptedEngine(), tokenizer, task, examples, recipe) == 0.75

@@ -1,4 +1,4 @@
-"""``titanpod-posttrain``: post-train a language model from a recipe (supervised fine-tuning; GRPO to come).
+"""``titanpod-posttrain``: post-train a language model from a recipe (supervised fine-tuning, GRPO).
 
 titanpod-posttrain                                   # sft_debug: the llama3 debug model learns to reverse strings
 titanpod-posttrain --list-recipes
@@ -6,8 +6,9 @@ titanpod-posttrain --recipe sft_debug --train.steps 50 --eval.examples 100
 titanpod-posttrain --model.init-from runs/sft_debug-.../model   # start from a finished run's weights
 titanpod-posttrain --data.source jsonl --data.path chats.jsonl --eval.task reverse
 titanpod-posttrain --output.run-name try1 --resume   # continue try1 from its newest checkpoint
-titanpod-posttrain --help                            # every field of the recipe
-"""
+titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft/model            # GRPO from an SFT model
+titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft/model --rollout.mode ray --rollout.workers 2
+titanpod-posttrain --help                            # every field of the recipe"""
 
 from __future__ import annotations
 

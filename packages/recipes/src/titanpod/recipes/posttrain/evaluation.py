@@ -74,6 +74,14 @@ class Evaluation:
     completions: list[str]
     """Each example's decoded completion (up to its stop token)."""
 
+    def accuracy_line(self, step: int, when: str, task_name: str) -> str:
+        """``step N: held-out accuracy <when> X% (right/total <task> test prompts, greedy)``."""
+        right = round(self.accuracy * len(self.examples))
+        return (
+            f"step {step}: held-out accuracy {when} {self.accuracy:.1%} "
+            f"({right}/{len(self.examples)} {task_name} test prompts, greedy)"
+        )
+
     def shown(self, task: Task, count: int) -> list[str]:
         """The first ``count`` examples as console lines (rich markup): prompt -> completion (answer): right/wrong."""
         lines = []

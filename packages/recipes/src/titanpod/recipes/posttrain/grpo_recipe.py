@@ -16,6 +16,12 @@ MISSING_INIT_FROM = (
 )
 
 
+REWARDS = ("exact", "partial")
+"""The reward functions a built-in task offers (``grpo.reward``)."""
+ROLLOUT_MODES = ("local", "ray")
+"""Where rollouts run (``rollout.mode``)."""
+
+
 @dataclass(frozen=True)
 class GRPOModelConfig:
     """The model GRPO starts from."""
@@ -33,6 +39,9 @@ class GRPOConfig:
 
     task: str = "reverse"
     """The built-in task whose train split gives prompts and whose reward scores completions."""
+    reward: str = "exact"
+    """``exact``: 1 for the exact answer, else 0. ``partial``: 1 for the exact answer, else up to 0.5 for the share
+    of characters in the right place (a denser signal; accuracy still counts exact answers only)."""
     format: str = "plain"
     """How a prompt is laid out (``plain`` or ``chat``), as the SFT run that made the model laid it out."""
     group_size: int = 8
@@ -51,13 +60,19 @@ class GRPOConfig:
     """Weight of the k3 KL penalty to the starting model; 0 disables it and skips the reference model."""
     updates_per_step: int = 1
     """Optimizer updates on each step's rollouts (1: on-policy, the ratio is 1 and nothing clips)."""
+    eval_samples: int = 4
+    """Completions sampled per held-out prompt (at the rollout temperature and top-p, same seeds before and
+    after) for the sampled accuracy reported beside the greedy one; 0 reports greedy accuracy only."""
 
     def __post_init__(self) -> None:
         _choice("grpo.task", self.task, tuple(TASKS))
         _choice("grpo.format", self.format, FORMATS)
+        _choice("grpo.reward", self.reward, REWARDS)
         problems = []
         if self.group_size < 1 or self.prompts_per_step < 1 or self.max_new_tokens < 1 or self.updates_per_step < 1:
             problems.append("group_size, prompts_per_step, max_new_tokens and updates_per_step must be at least 1")
+        if self.eval_samples < 0:
+            problems.append(f"eval_samples must be >= 0, got {self.eval_samples}")
         if self.temperature <= 0:
             problems.append(f"temperature must be > 0 for exploration, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -66,9 +81,6 @@ class GRPOConfig:
             problems.append(f"clip_eps and kl_beta must be >= 0, got {self.clip_eps} and {self.kl_beta}")
         if problems:
             raise ValueError("grpo: " + "; ".join(problems) + ".")
-
-
-ROLLOUT_MODES = ("local", "ray")
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,10 @@ class GRPOResult:
     """Held-out accuracy before GRPO."""
     after: Score | None = None
     """Held-out accuracy after GRPO."""
+    sampled_before: float | None = None
+    """Held-out accuracy of sampled completions (``grpo.eval_samples`` per prompt) before GRPO."""
+    sampled_after: float | None = None
+    """The same after GRPO (same prompts, same seeds)."""
     skipped_samples: int = 0
     """Completions whose reward function raised (left out of the update)."""
     weights_version: int = 0
@@ -125,6 +129,9 @@ class GRPOResult:
                         f"{score.accuracy:.1%} ({right}/{self.eval_examples} {self.eval_task} test prompts)",
                     )
                 )
+        for label, sampled in (("before", self.sampled_before), ("after", self.sampled_after)):
+            if sampled is not None:
+                rows.append((f"held-out accuracy {label}, sampled", f"{sampled:.1%}"))
         rows.append(("engine weights", f"version {self.weights_version}, checksum {self.checksum[:16]}"))
         rows.append(("wall time (steps)", f"{self.wall_seconds:.1f} s"))
         rows.append(("run directory", str(self.run_dir)))
@@ -157,6 +164,30 @@ def load_policy(recipe: GRPORecipe, device: torch.device) -> tuple[str, Transfor
     family, model = load_model(folder, "cpu")
     model = model.float().to(device)
     return family, model, load_sft_tokenizer(spec)
+
+
+def sampled_accuracy(
+    engine: RolloutEngine, tokenizer: SFTTokenizer, task: Task, examples: list[Example], recipe: GRPORecipe
+) -> float:
+    """The share of ``grpo.eval_samples`` completions per example, sampled by ``engine`` at the rollout
+    temperature and top-p with seeds from ``eval.seed`` (the same draws before and after), that ``task``
+    scores 1.0."""
+    config = recipe.grpo
+    prompts = tokenizer.encode_batch([prompt_text(tokenizer, e.prompt, config.format) for e in examples])
+    params = SamplingParams(
+        max_new_tokens=recipe.eval.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        stop_token_ids=tokenizer.stop_ids,
+        seed=recipe.eval.seed,
+        n=config.eval_samples,
+    )
+    completions = engine.generate(prompts, params)
+    right = 0
+    for completion in completions:
+        example = examples[completion.prompt_index]
+        right += task.reward(example.prompt, tokenizer.decode(completion.token_ids), example.answer) == 1.0
+    return right / len(completions)
 
 
 def warmup_lr(train: GRPOTrainConfig, step: int) -> float:
@@ -240,8 +271,8 @@ def padded_old_logprobs(completions: list[Completion], T: int, device: torch.dev
 def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Reward | None = None) -> GRPOResult:
     """GRPO from the SFT model of ``model.init_from``; held-out accuracy before and after; write the run.
 
-    ``reward`` replaces the task's reward function (prompt, completion text, answer) -> float.
-    """
+    ``reward`` (prompt, completion text, answer) -> float replaces the task's reward that ``grpo.reward``
+    picks (exact or partial)."""
     if process_info().world_size > 1:
         raise ValueError(
             "GRPO's trainer runs in one process: start it without torchrun (--rollout.mode ray spreads the rollouts)."
@@ -257,7 +288,7 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
     check_fits(tokenizer.tokenizer, tokenizer.spec, model.args.vocab_size)
     task = get_task(config.task)
     check_covers(tokenizer, task)
-    score_fn: Reward = reward if reward is not None else task.reward
+    score_fn: Reward = reward or (task.partial_reward if config.reward == "partial" else task.reward)
     max_seq_len = model.args.max_seq_len
 
     # Every step's prompts, drawn and checked before any work.
@@ -299,6 +330,7 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
         )
         writer = JsonlWriter(run_dir / "metrics.jsonl")
         evaluations: dict[str, tuple[int, Evaluation]] = {}
+        sampled_scores: dict[str, dict[str, float]] = {}
 
         def score(label: str, step_number: int) -> None:
             if not test_examples:
@@ -313,12 +345,16 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
                 batch_size=recipe.eval.batch_size,
             )
             evaluations[label] = (step_number, evaluation)
-            right = round(evaluation.accuracy * len(test_examples))
-            say(
-                f"step {step_number}: held-out accuracy {label} GRPO {evaluation.accuracy:.1%} "
-                f"({right}/{len(test_examples)} {eval_task.name} test prompts, greedy)"
-            )
+            say(evaluation.accuracy_line(step_number, f"{label} GRPO", eval_task.name))
             writer.write_scalars(step_number, {"eval_accuracy": evaluation.accuracy})
+            if config.eval_samples:
+                sampled = sampled_accuracy(engine, tokenizer, eval_task, test_examples, recipe)
+                sampled_scores[label] = {"sampled_accuracy": sampled, "samples_per_prompt": config.eval_samples}
+                say(
+                    f"step {step_number}: held-out accuracy {label} GRPO {sampled:.1%} sampled "
+                    f"({config.eval_samples} completions per test prompt at temperature {config.temperature})"
+                )
+                writer.write_scalars(step_number, {"eval_sampled_accuracy": sampled})
 
         started = time.perf_counter()
         shown_errors = 0
@@ -350,11 +386,13 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
         finally:
             writer.close()
         result.before, result.after = score_of(evaluations, "before"), score_of(evaluations, "after")
+        result.sampled_before = sampled_scores.get("before", {}).get("sampled_accuracy")
+        result.sampled_after = sampled_scores.get("after", {}).get("sampled_accuracy")
         if "after" in evaluations:
             for line in evaluations["after"][1].shown(eval_task, recipe.eval.show):
                 say(line)
         if evaluations:
-            write_eval_file(run_dir / EVAL_FILE, eval_task.name, evaluations)
+            write_eval_file(run_dir / EVAL_FILE, eval_task.name, evaluations, sampled_scores)
         if recipe.output.save_weights and result.steps_done > 0:
             extra = {"recipe.json": recipe.to_json(), **tokenizer.files()}
             result.weights_path = save_model(

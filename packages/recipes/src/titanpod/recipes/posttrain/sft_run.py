@@ -9,6 +9,7 @@ checkpoint with the tokenizer, loadable by transformers).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -225,11 +226,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
             batch_size=recipe.eval.batch_size,
         )
         evaluations[label] = (step_number, evaluation)
-        right = round(evaluation.accuracy * len(test_examples))
-        say(
-            f"step {step_number}: held-out accuracy {label} training {evaluation.accuracy:.1%} "
-            f"({right}/{len(test_examples)} {task.name} test prompts, greedy)"
-        )
+        say(evaluation.accuracy_line(step_number, f"{label} training", task.name))
         for writer in writers:
             writer.write_scalars(step_number, {"eval_accuracy": evaluation.accuracy})
         return evaluation
@@ -307,13 +304,20 @@ def score_of(evaluations: dict[str, tuple[int, Evaluation]], label: str) -> Scor
     return Score(step_number, evaluation.accuracy)
 
 
-def write_eval_file(path: Path, task: str | None, evaluations: dict[str, tuple[int, Evaluation]]) -> None:
-    """``eval.json``: the task, and for each evaluation (``before``, ``after``) its step, accuracy and completions."""
+def write_eval_file(
+    path: Path,
+    task: str | None,
+    evaluations: dict[str, tuple[int, Evaluation]],
+    extra: Mapping[str, Mapping[str, object]] | None = None,
+) -> None:
+    """``eval.json``: the task, and for each evaluation (``before``, ``after``) its step, accuracy, the fields
+    ``extra[label]`` adds (e.g. a sampled accuracy) and the completions."""
     record: dict[str, object] = {"task": task}
     for label, (step_number, evaluation) in evaluations.items():
         record[label] = {
             "step": step_number,
             "accuracy": evaluation.accuracy,
+            **(extra or {}).get(label, {}),
             "completions": [
                 {"prompt": example.prompt, "completion": completion, "answer": example.answer}
                 for example, completion in zip(evaluation.examples, evaluation.completions, strict=True)

@@ -159,11 +159,18 @@ class RayRollout:
             actor = ray.remote(num_cpus=worker_cpus, num_gpus=worker_gpus)(RolloutWorker)
             device = "cuda" if worker_gpus > 0 else "cpu"
             self.workers = [actor.remote(model.args, weights, 0, device, max_batch) for _ in range(workers)]
-            self.infos: list[WorkerInfo] = ray.get([w.info.remote() for w in self.workers])
+            self.infos: list[WorkerInfo] = self._get([w.info.remote() for w in self.workers], "starting")
             self._check_all(weights_checksum(state), version=0)
         except BaseException:
             self.close()
             raise
+
+    def _get(self, pending: list[Any], doing: str = "working") -> list[Any]:
+        """The results of ``pending`` worker calls; a worker's failure becomes a ``RuntimeError`` naming it."""
+        try:
+            return self._ray.get(pending)
+        except self._ray.exceptions.RayError as error:
+            raise RuntimeError(f"A Ray rollout worker failed while {doing}: {error}") from error
 
     def describe(self) -> str:
         """One line naming the workers and where they run."""
@@ -171,7 +178,7 @@ class RayRollout:
         return f"{len(self.workers)} Ray rollout worker{'s' * (len(self.workers) > 1)}: {places}"
 
     def _check_all(self, expected: str, version: int) -> list[str]:
-        checksums = self._ray.get([w.checksum.remote() for w in self.workers])
+        checksums = self._get([w.checksum.remote() for w in self.workers])
         wrong = [f"worker {i}: {c}" for i, c in enumerate(checksums) if c != expected]
         if wrong:
             raise RuntimeError(
@@ -182,7 +189,7 @@ class RayRollout:
 
     def checksum(self) -> str:
         """The checksum every worker holds (``RuntimeError`` if they differ)."""
-        checksums = self._ray.get([w.checksum.remote() for w in self.workers])
+        checksums = self._get([w.checksum.remote() for w in self.workers])
         if len(set(checksums)) != 1:
             raise RuntimeError(f"Rollout workers hold different weights: {checksums}")
         return checksums[0]
@@ -195,7 +202,7 @@ class RayRollout:
             worker.generate.remote(prompts[start:stop], params, start)
             for worker, (start, stop) in zip(self.workers, blocks, strict=False)
         ]
-        return [c for block in self._ray.get(pending) for c in completions_from_wire(block)]
+        return [c for block in self._get(pending, "sampling") for c in completions_from_wire(block)]
 
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> SyncReport:
         """Send ``state`` to every worker as ``version``; each verifies it, and all must report the trainer's
@@ -204,7 +211,9 @@ class RayRollout:
         start = time.perf_counter()
         expected = weights_checksum(state)
         weights = self._ray.put(state_to_wire(state))
-        reports: list[SyncReport] = self._ray.get([w.load_weights.remote(weights, version) for w in self.workers])
+        reports: list[SyncReport] = self._get(
+            [w.load_weights.remote(weights, version) for w in self.workers], "loading weights"
+        )
         wrong = [f"worker {i}: {r.checksum}" for i, r in enumerate(reports) if r.checksum != expected]
         if wrong:
             raise RuntimeError(
@@ -222,8 +231,9 @@ class RayRollout:
 
     def close(self) -> None:
         """Stop the workers, and the local Ray cluster if this object started it."""
-        for worker in self.workers:
-            self._ray.kill(worker)
+        if self._ray.is_initialized():
+            for worker in self.workers:
+                self._ray.kill(worker)
         self.workers = []
         if self._started_ray and self._ray.is_initialized():
             self._ray.shutdown()
