@@ -73,15 +73,15 @@ def sft_debug() -> SFTRecipe:
 
 
 def grpo_debug() -> GRPORecipe:
-    """GRPO on 'reverse' from an SFT model (required: --model.init-from runs/<sft run>/model); 40 steps of 8 x 8."""
+    """GRPO on 'reverse' from an SFT model (--model.init-from runs/<sft run>/model, required): 60 steps of 64 x 8."""
     return GRPORecipe(
         name="grpo_debug",
         model=GRPOModelConfig(),
         device=DeviceConfig(lane="auto"),
-        grpo=GRPOConfig(task="reverse", group_size=8, prompts_per_step=8, temperature=1.0, max_new_tokens=12,
-                        clip_eps=0.2, kl_beta=0.0, updates_per_step=1),
-        train=GRPOTrainConfig(steps=40, lr=1e-4),
-        eval=EvalConfig(examples=200, max_new_tokens=12),
+        grpo=GRPOConfig(task="reverse", reward="partial", group_size=8, prompts_per_step=64, temperature=0.7,
+                        max_new_tokens=12, clip_eps=0.2, kl_beta=0.0, updates_per_step=1, eval_samples=4),
+        train=GRPOTrainConfig(steps=60, lr=5e-4, warmup_steps=10, log_every=5),
+        eval=EvalConfig(examples=400, max_new_tokens=12),
         output=OutputConfig(),
     )  # fmt: skip
 
