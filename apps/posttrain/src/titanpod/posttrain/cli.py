@@ -6,8 +6,8 @@ titanpod-posttrain --recipe sft_debug --train.steps 50 --eval.examples 100
 titanpod-posttrain --model.init-from runs/sft_debug-.../model   # start from a finished run's weights
 titanpod-posttrain --data.source jsonl --data.path chats.jsonl --eval.task reverse
 titanpod-posttrain --output.run-name try1 --resume   # continue try1 from its newest checkpoint
-titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft/model            # GRPO from an SFT model
-titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft/model --rollout.mode ray --rollout.workers 2
+titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft200/model         # GRPO from an SFT model
+titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft200/model --rollout.mode ray --rollout.workers 2
 titanpod-posttrain --help                            # every field of the recipe"""
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from titanpod.recipes.recipe import OutputConfig, RecipeFile
 
 MISSING_INIT_FROM = (
     "GRPO starts from a fine-tuned model, and model.init_from is not set. Run SFT first, e.g. "
-    "`uv run titanpod-posttrain --recipe sft_debug --output.run-name sft`, then pass its model folder: "
-    "`--model.init-from runs/sft/model`."
+    "`uv run titanpod-posttrain --recipe sft_debug --train.steps 200 --output.run-name sft200` "
+    "(partly trained, so GRPO has room to gain), then pass its model folder: `--model.init-from runs/sft200/model`."
 )
 
 
