@@ -25,7 +25,11 @@ from titanpod.recipes.posttrain.rollout import (
 )
 from titanpod.recipes.posttrain.rollout.ray_rollout import RayRollout, import_ray, split_evenly
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    # Ray starts its processes with fork + exec, which JAX (loaded by other tests) warns about; exec replaces the child.
+    pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning"),
+]
 
 ARGS = DecoderArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=96, max_seq_len=48)
 
