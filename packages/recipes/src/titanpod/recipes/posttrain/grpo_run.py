@@ -268,11 +268,39 @@ def padded_old_logprobs(completions: list[Completion], T: int, device: torch.dev
     return old_NT.to(device)
 
 
-def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Reward | None = None) -> GRPOResult:
-    """GRPO from the SFT model of ``model.init_from``; held-out accuracy before and after; write the run.
+@dataclass
+class GRPOSetup:
+    """What a GRPO run has loaded and checked before it writes anything or starts an engine."""
 
-    ``reward`` (prompt, completion text, answer) -> float replaces the task's reward that ``grpo.reward``
-    picks (exact or partial)."""
+    recipe: GRPORecipe
+    """The recipe."""
+    lane: str
+    """The trainer's lane."""
+    device: torch.device
+    """The trainer's device."""
+    family: str
+    """The model family of ``model.init_from``."""
+    model: Transformer
+    """The policy being trained (fp32)."""
+    tokenizer: SFTTokenizer
+    """The SFT run's tokenizer."""
+    task: Task
+    """The task whose train prompts are rolled out."""
+    reward: Reward
+    """The reward function rollouts are scored with."""
+    plan: list[tuple[list[Example], list[list[int]]]]
+    """Each step's prompts and their token ids, every one checked to fit the context."""
+    eval_task: Task
+    """The task held-out accuracy is measured on."""
+    test_examples: list[Example]
+    """The held-out prompts (none when evaluation is off)."""
+
+
+def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
+    """Load the SFT model and its tokenizer, and draw and check every step's prompts, before any work.
+
+    ``ValueError`` names what does not fit: the launch, the lane, ``init_from``, the tokenizer, a prompt.
+    """
     if process_info().world_size > 1:
         raise ValueError(
             "GRPO's trainer runs in one process: start it without torchrun (--rollout.mode ray spreads the rollouts)."
@@ -280,131 +308,175 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
     backend = get_backend(recipe.device.lane)
     if backend.lane == "xla":
         raise ValueError("GRPO runs on the cpu, cuda or tpu lanes; the xla lane is not available for it yet.")
-    say = (lambda message: console.print(message, soft_wrap=True)) if console is not None else (lambda message: None)
-    config, train = recipe.grpo, recipe.train
+    config = recipe.grpo
     device = backend.device(process_info().local_rank)
-    torch.manual_seed(train.seed)
+    torch.manual_seed(recipe.train.seed)
     family, model, tokenizer = load_policy(recipe, device)
     check_fits(tokenizer.tokenizer, tokenizer.spec, model.args.vocab_size)
     task = get_task(config.task)
     check_covers(tokenizer, task)
-    score_fn: Reward = reward or (task.partial_reward if config.reward == "partial" else task.reward)
-    max_seq_len = model.args.max_seq_len
-
-    # Every step's prompts, drawn and checked before any work.
     plan: list[tuple[list[Example], list[list[int]]]] = []
-    for step_number in range(1, train.steps + 1):
+    for step_number in range(1, recipe.train.steps + 1):
         examples = step_examples(task, recipe, step_number)
         ids = tokenizer.encode_batch([prompt_text(tokenizer, e.prompt, config.format) for e in examples])
         for example, prompt_ids in zip(examples, ids, strict=True):
-            check_prompt_fits(example.prompt, prompt_ids, config.max_new_tokens, max_seq_len, f"step {step_number}")
+            check_prompt_fits(
+                example.prompt, prompt_ids, config.max_new_tokens, model.args.max_seq_len, f"step {step_number}"
+            )
         plan.append((examples, ids))
     eval_task = get_task(recipe.eval_task)
     check_covers(tokenizer, eval_task)
     test_examples = eval_task.examples("test", recipe.eval.examples, recipe.eval.seed) if recipe.eval.enabled else []
+    return GRPOSetup(
+        recipe,
+        backend.lane,
+        device,
+        family,
+        model,
+        tokenizer,
+        task,
+        reward or (task.partial_reward if config.reward == "partial" else task.reward),
+        plan,
+        eval_task,
+        test_examples,
+    )
 
-    engine = open_rollout(recipe.rollout, model, config.prompts_per_step * config.group_size, say)
+
+def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Reward | None = None) -> GRPOResult:
+    """GRPO from the SFT model of ``model.init_from``; held-out accuracy before and after; write the run.
+
+    ``reward`` (prompt, completion text, answer) -> float replaces the task's reward that ``grpo.reward``
+    picks (exact or partial)."""
+    say = (lambda message: console.print(message, soft_wrap=True)) if console is not None else (lambda message: None)
+    setup = prepare_grpo(recipe, reward)
+    config = recipe.grpo
+    engine = open_rollout(recipe.rollout, setup.model, config.prompts_per_step * config.group_size, say)
     try:
-        reference = copy.deepcopy(model).requires_grad_(False).eval() if config.kl_beta > 0 else None
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), weight_decay=train.weight_decay
-        )
-        run_dir = prepare_run_dir(recipe)
-        tokenizer.save(run_dir)
-        result = GRPOResult(
-            run_dir,
-            backend.lane,
-            parameter_count(model),
-            f"{recipe.model.init_from} ({family})",
-            eval_task=eval_task.name,
-            eval_examples=len(test_examples),
-            rollout=engine.describe() if isinstance(engine, RayRollout) else "local (this process)",
-            checksum=engine.checksum(),
-        )
-        say(
-            f"lane [bold]{backend.lane}[/] on {device}, {family}: {result.parameters:,} parameters from "
-            f"{escape(result.started_from)}; {train.steps} steps of {config.prompts_per_step} {task.name} prompts x "
-            f"{config.group_size} completions; KL beta {config.kl_beta}"
-            + ("" if reference is not None else " (no reference model)")
-            + f"; run directory {run_dir}"
-        )
-        writer = JsonlWriter(run_dir / "metrics.jsonl")
-        evaluations: dict[str, tuple[int, Evaluation]] = {}
-        sampled_scores: dict[str, dict[str, float]] = {}
-
-        def score(label: str, step_number: int) -> None:
-            if not test_examples:
-                return
-            evaluation = evaluate(
-                model,
-                tokenizer,
-                eval_task,
-                test_examples,
-                recipe.eval.max_new_tokens,
-                format=config.format,
-                batch_size=recipe.eval.batch_size,
-            )
-            evaluations[label] = (step_number, evaluation)
-            say(evaluation.accuracy_line(step_number, f"{label} GRPO", eval_task.name))
-            writer.write_scalars(step_number, {"eval_accuracy": evaluation.accuracy})
-            if config.eval_samples:
-                sampled = sampled_accuracy(engine, tokenizer, eval_task, test_examples, recipe)
-                sampled_scores[label] = {"sampled_accuracy": sampled, "samples_per_prompt": config.eval_samples}
-                say(
-                    f"step {step_number}: held-out accuracy {label} GRPO {sampled:.1%} sampled "
-                    f"({config.eval_samples} completions per test prompt at temperature {config.temperature})"
-                )
-                writer.write_scalars(step_number, {"eval_sampled_accuracy": sampled})
-
-        started = time.perf_counter()
-        shown_errors = 0
-        try:
-            if recipe.eval.before:
-                score("before", 0)
-            started = time.perf_counter()
-            for step_number, (examples, prompt_ids) in enumerate(plan, start=1):
-                metrics = grpo_step(
-                    recipe, model, reference, engine, optimizer, tokenizer, score_fn, examples, prompt_ids, step_number
-                )
-                for message in metrics["reward_errors"]:
-                    if shown_errors < SHOWN_REWARD_ERRORS:
-                        shown_errors += 1
-                        say(f"[yellow]step {step_number}: {escape(message)}; sample skipped[/]")
-                result.history.append(metrics)
-                result.steps_done = step_number
-                result.skipped_samples += metrics["skipped"]
-                result.weights_version, result.checksum = metrics["weights_version"], metrics["checksum"]
-                writer.write(metrics)
-                if step_number % train.log_every == 0 or step_number == train.steps:
-                    say(format_metrics(metrics))
-            result.wall_seconds = time.perf_counter() - started
-            score("after", result.steps_done)
-        except KeyboardInterrupt:
-            result.interrupted = True
-            result.wall_seconds = time.perf_counter() - started
-            say(f"interrupted after {result.steps_done} steps")
-        finally:
-            writer.close()
-        result.before, result.after = score_of(evaluations, "before"), score_of(evaluations, "after")
-        result.sampled_before = sampled_scores.get("before", {}).get("sampled_accuracy")
-        result.sampled_after = sampled_scores.get("after", {}).get("sampled_accuracy")
-        if "after" in evaluations:
-            for line in evaluations["after"][1].shown(eval_task, recipe.eval.show):
-                say(line)
-        if evaluations:
-            write_eval_file(run_dir / EVAL_FILE, eval_task.name, evaluations, sampled_scores)
-        if recipe.output.save_weights and result.steps_done > 0:
-            extra = {"recipe.json": recipe.to_json(), **tokenizer.files()}
-            result.weights_path = save_model(
-                model, family, run_dir / MODEL_FOLDER, {"step": result.steps_done}, extra_files=extra
-            )
-            if recipe.export_hf:
-                result.hf_path = save_hf_checkpoint(model, family, run_dir / HF_FOLDER)
-                tokenizer.save(result.hf_path)
-                say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
-        return result
+        return train_grpo(setup, engine, say)
     finally:
         close_rollout(engine)
+
+
+class HeldOut:
+    """Held-out accuracy at the points a run asks for: greedy, and sampled by the rollout engine."""
+
+    def __init__(self, setup: GRPOSetup, engine: RolloutEngine, writer: JsonlWriter, say: Callable[[str], None]):
+        """Score ``setup``'s test prompts with ``setup.model`` and ``engine``; print with ``say``, log to ``writer``."""
+        self.setup, self.engine, self.writer, self.say = setup, engine, writer, say
+        self.evaluations: dict[str, tuple[int, Evaluation]] = {}
+        """Greedy evaluations by label (``before``, ``after``) with their step."""
+        self.sampled: dict[str, dict[str, float]] = {}
+        """Sampled accuracy (and samples per prompt) by label."""
+
+    def score(self, label: str, step_number: int) -> None:
+        """Measure held-out accuracy now and keep it as ``label``."""
+        setup, recipe = self.setup, self.setup.recipe
+        if not setup.test_examples:
+            return
+        evaluation = evaluate(
+            setup.model,
+            setup.tokenizer,
+            setup.eval_task,
+            setup.test_examples,
+            recipe.eval.max_new_tokens,
+            format=recipe.grpo.format,
+            batch_size=recipe.eval.batch_size,
+        )
+        self.evaluations[label] = (step_number, evaluation)
+        self.say(evaluation.accuracy_line(step_number, f"{label} GRPO", setup.eval_task.name))
+        self.writer.write_scalars(step_number, {"eval_accuracy": evaluation.accuracy})
+        samples = recipe.grpo.eval_samples
+        if samples:
+            accuracy = sampled_accuracy(self.engine, setup.tokenizer, setup.eval_task, setup.test_examples, recipe)
+            self.sampled[label] = {"sampled_accuracy": accuracy, "samples_per_prompt": samples}
+            self.say(
+                f"step {step_number}: held-out accuracy {label} GRPO {accuracy:.1%} sampled "
+                f"({samples} completions per test prompt at temperature {recipe.grpo.temperature})"
+            )
+            self.writer.write_scalars(step_number, {"eval_sampled_accuracy": accuracy})
+
+    def fill(self, result: GRPOResult, run_dir: Path) -> None:
+        """Put the scores into ``result``, show the first examples and write ``eval.json``."""
+        result.before, result.after = score_of(self.evaluations, "before"), score_of(self.evaluations, "after")
+        result.sampled_before = self.sampled.get("before", {}).get("sampled_accuracy")
+        result.sampled_after = self.sampled.get("after", {}).get("sampled_accuracy")
+        if "after" in self.evaluations:
+            for line in self.evaluations["after"][1].shown(self.setup.eval_task, self.setup.recipe.eval.show):
+                self.say(line)
+        if self.evaluations:
+            write_eval_file(run_dir / EVAL_FILE, self.setup.eval_task.name, self.evaluations, self.sampled)
+
+
+def train_grpo(setup: GRPOSetup, engine: RolloutEngine, say: Callable[[str], None]) -> GRPOResult:
+    """The GRPO steps of ``setup`` with rollouts from ``engine`` (holding the model's weights as version 0),
+    held-out accuracy before and after, and the run directory written."""
+    recipe, model, tokenizer = setup.recipe, setup.model, setup.tokenizer
+    config, train = recipe.grpo, recipe.train
+    reference = copy.deepcopy(model).requires_grad_(False).eval() if config.kl_beta > 0 else None
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), weight_decay=train.weight_decay
+    )
+    run_dir = prepare_run_dir(recipe)
+    tokenizer.save(run_dir)
+    result = GRPOResult(
+        run_dir,
+        setup.lane,
+        parameter_count(model),
+        f"{recipe.model.init_from} ({setup.family})",
+        eval_task=setup.eval_task.name,
+        eval_examples=len(setup.test_examples),
+        rollout=engine.describe() if isinstance(engine, RayRollout) else "local (this process)",
+        checksum=engine.checksum(),
+    )
+    say(
+        f"lane [bold]{setup.lane}[/] on {setup.device}, {setup.family}: {result.parameters:,} parameters from "
+        f"{escape(result.started_from)}; {train.steps} steps of {config.prompts_per_step} {setup.task.name} prompts "
+        f"x {config.group_size} completions; KL beta {config.kl_beta}"
+        + ("" if reference is not None else " (no reference model)")
+        + f"; run directory {run_dir}"
+    )
+    writer = JsonlWriter(run_dir / "metrics.jsonl")
+    held_out = HeldOut(setup, engine, writer, say)
+    started = time.perf_counter()
+    shown_errors = 0
+    try:
+        if recipe.eval.before:
+            held_out.score("before", 0)
+        started = time.perf_counter()
+        for step_number, (examples, prompt_ids) in enumerate(setup.plan, start=1):
+            metrics = grpo_step(
+                recipe, model, reference, engine, optimizer, tokenizer, setup.reward, examples, prompt_ids, step_number
+            )
+            for message in metrics["reward_errors"]:
+                if shown_errors < SHOWN_REWARD_ERRORS:
+                    shown_errors += 1
+                    say(f"[yellow]step {step_number}: {escape(message)}; sample skipped[/]")
+            result.history.append(metrics)
+            result.steps_done = step_number
+            result.skipped_samples += metrics["skipped"]
+            result.weights_version, result.checksum = metrics["weights_version"], metrics["checksum"]
+            writer.write(metrics)
+            if step_number % train.log_every == 0 or step_number == train.steps:
+                say(format_metrics(metrics))
+        result.wall_seconds = time.perf_counter() - started
+        held_out.score("after", result.steps_done)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        result.wall_seconds = time.perf_counter() - started
+        say(f"interrupted after {result.steps_done} steps")
+    finally:
+        writer.close()
+    held_out.fill(result, run_dir)
+    if recipe.output.save_weights and result.steps_done > 0:
+        extra = {"recipe.json": recipe.to_json(), **tokenizer.files()}
+        result.weights_path = save_model(
+            model, setup.family, run_dir / MODEL_FOLDER, {"step": result.steps_done}, extra_files=extra
+        )
+        if recipe.export_hf:
+            result.hf_path = save_hf_checkpoint(model, setup.family, run_dir / HF_FOLDER)
+            tokenizer.save(result.hf_path)
+            say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
+    return result
 
 
 def score_completions(
