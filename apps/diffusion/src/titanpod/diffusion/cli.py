@@ -10,9 +10,11 @@ titanpod-diffusion sample --checkpoint runs/flux_debug-... --prompt "a large red
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
+import torch
 import tyro
 from rich.console import Console
 from rich.table import Table
@@ -77,11 +79,8 @@ def sample_command(argv: list[str], console: Console) -> int:
             f"{run_dir} is not a finished titanpod-diffusion run: it needs recipe.json and {TRANSFORMER_FOLDER}/."
         )
     recipe = DiffusionRecipe.load(run_dir / "recipe.json")
-    model = recipe.model.__class__(
-        **{**recipe.model.__dict__, "transformer_weights": str(run_dir / TRANSFORMER_FOLDER)}
-    )
-    recipe = recipe.__class__(**{**recipe.__dict__, "model": model})
-    models = build_diffusion_models(recipe, __import__("torch").device("cpu"))
+    model = dataclasses.replace(recipe.model, transformer_weights=str(run_dir / TRANSFORMER_FOLDER))
+    models = build_diffusion_models(dataclasses.replace(recipe, model=model), torch.device("cpu"))
     config = SampleConfig(
         prompts=len(args.prompt),
         steps=args.steps or recipe.samples.steps,

@@ -29,7 +29,7 @@ from titanpod.recipes.posttrain.registry import (
     PosttrainResult,
     get_posttrain_recipe,
 )
-from titanpod.recipes.run import latest_resumable_run
+from titanpod.recipes.run import with_resume
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,22 +68,6 @@ def parse_command(argv: list[str]) -> Command | None:
         config=(tyro.conf.FlagConversionOff,),
     )
     return Command(entry, with_resume(recipe) if known.resume else recipe)
-
-
-def with_resume(recipe: Any) -> Any:
-    """``--resume``: the recipe set to continue its run (``--output.run-name``, else the newest
-    run of this recipe under ``--output.runs-dir`` that has a complete checkpoint)."""
-    run_name = recipe.output.run_name or latest_resumable_run(recipe)
-    if run_name is None:
-        raise ValueError(
-            f"--resume: no run of recipe {recipe.name} under {recipe.output.runs_dir} has a complete checkpoint; "
-            "name the run with --output.run-name, or start a new one without --resume."
-        )
-    return dataclasses.replace(
-        recipe,
-        output=dataclasses.replace(recipe.output, run_name=run_name),
-        checkpoint=dataclasses.replace(recipe.checkpoint, resume="auto"),
-    )
 
 
 def print_summary(console: Console, result: PosttrainResult) -> None:

@@ -26,7 +26,7 @@ from titanpod.device import process_info
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, PretrainResult, Recipe, get_recipe, run_pretraining
 from titanpod.recipes.errors import print_error
 from titanpod.recipes.planner.report import dry_run
-from titanpod.recipes.run import latest_resumable_run
+from titanpod.recipes.run import with_resume
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,22 +80,6 @@ def parse_recipe(argv: list[str]) -> Recipe | None:
     """The recipe the command line describes; ``None`` after ``--list-recipes``."""
     command = parse_command(argv)
     return None if command is None else command.recipe
-
-
-def with_resume(recipe: Recipe) -> Recipe:
-    """``--resume``: the recipe set to continue its run (``--output.run-name``, else the newest
-    run of this recipe under ``--output.runs-dir`` that has a complete checkpoint)."""
-    run_name = recipe.output.run_name or latest_resumable_run(recipe)
-    if run_name is None:
-        raise ValueError(
-            f"--resume: no run of recipe {recipe.name} under {recipe.output.runs_dir} has a complete checkpoint; "
-            "name the run with --output.run-name, or start a new one without --resume."
-        )
-    return dataclasses.replace(
-        recipe,
-        output=dataclasses.replace(recipe.output, run_name=run_name),
-        checkpoint=dataclasses.replace(recipe.checkpoint, resume="auto"),
-    )
 
 
 def print_summary(console: Console, result: PretrainResult) -> None:

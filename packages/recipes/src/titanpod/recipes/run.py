@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -28,6 +30,9 @@ from titanpod.parallel.torch_executor import parallelize, unshard
 from titanpod.recipes.data import TrainData, build_data, gather_data_state
 from titanpod.recipes.recipe import NamedRun, Recipe
 from titanpod.recipes.validation import validation_loss
+
+ResumableRun = TypeVar("ResumableRun", bound=NamedRun)
+"""A recipe kind with ``name``, ``output`` and ``checkpoint`` (pretraining, SFT)."""
 
 
 @dataclass
@@ -72,13 +77,32 @@ def prepare_run_dir(recipe: NamedRun) -> Path:
     return run_dir
 
 
-def latest_resumable_run(recipe: Recipe) -> str | None:
+def latest_resumable_run(recipe: NamedRun) -> str | None:
     """Name of the newest run directory of ``recipe`` (``<name>-<timestamp>``) holding a complete checkpoint."""
     runs = Path(recipe.output.runs_dir)
     candidates = [
         run for run in runs.glob(f"{recipe.name}-*") if run.is_dir() and complete_checkpoints(run / "checkpoints")
     ]
     return max(candidates, key=lambda run: run.name).name if candidates else None
+
+
+def with_resume(recipe: ResumableRun) -> ResumableRun:
+    """``--resume``: the recipe set to continue its run (``--output.run-name``, else the newest
+    run of this recipe under ``--output.runs-dir`` that has a complete checkpoint).
+
+    ``ValueError`` when there is no such run, saying how to name one or start afresh.
+    """
+    run_name = recipe.output.run_name or latest_resumable_run(recipe)
+    if run_name is None:
+        raise ValueError(
+            f"--resume: no run of recipe {recipe.name} under {recipe.output.runs_dir} has a complete checkpoint; "
+            "name the run with --output.run-name, or start a new one without --resume."
+        )
+    return dataclasses.replace(
+        recipe,
+        output=dataclasses.replace(recipe.output, run_name=run_name),
+        checkpoint=dataclasses.replace(recipe.checkpoint, resume="auto"),
+    )
 
 
 def build_run_data(recipe: Recipe, vocab_size: int, rank: int, world_size: int) -> TrainData:
