@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 from titanpod.recipes.data.config import DataConfig
 from titanpod.recipes.data.packing import PackedBatches, PackedStream, is_held_out, tokenize_documents
+from titanpod.recipes.data.rank_state import gather_rank_states
 from titanpod.recipes.data.shipped import builtin_corpus_path
 from titanpod.recipes.data.sources import (
     DataError,
@@ -248,14 +249,4 @@ def gather_data_state(train: TrainBatches) -> dict[str, Any]:
     A streamed dataset's position differs per rank: it returns ``{"per_rank": [state of data rank 0, ...]}``,
     which ``load_state_dict`` on each rank understands. Call it on every rank.
     """
-    state = train.state_dict()
-    if state.get("kind") != "streaming" or state["world_size"] == 1:
-        return state
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        raise RuntimeError("gather_data_state with several data ranks needs torch.distributed initialised.")
-    states: list[dict[str, Any]] = [{}] * dist.get_world_size()
-    dist.all_gather_object(states, state)
-    by_rank = {item["rank"]: item for item in states}  # ranks sharing a data rank (tp, cp) hold the same position
-    return {"per_rank": [by_rank[index] for index in range(state["world_size"])]}
+    return gather_rank_states(train.state_dict(), "streaming", "gather_data_state")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from titanpod.recipes.data.packing import mask_documents
+from titanpod.recipes.data.rank_state import this_rank_state
 from titanpod.recipes.data.sources import DataError, first_line
 
 if TYPE_CHECKING:
@@ -165,23 +166,6 @@ class StreamingBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a position saved by ``state_dict`` (or this rank's entry of ``{"per_rank": [...]}``)."""
-        if "per_rank" in state:
-            if len(state["per_rank"]) != self.world_size:
-                raise ValueError(
-                    f"The saved data positions are of {len(state['per_rank'])} data-parallel ranks, this run has "
-                    f"{self.world_size}: a streamed dataset resumes only on as many ranks as it was saved from."
-                )
-            state = state["per_rank"][self.rank]
-        if state.get("kind") != "streaming":
-            raise ValueError(
-                f"The saved data position is of a {state.get('kind', 'packed')} loader, but this run's data is "
-                "streamed: resume with the data settings the checkpoint was made with."
-            )
-        if (state["rank"], state["world_size"]) != (self.rank, self.world_size):
-            raise ValueError(
-                f"The saved data position is rank {state['rank']}'s of {state['world_size']}, but this is rank "
-                f"{self.rank} of {self.world_size}: save every rank's position (gather_data_state) to resume a "
-                "streamed dataset on several ranks."
-            )
+        state = this_rank_state(state, "streaming", self.rank, self.world_size, "data", "gather_data_state")
         self.index = state["index"]
         self._restart(state["epoch"], state["dataset"], state["skip_tokens"])

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from titanpod.recipes.data.packing import is_held_out
+from titanpod.recipes.data.rank_state import gather_rank_states, this_rank_state
 from titanpod.recipes.data.sources import DataError, first_line
 from titanpod.recipes.images.config import ImageDataConfig
 from titanpod.recipes.images.shapes import draw_shapes
@@ -218,23 +219,7 @@ class StreamedImageBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a position saved by ``state_dict`` (or by ``gather_image_state``: ``{"per_rank": [...]}``)."""
-        if "per_rank" in state:
-            if len(state["per_rank"]) != self.world_size:
-                raise ValueError(
-                    f"The saved image stream positions are of {len(state['per_rank'])} data ranks, but this run has "
-                    f"{self.world_size}: a streamed position cannot be re-sharded; resume with the same data ranks."
-                )
-            state = state["per_rank"][self.rank]
-        if state.get("kind") != "image_stream":
-            raise ValueError(
-                f"The saved data position is of a {state.get('kind', 'packed')} loader, but this run's images are "
-                "streamed: resume with the data settings the checkpoint was made with."
-            )
-        if state["world_size"] != self.world_size or state["rank"] != self.rank:
-            raise ValueError(
-                f"The saved image stream position is of rank {state['rank']} of {state['world_size']}, but this is "
-                f"rank {self.rank} of {self.world_size}: a streamed position cannot be re-sharded."
-            )
+        state = this_rank_state(state, "image_stream", self.rank, self.world_size, "images", "gather_image_state")
         self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
         self._snapshot, self._iterator = state["dataset"], None
 
@@ -379,14 +364,4 @@ def gather_image_state(train: TrainImages) -> dict[str, Any]:
     differs per rank: it returns ``{"per_rank": [state of data rank 0, ...]}``, which ``load_state_dict`` on each
     rank understands. Call it on every rank.
     """
-    state = train.state_dict()
-    if state["kind"] != "image_stream" or state["world_size"] == 1:
-        return state
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        raise RuntimeError("gather_image_state with several data ranks needs torch.distributed initialised.")
-    states: list[dict[str, Any]] = [{}] * dist.get_world_size()
-    dist.all_gather_object(states, state)
-    by_rank = {item["rank"]: item for item in states}  # ranks sharing a data rank (tp, cp) hold the same position
-    return {"per_rank": [by_rank[index] for index in range(state["world_size"])]}
+    return gather_rank_states(train.state_dict(), "image_stream", "gather_image_state")
