@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import save_file
 
 from titanpod.checkpoint.atomic import atomic_directory
 from titanpod.checkpoint.errors import CheckpointMismatchError
@@ -30,12 +29,12 @@ from titanpod.checkpoint.hf_files import (
     CONFIG_FILE,
     Progress,
     dtype_from_name,
-    index_shard_files,
     open_shard,
     parse_size,
     plan_shards,
     read_hf_config,
     shard_files,
+    write_shards,
 )
 from titanpod.models.flux import FluxArgs, FluxOps, FluxTransformer, build_flux_transformer
 from titanpod.models.flux.hf import (
@@ -67,25 +66,21 @@ def read_flux_config(directory: Path | str) -> FluxArgs:
 def flux_shard_files(directory: Path | str) -> dict[str, list[str]]:
     """Shard file name -> tensor names it holds, from diffusers' index or single file (or transformers' names)."""
     directory = Path(directory)
-    index_path = directory / DIFFUSERS_INDEX_FILE
-    if index_path.is_file():
-        return index_shard_files(index_path)
-    single = directory / DIFFUSERS_SINGLE_FILE
-    if single.is_file():
-        return {DIFFUSERS_SINGLE_FILE: list(open_shard(single).keys())}
-    try:
-        return shard_files(directory)
-    except FileNotFoundError:
-        pickles = sorted(path.name for pattern in _PICKLES for path in directory.glob(pattern))
-        if pickles:
-            raise FileNotFoundError(
-                f"{directory} holds only pickled weights ({', '.join(pickles)}), which titanpod never reads: "
-                f"re-save them with save_pretrained(..., safe_serialization=True)."
-            ) from None
+    for names in ((DIFFUSERS_INDEX_FILE, DIFFUSERS_SINGLE_FILE), ()):  # diffusers' file names, then transformers'
+        try:
+            return shard_files(directory, *names)
+        except FileNotFoundError:
+            continue
+    pickles = sorted(path.name for pattern in _PICKLES for path in directory.glob(pattern))
+    if pickles:
         raise FileNotFoundError(
-            f"No {DIFFUSERS_INDEX_FILE} or {DIFFUSERS_SINGLE_FILE} in {directory}: not a diffusers FLUX transformer "
-            f"folder (in a pipeline folder, point at its transformer/ subfolder)."
-        ) from None
+            f"{directory} holds only pickled weights ({', '.join(pickles)}), which titanpod never reads: "
+            f"re-save them with save_pretrained(..., safe_serialization=True)."
+        )
+    raise FileNotFoundError(
+        f"No {DIFFUSERS_INDEX_FILE} or {DIFFUSERS_SINGLE_FILE} in {directory}: not a diffusers FLUX transformer "
+        f"folder (in a pipeline folder, point at its transformer/ subfolder)."
+    )
 
 
 def _validate(directory: Path, model: FluxTransformer, files: dict[str, list[str]]) -> torch.dtype:
@@ -195,23 +190,9 @@ def save_flux_transformer(
     itemsize = torch.empty((), dtype=dtype).element_size()
     shards = plan_shards(flux_hf_tensors(model), parse_size(max_shard_bytes), itemsize)
     directory = Path(directory)
-    weight_map: dict[str, str] = {}
-    total = 0
     with atomic_directory(directory) as staging:
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        for number, shard in enumerate(shards, 1):
-            if len(shards) == 1:
-                file = DIFFUSERS_SINGLE_FILE
-            else:
-                file = f"diffusion_pytorch_model-{number:05d}-of-{len(shards):05d}.safetensors"
-            tensors = {name: tensor.detach().to("cpu", dtype).contiguous() for name, tensor in shard}
-            save_file(tensors, str(staging / file), metadata={"format": "pt"})
-            total += sum(t.numel() * t.element_size() for t in tensors.values())
-            weight_map.update(dict.fromkeys(tensors, file))
-            del tensors
-            if progress is not None:
-                progress(f"wrote {file} ({number}/{len(shards)})")
-        if len(shards) > 1:
-            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-            (staging / DIFFUSERS_INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        write_shards(
+            staging, shards, dtype, "diffusion_pytorch_model", DIFFUSERS_SINGLE_FILE, DIFFUSERS_INDEX_FILE, progress
+        )
     return directory

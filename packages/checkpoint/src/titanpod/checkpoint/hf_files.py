@@ -63,16 +63,19 @@ def read_hf_config(directory: Path) -> tuple[str, dict]:
         raise ValueError(f"{path} is not valid JSON: {error}") from error
 
 
-def shard_files(directory: Path) -> dict[str, list[str]]:
-    """Shard file name -> tensor names it holds, from the index or the single file's header."""
+def shard_files(
+    directory: Path | str, index_file: str = INDEX_FILE, single_file: str = SINGLE_FILE
+) -> dict[str, list[str]]:
+    """Shard file name -> tensor names it holds, from ``index_file`` or ``single_file``'s header (transformers'
+    names by default); ``FileNotFoundError`` when the folder has neither."""
     directory = Path(directory)
-    index_path = directory / INDEX_FILE
+    index_path = directory / index_file
     if index_path.is_file():
         return index_shard_files(index_path)
-    single = directory / SINGLE_FILE
+    single = directory / single_file
     if single.is_file():
-        return {SINGLE_FILE: list(open_shard(single).keys())}
-    raise FileNotFoundError(f"No {INDEX_FILE} or {SINGLE_FILE} in {directory}.")
+        return {single_file: list(open_shard(single).keys())}
+    raise FileNotFoundError(f"No {index_file} or {single_file} in {directory}.")
 
 
 def index_shard_files(index_path: Path) -> dict[str, list[str]]:
@@ -217,24 +220,38 @@ def save_hf_checkpoint(
     itemsize = torch.empty((), dtype=dtype).element_size()
     shards = plan_shards(hf_tensors(model), parse_size(max_shard_size), itemsize)
     directory = Path(directory)
-    weight_map: dict[str, str] = {}
-    total = 0
     with atomic_directory(directory) as staging:
         config = hf_config_from_args(family, model.args, dtype_name)
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        for number, shard in enumerate(shards, 1):
-            file = SINGLE_FILE if len(shards) == 1 else f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-            tensors = {name: tensor.detach().to("cpu", dtype).contiguous() for name, tensor in shard}
-            save_file(tensors, str(staging / file), metadata={"format": "pt"})
-            total += sum(t.numel() * t.element_size() for t in tensors.values())
-            weight_map.update(dict.fromkeys(tensors, file))
-            del tensors
-            if progress is not None:
-                progress(f"wrote {file} ({number}/{len(shards)})")
-        if len(shards) > 1:
-            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            (staging / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        write_shards(staging, shards, dtype, "model", SINGLE_FILE, INDEX_FILE, progress)
     return directory
+
+
+def write_shards(
+    directory: Path,
+    shards: list[list[tuple[str, torch.Tensor]]],
+    dtype: torch.dtype,
+    stem: str,
+    single_file: str,
+    index_file: str,
+    progress: Progress | None = None,
+) -> None:
+    """Write ``shards`` (from ``plan_shards``) in ``dtype`` as ``<stem>-00001-of-0000N.safetensors`` files and
+    their ``index_file`` (``single_file`` alone when there is one shard), one shard in memory at a time."""
+    weight_map: dict[str, str] = {}
+    total = 0
+    for number, shard in enumerate(shards, 1):
+        file = single_file if len(shards) == 1 else f"{stem}-{number:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {name: tensor.detach().to("cpu", dtype).contiguous() for name, tensor in shard}
+        save_file(tensors, str(directory / file), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        weight_map.update(dict.fromkeys(tensors, file))
+        del tensors
+        if progress is not None:
+            progress(f"wrote {file} ({number}/{len(shards)})")
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (directory / index_file).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
 
 
 def iter_hf_tensors(directory: Path | str) -> Iterator[tuple[str, torch.Tensor]]:
