@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tests.recipes.posttrain.test_grpo_run import sft_folder, tiny  # noqa: F401  (sft_folder: a fixture)
+from tests.recipes.posttrain.test_rollout import tiny_model
 from titanpod.checkpoint import load_model
-from titanpod.models import DecoderArgs, Transformer
 from titanpod.recipes.posttrain.grpo_recipe import RolloutConfig
 from titanpod.recipes.posttrain.grpo_run import run_grpo
 from titanpod.recipes.posttrain.rollout import (
@@ -31,8 +31,6 @@ pytestmark = [
     pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning"),
 ]
 
-ARGS = DecoderArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=96, max_seq_len=48)
-
 
 @pytest.fixture(scope="module")
 def ray_cluster():
@@ -42,14 +40,6 @@ def ray_cluster():
     ray.shutdown()
 
 
-def random_model(seed: int = 0) -> Transformer:
-    with torch.device("meta"):
-        model = Transformer(ARGS)
-    model.to_empty(device="cpu")
-    model.init_weights(seed)
-    return model
-
-
 def test_split_evenly_keeps_order_and_drops_empty_blocks():
     assert split_evenly(5, 2) == [(0, 3), (3, 5)]
     assert split_evenly(2, 3) == [(0, 1), (1, 2)]
@@ -57,7 +47,7 @@ def test_split_evenly_keeps_order_and_drops_empty_blocks():
 
 
 def test_two_workers_sample_what_one_engine_samples_and_sync_by_checksum(ray_cluster):
-    model = random_model()
+    model = tiny_model()
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5], [42], [5, 6], [7, 7, 7]]
     params = SamplingParams(max_new_tokens=6, temperature=1.0, top_p=0.9, seed=3, n=3)
     expected = BuiltinEngine(model).generate(prompts, params)

@@ -1,12 +1,11 @@
 """Weight sync into a rollout engine: checksums, versions, verification; the vLLM adapter's guard."""
 
-import dataclasses
 import sys
 
 import pytest
 import torch
 
-from titanpod.models import DecoderArgs, MoEArgs, Transformer
+from tests.recipes.posttrain.test_rollout import PROMPTS, TINY, TINY_QWEN_MOE, greedy_by_hand, tiny_model
 from titanpod.models.hf import hf_tensors
 from titanpod.recipes.posttrain.rollout import (
     BuiltinEngine,
@@ -18,28 +17,7 @@ from titanpod.recipes.posttrain.rollout import (
 )
 from titanpod.recipes.posttrain.rollout.vllm_engine import hf_named
 
-TINY = DecoderArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=96, max_seq_len=48)
-TINY_QWEN_MOE = dataclasses.replace(
-    TINY, qk_norm=True, head_dim=16, tie_embeddings=True, moe=MoEArgs(n_experts=4, top_k=2, expert_ffn_dim=32)
-)
-PROMPTS = [[1, 2, 3], [9, 8, 7, 6, 5, 4, 3], [42]]
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
-
-
-def tiny_model(args: DecoderArgs = TINY, seed: int = 0) -> Transformer:
-    with torch.device("meta"):
-        model = Transformer(args)
-    model.to_empty(device="cpu")
-    model.init_weights(seed)
-    return model
-
-
-@torch.no_grad()
-def greedy_by_hand(model: Transformer, prompt: list[int], steps: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(steps):
-        tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
-    return tokens[len(prompt) :]
 
 
 def train_towards(model, token: int, steps: int = 5) -> None:
