@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from titanpod.models import DecoderArgs, build_model
-from titanpod.recipes.posttrain.evaluation import evaluate, evaluate_accuracy, greedy_generate
+from titanpod.recipes.posttrain.evaluation import evaluate, greedy_generate
 from titanpod.recipes.posttrain.tasks import ReverseTask
 from titanpod.recipes.posttrain.tokenizer import CHARS, load_sft_tokenizer
 
@@ -63,7 +63,7 @@ def test_accuracy_is_one_for_the_right_answers_and_zero_for_near_misses(tokenize
     examples = task.examples("test", 20, seed=0)
     right = evaluate(ReverseOracle(tokenizer), tokenizer, task, examples, max_new_tokens=10, batch_size=8)
     assert right.accuracy == 1.0 and right.completions == [example.answer for example in examples]
-    assert evaluate_accuracy(ReverseOracle(tokenizer, slip=True), tokenizer, task, examples, max_new_tokens=10) == 0.0
+    assert evaluate(ReverseOracle(tokenizer, slip=True), tokenizer, task, examples, max_new_tokens=10).accuracy == 0.0
     cut_short = evaluate(ReverseOracle(tokenizer), tokenizer, task, examples, max_new_tokens=3)
     assert all(len(completion) == 3 for completion in cut_short.completions)
     assert cut_short.accuracy == pytest.approx(sum(len(ex.answer) == 3 for ex in examples) / len(examples))
@@ -74,5 +74,5 @@ def test_an_untrained_model_scores_zero_and_keeps_its_mode(tokenizer):
     model.train()
     task = ReverseTask()
     examples = task.examples("test", 8, seed=0)
-    assert evaluate_accuracy(model, tokenizer.tokenizer, task, examples, max_new_tokens=4) == 0.0
+    assert evaluate(model, tokenizer.tokenizer, task, examples, max_new_tokens=4).accuracy == 0.0
     assert model.training

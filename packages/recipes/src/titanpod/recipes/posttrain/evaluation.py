@@ -115,17 +115,3 @@ def evaluate(
         model.train(was_training)
     completions = [tokenizer.decode(ids) for ids in generated]
     return Evaluation(task.accuracy(examples, completions), list(examples), completions)
-
-
-def evaluate_accuracy(
-    model: Transformer,
-    tokenizer: SFTTokenizer | Tokenizer,
-    task: Task,
-    examples: Sequence[Example],
-    max_new_tokens: int,
-    *,
-    format: str = "plain",
-    batch_size: int = 64,
-) -> float:
-    """The share of ``examples`` the model answers exactly right by greedy decoding (see ``evaluate``)."""
-    return evaluate(model, tokenizer, task, examples, max_new_tokens, format=format, batch_size=batch_size).accuracy
