@@ -122,13 +122,7 @@ class GRPOResult:
         rows.append(("samples skipped (reward raised)", str(self.skipped_samples)))
         for label, score in (("before", self.before), ("after", self.after)):
             if score is not None:
-                right = round(score.accuracy * self.eval_examples)
-                rows.append(
-                    (
-                        f"held-out accuracy {label} (step {score.step})",
-                        f"{score.accuracy:.1%} ({right}/{self.eval_examples} {self.eval_task} test prompts)",
-                    )
-                )
+                rows.append(score.summary_row(label, self.eval_examples, self.eval_task))
         for label, sampled in (("before", self.sampled_before), ("after", self.sampled_after)):
             if sampled is not None:
                 rows.append((f"held-out accuracy {label}, sampled", f"{sampled:.1%}"))

@@ -51,6 +51,14 @@ class Score:
     accuracy: float
     """Share of test prompts answered exactly right."""
 
+    def summary_row(self, label: str, examples: int, task: str | None) -> tuple[str, str]:
+        """``held-out accuracy <label> (step N)``, ``X% (right/examples <task> test prompts)``."""
+        right = round(self.accuracy * examples)
+        return (
+            f"held-out accuracy {label} (step {self.step})",
+            f"{self.accuracy:.1%} ({right}/{examples} {task} test prompts)",
+        )
+
 
 @dataclass
 class SFTResult:
@@ -109,13 +117,7 @@ class SFTResult:
             rows.append(("bad records skipped", str(self.skipped_examples)))
         for label, score in (("before", self.before), ("after", self.after)):
             if score is not None:
-                right = round(score.accuracy * self.eval_examples)
-                rows.append(
-                    (
-                        f"held-out accuracy {label} (step {score.step})",
-                        f"{score.accuracy:.1%} ({right}/{self.eval_examples} {self.eval_task} test prompts)",
-                    )
-                )
+                rows.append(score.summary_row(label, self.eval_examples, self.eval_task))
         rows.append(("tokens/s (after step 1)", f"{summary.tokens_per_second:,.0f}"))
         rows.append(("wall time", f"{summary.wall_seconds:.1f} s"))
         rows.append(("run directory", str(self.run_dir)))
