@@ -107,6 +107,18 @@ def test_a_tampering_subclass_is_caught_too():
         sync_weights(model, engine, 1)
 
 
+def test_weights_that_arrive_changed_fail_against_the_senders_checksum():
+    # A remote trainer sends its checksum with the weights; bytes changed on the way fail the load.
+    model = tiny_model()
+    engine = BuiltinEngine(model)
+    sent = weights_checksum(trainer_state(model))
+    damaged = {name: t.clone() for name, t in trainer_state(model).items()}
+    damaged["output.weight"][0, 0] += 1.0
+    with pytest.raises(RuntimeError, match="failed verification"):
+        engine.load_weights(damaged, 1, expected_checksum=sent)
+    assert engine.load_weights(trainer_state(model), 1, expected_checksum=sent).checksum == sent
+
+
 def test_wrong_tensors_are_named():
     engine = BuiltinEngine(tiny_model())
     state = trainer_state(tiny_model())

@@ -142,18 +142,21 @@ class BuiltinEngine:
         for name, tensor in state.items():
             params[name].copy_(tensor)
 
-    def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> SyncReport:
+    def load_weights(
+        self, state: Mapping[str, torch.Tensor], version: int, *, expected_checksum: str | None = None
+    ) -> SyncReport:
         """Copy ``state`` in, check the engine's checksum equals ``state``'s, and take ``version``.
 
-        Refuses a version not newer than ``weights_version`` and a state whose names, shapes
-        or dtypes differ from the model's (``ValueError`` naming them). If the checksums differ
-        after the copy, raises ``RuntimeError``; the engine keeps its old version and refuses
-        to generate until a load succeeds.
+        ``expected_checksum``, when the sender already knows it (a remote trainer), replaces
+        hashing ``state`` here. Refuses a version not newer than ``weights_version`` and a state
+        whose names, shapes or dtypes differ from the model's (``ValueError`` naming them). If the
+        checksums differ after the copy, raises ``RuntimeError``; the engine keeps its old version
+        and refuses to generate until a load succeeds.
         """
         check_version(version, self.weights_version)
         check_state_matches(state, self.model.state_dict())
         start = time.perf_counter()
-        expected = weights_checksum(state)
+        expected = expected_checksum or weights_checksum(state)
         self._verified = False
         self._copy_in(state)
         actual = self.checksum()

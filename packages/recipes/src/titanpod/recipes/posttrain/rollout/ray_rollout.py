@@ -97,9 +97,9 @@ class RolloutWorker:
         """The engine's completions of ``prompts`` (indices and seeds counted from ``first_prompt_index``)."""
         return completions_to_wire(self.engine.generate(prompts, params, first_prompt_index=first_prompt_index))
 
-    def load_weights(self, weights: Mapping[str, WireTensor], version: int) -> SyncReport:
-        """Load ``weights`` as ``version``; the engine verifies its checksum against theirs."""
-        return self.engine.load_weights(state_from_wire(weights), version)
+    def load_weights(self, weights: Mapping[str, WireTensor], version: int, checksum: str) -> SyncReport:
+        """Load ``weights`` as ``version``; the engine's checksum after the copy must be the trainer's ``checksum``."""
+        return self.engine.load_weights(state_from_wire(weights), version, expected_checksum=checksum)
 
     def checksum(self) -> str:
         """The checksum of the weights this worker holds."""
@@ -205,21 +205,16 @@ class RayRollout:
         return [c for block in self._get(pending, "sampling") for c in completions_from_wire(block)]
 
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> SyncReport:
-        """Send ``state`` to every worker as ``version``; each verifies it, and all must report the trainer's
-        checksum. ``seconds`` is the wall time of the whole sync (transfer, copies and checks)."""
+        """Send ``state`` to every worker as ``version``; each checks that its weights then have the trainer's
+        checksum, and a worker that does not fails the sync (``RuntimeError`` naming it). ``seconds`` is the wall
+        time of the whole sync (transfer, copies and checks)."""
         check_version(version, self.weights_version)
         start = time.perf_counter()
         expected = weights_checksum(state)
         weights = self._ray.put(state_to_wire(state))
         reports: list[SyncReport] = self._get(
-            [w.load_weights.remote(weights, version) for w in self.workers], "loading weights"
+            [w.load_weights.remote(weights, version, expected) for w in self.workers], "loading weights"
         )
-        wrong = [f"worker {i}: {r.checksum}" for i, r in enumerate(reports) if r.checksum != expected]
-        if wrong:
-            raise RuntimeError(
-                f"Weight sync to version {version} failed: the trainer's checksum is {expected}, but "
-                + "; ".join(wrong)
-            )
         self.weights_version = version
         return SyncReport(
             version=version,
