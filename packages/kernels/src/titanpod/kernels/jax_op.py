@@ -191,7 +191,10 @@ def jax_op(
 
     @backward_op.register_fake
     def _(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [torch.empty_like(tensors[i]) for i in _floating(tensors[:n_inputs])]
+        # Contiguous, as the real gradients come out of JAX (``empty_like`` would keep a
+        # transposed input's strides, and views traced on those fail on the real tensors).
+        return [torch.empty(tensors[i].shape, dtype=tensors[i].dtype, device=tensors[i].device)
+                for i in _floating(tensors[:n_inputs])]  # fmt: skip
 
     def setup_context(ctx: Any, inputs: tuple[list[torch.Tensor]], output: list[torch.Tensor]) -> None:
         ctx.save_for_backward(*inputs[0])
