@@ -1,9 +1,12 @@
 """Grouped matmul for MoE experts: JAX's megablox ``gmm`` (its ``tgmm`` gives the weight gradient).
 
-Legend: T routed rows, I input width, O output width, E experts.
+Legend: E experts, C rows per expert (its capacity), T rows of all experts (E x C), I input
+width, O output width.
 
-``gmm`` needs the rows in whole tiles, so they are padded with rows of no group (which it
-leaves as zeros) and cut back. Tile widths are the largest divisors of the matrix widths
+Each expert's rows arrive as a fixed-size buffer (``ExpertMatmulOp``), so the groups are E
+consecutive runs of C rows: sizes fixed by the shape, never read from the device. ``gmm``
+needs the rows in whole tiles, so they are padded with rows of no group (which it leaves as
+zeros) and cut back. Tile widths are the largest divisors of the matrix widths
 up to the configured ones. Off a TPU, Pallas runs in interpret mode.
 """
 
@@ -58,12 +61,19 @@ class MegabloxGroupedMatmul:
             self._ops[key] = jax_op(f"gmm_{id(self)}_{I}_{O}_{str(dtype).split('.')[-1]}", grouped)
         return self._ops[key]
 
-    def __call__(self, x_TI: torch.Tensor, w_EOI: torch.Tensor, group_sizes_E: torch.Tensor) -> torch.Tensor:
-        if x_TI.dtype != w_EOI.dtype or x_TI.dtype not in (torch.float32, torch.bfloat16):
-            raise TypeError(f"The grouped matmul takes float32 or bfloat16 inputs of one dtype, got {x_TI.dtype} "
+    def __call__(self, x_ECI: torch.Tensor, w_EOI: torch.Tensor) -> torch.Tensor:
+        """``x_ECI[e] @ w_EOI[e].T`` for every expert e, [E, C, O], as one grouped matmul over E x C rows."""
+        if x_ECI.dtype != w_EOI.dtype or x_ECI.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"The grouped matmul takes float32 or bfloat16 inputs of one dtype, got {x_ECI.dtype} "
                             f"and {w_EOI.dtype}.")  # fmt: skip
-        T = x_TI.shape[0]
+        E, C, I = x_ECI.shape  # noqa: E741 - I is the legend's input width
+        if w_EOI.shape[0] != E or w_EOI.shape[2] != I:
+            raise ValueError(f"The grouped matmul takes rows [E, C, I] and weights [E, O, I] of one E and I, got "
+                             f"{list(x_ECI.shape)} and {list(w_EOI.shape)}.")  # fmt: skip
+        T = E * C
         padded = -T % self.config.tile_rows
+        x_TI = x_ECI.reshape(T, I)
         x_PI = F.pad(x_TI, (0, 0, 0, padded)) if padded else x_TI
-        out = self._op(x_TI.shape[1], w_EOI.shape[1], x_TI.dtype)(x_PI, w_EOI, group_sizes_E.to(torch.int32))
-        return out[:T] if padded else out
+        sizes_E = torch.full((E,), C, dtype=torch.int32, device=x_ECI.device)
+        out_PO = self._op(I, w_EOI.shape[1], x_ECI.dtype)(x_PI, w_EOI, sizes_E)
+        return (out_PO[:T] if padded else out_PO).view(E, C, -1)

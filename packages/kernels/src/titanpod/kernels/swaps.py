@@ -9,7 +9,7 @@ from titanpod.kernels.chunked_loss import chunked_linear_cross_entropy
 from titanpod.kernels.grouped_matmul import GroupedMatmulConfig, MegabloxGroupedMatmul
 from titanpod.kernels.pallas_loss import PallasLinearCrossEntropy, PallasLossConfig
 from titanpod.kernels.splash import SplashAttention, SplashConfig, local_causal_sdpa
-from titanpod.models import ModelOps, linear_cross_entropy, looped_grouped_matmul, sdpa_attention
+from titanpod.models import ModelOps, batched_expert_matmul, linear_cross_entropy, sdpa_attention
 from titanpod.models.common.ops import HeadLossOp
 
 
@@ -23,7 +23,8 @@ class KernelConfig:
     """``reference`` (full logits + cross-entropy), ``chunked`` (PyTorch, never holds all logits) or
     ``pallas`` (Pallas kernels for the TPU, likewise)."""
     expert_matmul: str = "loop"
-    """``loop`` (one matmul per expert) or ``gmm`` (megablox grouped matmul)."""
+    """``loop`` (the PyTorch reference: one batched matmul over the experts' fixed-size buffers) or ``gmm``
+    (megablox grouped matmul)."""
     window: int | None = None
     """Local attention window for ``sdpa`` and ``splash`` (keys before each query); ``None`` is causal."""
     splash: SplashConfig = field(default_factory=SplashConfig)
@@ -58,5 +59,5 @@ def model_ops(config: KernelConfig) -> ModelOps:
         head_loss = functools.partial(chunked_linear_cross_entropy, chunk_rows=config.chunk_rows)
     elif config.head_loss == "pallas":
         head_loss = PallasLinearCrossEntropy(config.pallas_loss)
-    expert = MegabloxGroupedMatmul(config.grouped_matmul) if config.expert_matmul == "gmm" else looped_grouped_matmul
+    expert = MegabloxGroupedMatmul(config.grouped_matmul) if config.expert_matmul == "gmm" else batched_expert_matmul
     return ModelOps(attention=attention, head_loss=head_loss, expert_matmul=expert)

@@ -11,9 +11,9 @@ from titanpod.models.common.counting import decoder_flops_per_token, parameter_c
 from titanpod.models.common.ops import (
     IGNORE_INDEX,
     ModelOps,
+    batched_expert_matmul,
     document_causal_mask,
     linear_cross_entropy,
-    looped_grouped_matmul,
     sdpa_attention,
 )
 from titanpod.models.common.rope import Llama3RopeScaling
@@ -34,12 +34,12 @@ __all__ = [
     "ModelFamily",
     "ModelOps",
     "Transformer",
+    "batched_expert_matmul",
     "build_model",
     "decoder_flops_per_token",
     "document_causal_mask",
     "get_flavor",
     "linear_cross_entropy",
-    "looped_grouped_matmul",
     "parameter_count",
     "sdpa_attention",
 ]

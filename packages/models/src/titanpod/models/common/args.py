@@ -23,10 +23,21 @@ class MoEArgs:
     """Renormalise the chosen experts' router probabilities to sum to one."""
     aux_loss_coef: float = 0.001
     """Weight of the load-balancing loss added to the training loss."""
+    capacity_factor: float | None = None
+    """Rows each expert takes per batch, as a multiple of its fair share: with N tokens a layer,
+    capacity ``C = ceil(capacity_factor x N x top_k / n_experts)`` (at most N). A token's choice
+    of an expert already holding C rows is dropped: it adds nothing, the residual carries the
+    token on. First choices claim rows before second choices, and so on; within one rank of
+    choice, earlier tokens first. ``None``: C = N, so no token is ever dropped (the routing of
+    Hugging Face's Qwen 3 MoE), at the cost of experts computing over mostly empty rows."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k ({self.top_k}) must be between 1 and n_experts ({self.n_experts}).")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ValueError(
+                f"capacity_factor must be positive (or None for no dropped tokens), got {self.capacity_factor}."
+            )
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,21 @@
-"""Mixture-of-experts feed-forward: top-k routing, SwiGLU experts, load-balancing loss.
+"""Mixture-of-experts feed-forward: top-k routing into fixed-capacity expert buffers, SwiGLU experts,
+load-balancing loss.
 
 Legend: B batch, S sequence, M model dim, N tokens (B x S), E experts, K experts per
-token, F expert hidden dim, T routed rows (N x K), L layers.
+token, F expert hidden dim, T routed choices (K x N, all first choices, then all second
+choices, ...), C rows per expert (its capacity), L layers.
+
+Every shape is fixed by the batch shape and ``MoEArgs``: each expert gets a buffer of C
+rows, filled in order of choice, and a choice that finds its expert's buffer full is
+dropped (it adds nothing; the residual carries the token on). Nothing depends on where the
+router sent tokens, and nothing is read back to the host, so the layer traces into a
+captured step, runs under ``jax.jit`` and splits evenly over expert-parallel ranks.
 """
 
 from __future__ import annotations
+
+import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +23,41 @@ from torch import nn
 
 from titanpod.models.common.args import MoEArgs
 from titanpod.models.common.ops import BatchMeanOp, ExpertMatmulOp, local_batch_mean
+
+
+def expert_capacity(n_tokens: int, moe: MoEArgs) -> int:
+    """Rows each expert's buffer holds for a layer input of ``n_tokens`` tokens.
+
+    ``ceil(capacity_factor x n_tokens x top_k / n_experts)``, at least 1 and at most
+    ``n_tokens`` (a token picks distinct experts, so no expert ever gets more); with
+    ``capacity_factor=None``, ``n_tokens``: nothing is dropped.
+    """
+    if moe.capacity_factor is None:
+        return n_tokens
+    return max(1, min(n_tokens, math.ceil(moe.capacity_factor * n_tokens * moe.top_k / moe.n_experts)))
+
+
+class Routing(NamedTuple):
+    """Where each routed choice goes in the experts' buffers."""
+
+    slot_T: torch.Tensor
+    """Row of the flattened [E x C] buffers each choice fills; E x C (a spare row past the end) when dropped."""
+    dropped: torch.Tensor
+    """Choices dropped because their expert's buffer was full, 0-d integer."""
+
+
+def route(experts_NK: torch.Tensor, n_experts: int, capacity: int) -> Routing:
+    """Give each choice the next free row of its expert's buffer, first choices first; drop what does not fit.
+
+    A choice's row is the number of earlier choices (in the order T: choice rank, then token)
+    of the same expert: a cumulative sum over one-hot choices, with static shapes throughout.
+    """
+    experts_T = experts_NK.T.flatten()
+    one_hot_TE = F.one_hot(experts_T, n_experts).to(torch.int32)
+    position_T = (one_hot_TE.cumsum(0, dtype=torch.int32) - 1).gather(1, experts_T[:, None]).squeeze(1)
+    kept_T = position_T < capacity
+    slot_T = torch.where(kept_T, experts_T * capacity + position_T, n_experts * capacity)
+    return Routing(slot_T, (~kept_T).sum())
 
 
 class GroupedExperts(nn.Module):
@@ -25,10 +71,11 @@ class GroupedExperts(nn.Module):
         self.w3 = nn.Parameter(torch.empty(shape_up))
         self.expert_matmul = expert_matmul
 
-    def forward(self, x_TM: torch.Tensor, group_sizes_E: torch.Tensor) -> torch.Tensor:
-        gate_TF = self.expert_matmul(x_TM, self.w1, group_sizes_E)
-        up_TF = self.expert_matmul(x_TM, self.w3, group_sizes_E)
-        return self.expert_matmul(F.silu(gate_TF) * up_TF, self.w2, group_sizes_E)
+    def forward(self, x_ECM: torch.Tensor) -> torch.Tensor:
+        """Each expert's SwiGLU over its own buffer of rows: [E, C, M] -> [E, C, M] (zero rows stay zero)."""
+        gate_ECF = self.expert_matmul(x_ECM, self.w1)
+        up_ECF = self.expert_matmul(x_ECM, self.w3)
+        return self.expert_matmul(F.silu(gate_ECF) * up_ECF, self.w2)
 
 
 class MoE(nn.Module):
@@ -40,21 +87,25 @@ class MoE(nn.Module):
         self.router = nn.Linear(dim, moe.n_experts, bias=False)
         self.experts = GroupedExperts(dim, moe, expert_matmul)
 
-    def forward(self, x_BSM: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's output [B, S, M] and its router logits [N, E] (for the auxiliary loss)."""
+    def forward(self, x_BSM: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer's output [B, S, M], its router logits [N, E] (for the auxiliary loss), and
+        the number of choices dropped for lack of capacity (0-d integer)."""
+        E, K = self.args.n_experts, self.args.top_k
         x_NM = x_BSM.flatten(0, 1)
+        N, M = x_NM.shape
+        C = expert_capacity(N, self.args)
         logits_NE = self.router(x_NM)
         probs_NE = F.softmax(logits_NE, dim=-1, dtype=torch.float32)
-        weights_NK, experts_NK = probs_NE.topk(self.args.top_k, dim=-1)
+        weights_NK, experts_NK = probs_NE.topk(K, dim=-1)
         if self.args.norm_topk_prob:
             weights_NK = weights_NK / weights_NK.sum(dim=-1, keepdim=True)
-        order_T = experts_NK.flatten().argsort(stable=True)
-        token_T = order_T // self.args.top_k
-        group_sizes_E = torch.bincount(experts_NK.flatten(), minlength=self.args.n_experts)
-        routed_TM = self.experts(x_NM[token_T], group_sizes_E)
-        weighted_TM = routed_TM * weights_NK.flatten()[order_T, None].to(routed_TM.dtype)
-        out_NM = torch.zeros_like(x_NM).index_add_(0, token_T, weighted_TM)
-        return out_NM.view_as(x_BSM), logits_NE
+        slot_T, dropped = route(experts_NK, E, C)
+        buffers_ECM = x_NM.new_zeros(E * C + 1, M).index_add(0, slot_T, x_NM.repeat(K, 1))[: E * C].view(E, C, M)
+        done_ECM = self.experts(buffers_ECM)
+        rows_SM = torch.cat([done_ECM.reshape(E * C, M), done_ECM.new_zeros(1, M)])  # the spare row reads zero
+        weighted_TM = rows_SM[slot_T] * weights_NK.T.flatten()[:, None].to(rows_SM.dtype)
+        out_NM = weighted_TM.view(K, N, M).sum(dim=0)
+        return out_NM.view_as(x_BSM), logits_NE, dropped
 
 
 def load_balancing_loss(

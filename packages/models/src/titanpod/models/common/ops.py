@@ -1,8 +1,7 @@
 """The swappable ops behind a model's slots, and their PyTorch references.
 
 Legend: B batch, S sequence, H query heads, K key/value heads, D head dim, M model dim,
-V vocabulary, T rows (tokens routed to experts, grouped by expert), E experts, I input
-width, O output width.
+V vocabulary, E experts, C rows per expert (its capacity), I input width, O output width.
 
 A model takes a ``ModelOps`` when it is built; other layers (titanpod.kernels) provide
 faster ops with the same signatures and prove them equal to these references.
@@ -47,10 +46,15 @@ class HeadLossOp(Protocol):
 
 
 class ExpertMatmulOp(Protocol):
-    """Grouped matmul: rows of ``x`` are grouped by expert; each group meets its own weight."""
+    """Grouped matmul over fixed-size buffers: each expert's C rows meet that expert's weight.
 
-    def __call__(self, x_TI: torch.Tensor, w_EOI: torch.Tensor, group_sizes_E: torch.Tensor) -> torch.Tensor:
-        """Return [T, O]: rows of group e times ``w_EOI[e].T``; groups are consecutive, sizes sum to T."""
+    Every shape is static (no group sizes read back from the device), so the op traces into
+    a captured step, runs under ``jax.jit`` and splits evenly over expert-parallel ranks.
+    Rows an expert did not receive are zeros and give zeros.
+    """
+
+    def __call__(self, x_ECI: torch.Tensor, w_EOI: torch.Tensor) -> torch.Tensor:
+        """Return [E, C, O]: ``x_ECI[e] @ w_EOI[e].T`` for every expert e."""
         ...
 
 
@@ -102,11 +106,9 @@ def linear_cross_entropy(h_BSM: torch.Tensor, weight_VM: torch.Tensor, labels_BS
     return F.cross_entropy(logits_BSV.flatten(0, 1).float(), labels_BS.flatten(), ignore_index=IGNORE_INDEX)
 
 
-def looped_grouped_matmul(x_TI: torch.Tensor, w_EOI: torch.Tensor, group_sizes_E: torch.Tensor) -> torch.Tensor:
-    """Reference grouped matmul: one ``x_g @ w_e.T`` per expert, concatenated."""
-    groups = torch.split(x_TI, group_sizes_E.tolist())
-    outputs = [group @ w_EOI[e].T for e, group in enumerate(groups)]
-    return torch.cat(outputs) if outputs else x_TI.new_empty(0, w_EOI.shape[1])
+def batched_expert_matmul(x_ECI: torch.Tensor, w_EOI: torch.Tensor) -> torch.Tensor:
+    """Reference expert matmul: one batched matmul, ``x_ECI[e] @ w_EOI[e].T`` for every expert e."""
+    return torch.bmm(x_ECI, w_EOI.transpose(1, 2))
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ class ModelOps:
     """Attention slot (titanpod.kernels offers Splash attention)."""
     head_loss: HeadLossOp = linear_cross_entropy
     """Output head + loss slot (titanpod.kernels offers a fused, chunked version)."""
-    expert_matmul: ExpertMatmulOp = looped_grouped_matmul
+    expert_matmul: ExpertMatmulOp = batched_expert_matmul
     """Expert matmul slot of MoE layers (titanpod.kernels offers a grouped-matmul kernel)."""
     batch_mean: BatchMeanOp = local_batch_mean
     """Averages batch statistics (MoE routing loads) over a batch split across processes;

@@ -45,8 +45,8 @@ class TransformerBlock(nn.Module):
         cos_SD: torch.Tensor,
         sin_SD: torch.Tensor,
         document_ids_BS: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The block's output and, for an MoE block, its router logits [N, E].
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """The block's output and, for an MoE block, its router logits [N, E] and dropped-choice count (0-d).
 
         ``document_ids_BS`` (optional) keeps attention within each packed document.
         """
@@ -57,7 +57,7 @@ class TransformerBlock(nn.Module):
             h_BSM = x_BSM + self.attention(normed_BSM, cos_SD, sin_SD, document_ids_BS)
         ffn_out = self.feed_forward(self.ffn_norm(h_BSM))
         if isinstance(ffn_out, tuple):
-            return h_BSM + ffn_out[0], ffn_out[1]
+            return h_BSM + ffn_out[0], (ffn_out[1], ffn_out[2])
         return h_BSM + ffn_out, None
 
     def forward_with_cache(
@@ -103,6 +103,17 @@ class Transformer(nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Final-norm hidden states [B, S, M], and every MoE layer's router logits [N, E].
 
+        ``document_ids_BS``: see ``hidden_states_and_routing``.
+        """
+        h_BSM, router_logits, _ = self.hidden_states_and_routing(tokens_BS, document_ids_BS)
+        return h_BSM, router_logits
+
+    def hidden_states_and_routing(
+        self, tokens_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Final-norm hidden states [B, S, M], every MoE layer's router logits [N, E], and every
+        MoE layer's count of routed choices dropped for lack of expert capacity (0-d integers).
+
         ``document_ids_BS`` [B, S] (optional, integer) marks the documents packed into each
         row: equal within a document, increasing along the row. With it, a token attends only
         to earlier tokens of its own document; without it, to every earlier token. Rotary
@@ -121,14 +132,16 @@ class Transformer(nn.Module):
         )
         cos_SD, sin_SD = rotary_cos_sin(positions_S, inv_freq, h_BSM.dtype)
         router_logits: list[torch.Tensor] = []
+        dropped: list[torch.Tensor] = []
         for layer in self.layers:
             if document_ids_BS is None:
-                h_BSM, logits_NE = layer(h_BSM, cos_SD, sin_SD)
+                h_BSM, routing = layer(h_BSM, cos_SD, sin_SD)
             else:
-                h_BSM, logits_NE = layer(h_BSM, cos_SD, sin_SD, document_ids_BS)
-            if logits_NE is not None:
-                router_logits.append(logits_NE)
-        return self.norm(h_BSM), router_logits
+                h_BSM, routing = layer(h_BSM, cos_SD, sin_SD, document_ids_BS)
+            if routing is not None:
+                router_logits.append(routing[0])
+                dropped.append(routing[1])
+        return self.norm(h_BSM), router_logits, dropped
 
     def hidden_states(self, tokens_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None) -> torch.Tensor:
         """Final-norm hidden states, shape [B, S, M] (``document_ids_BS``: see ``hidden_states_and_router_logits``)."""
@@ -198,12 +211,32 @@ class Transformer(nn.Module):
         ``document_ids_BS`` (optional) masks attention to each packed document; see
         ``hidden_states_and_router_logits``.
         """
-        h_BSM, router_logits = self.hidden_states_and_router_logits(tokens_BS, document_ids_BS)
+        return self._terms_and_metrics(tokens_BS, labels_BS, document_ids_BS)[0]
+
+    def _terms_and_metrics(
+        self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, document_ids_BS: torch.Tensor | None
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        h_BSM, router_logits, dropped = self.hidden_states_and_routing(tokens_BS, document_ids_BS)
         terms = {"cross_entropy": self.ops.head_loss(h_BSM, self.head_weight, labels_BS)}
-        if self.args.moe is not None:
-            moe = self.args.moe
-            terms["load_balancing"] = load_balancing_loss(router_logits, moe.n_experts, moe.top_k, self.ops.batch_mean)
-        return terms
+        if self.args.moe is None:
+            return terms, {}
+        moe = self.args.moe
+        terms["load_balancing"] = load_balancing_loss(router_logits, moe.n_experts, moe.top_k, self.ops.batch_mean)
+        return terms, {"dropped_tokens": torch.stack(dropped).sum()}
+
+    def loss_and_metrics(
+        self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The training loss (see ``loss``) and the figures reported beside it, each 0-d on the device.
+
+        Dense models report none. MoE models report ``dropped_tokens``: the routed choices
+        (token, expert) dropped because the expert's buffer was full, summed over layers
+        (always 0 with ``capacity_factor=None``).
+        """
+        terms, metrics = self._terms_and_metrics(tokens_BS, labels_BS, document_ids_BS)
+        if self.args.moe is None:
+            return terms["cross_entropy"], metrics
+        return terms["cross_entropy"] + self.args.moe.aux_loss_coef * terms["load_balancing"], metrics
 
     def loss(
         self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None
@@ -213,10 +246,7 @@ class Transformer(nn.Module):
         ``document_ids_BS`` (optional, [B, S] integer) keeps attention within each packed
         document; see ``hidden_states_and_router_logits``.
         """
-        terms = self.loss_terms(tokens_BS, labels_BS, document_ids_BS)
-        if self.args.moe is None:
-            return terms["cross_entropy"]
-        return terms["cross_entropy"] + self.args.moe.aux_loss_coef * terms["load_balancing"]
+        return self.loss_and_metrics(tokens_BS, labels_BS, document_ids_BS)[0]
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
