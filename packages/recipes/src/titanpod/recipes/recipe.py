@@ -13,8 +13,11 @@ from titanpod.checkpoint import CheckpointConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
 from titanpod.kernels import KernelConfig
+from titanpod.models.common.args import DecoderArgs
+from titanpod.models.registry import get_flavor
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.data.config import DataConfig
+from titanpod.recipes.model_shape import ModelShape
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,12 @@ class ModelConfig:
     """Model family, e.g. ``llama3``."""
     flavor: str = "debug"
     """Named size within the family, e.g. ``debug`` or ``8B``."""
+    shape: ModelShape = field(default_factory=ModelShape)
+    """Sizes that replace the flavor's (all ``None``: the flavor as published); rehearsals shrink models with it."""
+
+    def args(self) -> DecoderArgs:
+        """The decoder's shape: the flavor's with ``shape`` applied; ``KeyError`` names an unknown family or flavor."""
+        return self.shape.apply(get_flavor(self.family, self.flavor))
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def build_run_data(recipe: Recipe, vocab_size: int, rank: int, world_size: int) 
 def build_initialised_model(recipe: Recipe, backend: Backend) -> Transformer:
     """Build the recipe's model on the meta device, then materialise and initialise it on the backend's device
     (on the host for the xla lane, whose step places the parameters on the JAX devices itself)."""
-    model = build_model(recipe.model.family, recipe.model.flavor, model_ops(recipe.kernels))
+    model = build_model(recipe.model.family, recipe.model.args(), model_ops(recipe.kernels))
     model.to_empty(device="cpu" if backend.lane == "xla" else backend.device(process_info().local_rank))
     model.init_weights(recipe.train.seed)
     return model

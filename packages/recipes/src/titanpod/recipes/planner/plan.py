@@ -133,7 +133,7 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     if not 0 < target_mfu <= 1:
         raise ValueError(f"The target MFU must be in (0, 1], got {target_mfu}.")
     devices = chips * chip.devices_per_chip
-    model = build_model(recipe.model.family, recipe.model.flavor, model_ops(recipe.kernels))
+    model = build_model(recipe.model.family, recipe.model.args(), model_ops(recipe.kernels))
     mesh = recipe.parallel.mesh_axes(devices)
     plan = PLANS[recipe.model.family]
     named = dict(model.named_parameters())
