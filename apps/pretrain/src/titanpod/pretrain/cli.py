@@ -7,6 +7,8 @@ titanpod-pretrain --output.run-name try1 --resume   # continue try1 from its new
 titanpod-pretrain --resume                         # continue the newest run of the recipe that has one
 titanpod-pretrain --recipe llama3_405b --dry-run   # memory per device and step time on its target slice
 titanpod-pretrain --recipe llama3_405b --dry-run --chip v5p --chips 512
+titanpod-pretrain --recipe llama3_405b --rehearse  # run it here, small, with every setting, and check resume
+titanpod-pretrain --recipe runs/try1/recipe.json   # a recipe file (any run's recipe.json)
 titanpod-pretrain --help                           # every field of the recipe
 """
 
@@ -17,6 +19,8 @@ import dataclasses
 import os
 import statistics
 import sys
+import time
+from pathlib import Path
 
 import tyro
 from rich.console import Console
@@ -26,6 +30,7 @@ from titanpod.device import process_info
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, PretrainResult, Recipe, get_recipe, run_pretraining
 from titanpod.recipes.errors import print_error
 from titanpod.recipes.planner.report import dry_run
+from titanpod.recipes.rehearsal import rehearse
 from titanpod.recipes.run import with_resume
 
 
@@ -37,6 +42,10 @@ class Command:
     """The recipe with every override applied."""
     dry_run: bool = False
     """Plan on the recipe's target slice instead of training."""
+    rehearse: bool = False
+    """Run the recipe on this machine at a small size with every setting it makes, and check it resumes exactly."""
+    rehearse_lanes: tuple[str, ...] | None = None
+    """Lanes to rehearse on (``cpu``, ``xla``); ``None``: the recipe's, or both for a TPU recipe."""
 
 
 def parse_command(argv: list[str]) -> Command | None:
@@ -49,6 +58,8 @@ def parse_command(argv: list[str]) -> Command | None:
     parser.add_argument("--list-recipes", action="store_true")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--rehearse", action="store_true")
+    parser.add_argument("--rehearse-lanes")
     parser.add_argument("--chip")
     parser.add_argument("--chips")
     known, rest = parser.parse_known_args(argv)
@@ -60,7 +71,7 @@ def parse_command(argv: list[str]) -> Command | None:
         for name, build in RECIPES.items():
             print(f"{name:24s} {(build.__doc__ or '').strip()}")
         return None
-    base = get_recipe(known.recipe)
+    base = Recipe.load(Path(known.recipe)) if known.recipe.endswith(".json") else get_recipe(known.recipe)
     recipe = tyro.cli(
         Recipe,
         default=base,
@@ -73,7 +84,18 @@ def parse_command(argv: list[str]) -> Command | None:
         ),
         config=(tyro.conf.FlagConversionOff,),
     )
-    return Command(with_resume(recipe) if known.resume else recipe, dry_run=known.dry_run)
+    lanes = None
+    if known.rehearse_lanes is not None:
+        lanes = tuple(lane.strip() for lane in known.rehearse_lanes.split(",") if lane.strip())
+        unknown = sorted(set(lanes) - {"cpu", "xla"})
+        if unknown or not lanes:
+            raise ValueError(f"--rehearse-lanes takes cpu, xla or cpu,xla; got {known.rehearse_lanes!r}.")
+    return Command(
+        with_resume(recipe) if known.resume else recipe,
+        dry_run=known.dry_run,
+        rehearse=known.rehearse,
+        rehearse_lanes=lanes,
+    )
 
 
 def parse_recipe(argv: list[str]) -> Recipe | None:
@@ -126,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             print_error(error)
             return 2
         return 0 if plan.fits else 1
+    if command.rehearse:
+        return rehearse_command(recipe, command.rehearse_lanes, console)
     main_process = process_info().is_main  # under torchrun only rank 0 speaks
     if main_process:
         console.print_json(recipe.to_json())
@@ -140,6 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     if process_info().world_size > 1:
         exit_now(code)
     return code
+
+
+def rehearse_command(recipe: Recipe, lanes: tuple[str, ...] | None, console: Console) -> int:
+    """``--rehearse``: 0 when every lane's small run of the recipe trained, learnt and resumed exactly."""
+    folder = Path(recipe.output.runs_dir) / f"rehearse-{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        report = rehearse(recipe, folder, console, lanes)
+    except (KeyError, ValueError, OSError) as error:  # RehearsalError is a ValueError
+        print_error(error)
+        return 2
+    return 0 if report.passed else 1
 
 
 def exit_now(code: int) -> None:
