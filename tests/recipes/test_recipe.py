@@ -44,3 +44,14 @@ def test_unwritable_run_directory_fails_before_any_training(tmp_path):
     recipe = dataclasses.replace(recipe, output=dataclasses.replace(recipe.output, runs_dir=str(blocker)))
     with pytest.raises(OSError, match="Cannot write the run directory"):
         run_pretraining(recipe)
+
+
+def test_capacity_factor_reaches_the_model_and_is_refused_for_a_dense_one():
+    recipe = get_recipe("qwen3_moe_debug")
+    assert recipe.model.args().moe.capacity_factor is None  # the shipped flavors drop nothing
+    tight = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, capacity_factor=1.25))
+    assert Recipe.from_dict(tight.to_dict()) == tight
+    assert tight.model.args().moe.capacity_factor == 1.25
+    dense = get_recipe("llama3_debug")
+    with pytest.raises(ValueError, match="capacity_factor applies to mixture-of-experts models only"):
+        dataclasses.replace(dense.model, capacity_factor=1.25).args()

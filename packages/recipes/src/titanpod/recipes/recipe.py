@@ -30,10 +30,23 @@ class ModelConfig:
     """Named size within the family, e.g. ``debug`` or ``8B``."""
     shape: ModelShape = field(default_factory=ModelShape)
     """Sizes that replace the flavor's (all ``None``: the flavor as published); rehearsals shrink models with it."""
+    capacity_factor: float | None = None
+    """Mixture-of-experts models: rows each expert takes per batch, as a multiple of its fair share
+    (``MoEArgs.capacity_factor``: choices past it are dropped and reported as ``dropped_tokens``);
+    ``None`` keeps the flavor's, which for every shipped flavor is no capacity limit (nothing drops)."""
 
     def args(self) -> DecoderArgs:
-        """The decoder's shape: the flavor's with ``shape`` applied; ``KeyError`` names an unknown family or flavor."""
-        return self.shape.apply(get_flavor(self.family, self.flavor))
+        """The decoder's shape: the flavor's with ``shape`` and ``capacity_factor`` applied; ``KeyError`` names an
+        unknown family or flavor, ``ValueError`` a capacity factor given for a dense model."""
+        args = self.shape.apply(get_flavor(self.family, self.flavor))
+        if self.capacity_factor is None:
+            return args
+        if args.moe is None:
+            raise ValueError(
+                f"model.capacity_factor applies to mixture-of-experts models only; {self.family} {self.flavor} "
+                "is dense: leave it unset."
+            )
+        return dataclasses.replace(args, moe=dataclasses.replace(args.moe, capacity_factor=self.capacity_factor))
 
 
 @dataclass(frozen=True)
