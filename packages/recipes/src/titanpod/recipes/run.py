@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from titanpod.graph import (
 )
 from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
-from titanpod.parallel import PLANS
+from titanpod.parallel import DATA_AXES, PLANS
 from titanpod.parallel.torch_executor import parallelize, unshard
 from titanpod.recipes.data import TrainData, build_data, gather_data_state
 from titanpod.recipes.recipe import NamedRun, Recipe
@@ -131,15 +132,19 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     model = build_initialised_model(recipe, backend)
     parameters = parameter_count(model)
     sharded, xla_axes = None, None
+    data_config = recipe.data
     if backend.lane == "xla":  # one controller drives every JAX device; XLA partitions by the plan
         xla_axes = recipe.parallel.mesh_axes(backend.device_count())
         data_rank, data_world = 0, 1
+        # batch_size is per data rank: this one process loads the batch of every data rank of the mesh.
+        data_degree = math.prod(xla_axes[axis] for axis in DATA_AXES)
+        data_config = dataclasses.replace(recipe.data, batch_size=recipe.data.batch_size * data_degree)
     elif info.world_size > 1:
         sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend)
         data_rank, data_world = sharded.data_rank, sharded.data_world
     else:
         data_rank, data_world = 0, 1
-    data = build_run_data(recipe, model.args.vocab_size, data_rank, data_world)
+    data = build_data(data_config, model.args.vocab_size, recipe.train.seed, data_rank, data_world)
     batches = data.train
     if not info.is_main:
         console = None
