@@ -15,9 +15,10 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from titanpod.models.common.args import DecoderArgs
-from titanpod.recipes.model_shape import ModelShape
+from titanpod.recipes.model_shape import EXPERT_SIZES, ModelShape
 from titanpod.recipes.recipe import Recipe
 
 STEPS = 6
@@ -145,6 +146,88 @@ def _text(value: object) -> str:
     return "none" if value is None else str(value)
 
 
+def _leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every setting of a recipe's ``to_dict`` by dotted path (``train.lr``)."""
+    leaves: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            leaves.update(_leaves(value, f"{path}."))
+        else:
+            leaves[path] = value
+    return leaves
+
+
+def _model_rows(args: DecoderArgs, shape: ModelShape) -> list[Setting]:
+    """The model's sizes (flavor -> small) and the family features the small model keeps."""
+    small = shape.apply(args)
+    rows = []
+    for name in shape.changed():
+        expert = name in EXPERT_SIZES
+        full = getattr(args.moe, name) if expert else getattr(args, name)
+        rows.append(
+            Setting(
+                f"model.{'moe.' if expert else ''}{name}",
+                _text(full),
+                _text(getattr(small.moe if expert else small, name)),
+            )
+        )
+    features = {
+        "model.gqa (query heads per kv head)": lambda a: a.n_heads // a.n_kv_heads,
+        "model.head_dim set apart from dim / n_heads": lambda a: (
+            a.head_dim is not None and a.head_dim * a.n_heads != a.dim
+        ),
+        "model.qk_norm": lambda a: a.qk_norm,
+        "model.tie_embeddings": lambda a: a.tie_embeddings,
+        "model.rope_theta": lambda a: a.rope_theta,
+        "model.rope_scaling": lambda a: (
+            a.rope_scaling
+            and f"factor {a.rope_scaling.factor}, original context {a.rope_scaling.original_max_position_embeddings}"
+        ),
+        "model.norm_eps": lambda a: a.norm_eps,
+    }
+    if args.moe is not None:
+        features.update({
+            "model.moe.norm_topk_prob": lambda a: a.moe.norm_topk_prob,
+            "model.moe.aux_loss_coef": lambda a: a.moe.aux_loss_coef,
+            "model.moe.capacity_factor": lambda a: getattr(a.moe, "capacity_factor", None),
+        })  # fmt: skip
+    rows += [Setting(name, _text(read(args)), _text(read(small))) for name, read in features.items()]
+    return rows
+
+
+NOTES = {
+    "data.path": "a local folder: the built-in corpus in the dataset's layout, same config and splits",
+    "data.tokenizer": "the built-in tokenizer (the Hub's is not reachable here)",
+}
+"""What a changed setting is shown as, where its new value (a local path) would not say it."""
+
+
+def settings_rows(recipe: Recipe, scaled: Recipe, args: DecoderArgs, lane: str) -> list[Setting]:
+    """Every setting of ``recipe`` beside its value in ``scaled`` (none left out), model sizes and features first."""
+    executor = "torch executor, gloo processes" if lane == "cpu" else "XLA SPMD, host devices"
+    devices = TORCH_PROCESSES if lane == "cpu" else XLA_DEVICES
+    axes = scaled.parallel.mesh_axes(devices)
+    rows = _model_rows(args, scaled.model.shape)
+    old, new = _leaves(recipe.to_dict()), _leaves(scaled.to_dict())
+    for path, value in old.items():
+        if path.startswith("model.shape.") or path.startswith("output."):
+            continue  # the sizes are in the model rows; outputs go to the rehearsal's folder
+        rehearsal = _text(new[path])
+        axis = path.removeprefix("parallel.")
+        if axis in axes:
+            rehearsal = f"{axes[axis]} ({executor})"
+            value = "all the rest" if value == -1 else value
+        elif path.startswith("kernels.") and new[path] in PALLAS_CHOICES:
+            rehearsal += " (Pallas interpret mode)"
+        if path in NOTES and new[path] != value:
+            rehearsal = NOTES[path]
+        if path == "train.steps":
+            rehearsal += f" (stop at {STOP_AT} with a checkpoint, resume)"
+        rows.append(Setting(path, _text(value), rehearsal))
+    return rows
+
+
 def scale_recipe(
     recipe: Recipe, lane: str, runs_dir: Path, data_dir: Path, tokenizer: Path
 ) -> tuple[Recipe, list[Setting]]:
@@ -156,115 +239,43 @@ def scale_recipe(
     args = recipe.model.args()
     parallel = recipe.parallel
     shape = small_shape(args, scaled_degree(parallel.tp), scaled_degree(parallel.ep))
-    rows: list[Setting] = []
-
-    def row(name: str, old: object, new: object) -> None:
-        rows.append(Setting(name, _text(old), _text(new)))
-
-    row("model", f"{recipe.model.family} {recipe.model.flavor}", f"{recipe.model.family} {recipe.model.flavor}")
-    for name, value in shape.changed().items():
-        full = getattr(args.moe, name) if name in ("n_experts", "top_k", "expert_ffn_dim") else getattr(args, name)
-        row(f"model.shape.{name}", full, value)
-    for name in ("qk_norm", "tie_embeddings", "rope_theta", "norm_eps"):
-        row(f"model.{name}", getattr(args, name), getattr(args, name))
-    row("model.rope_scaling", args.rope_scaling is not None, args.rope_scaling is not None)
-    if args.moe is not None:
-        row("model.moe.norm_topk_prob", args.moe.norm_topk_prob, args.moe.norm_topk_prob)
-        row("model.moe.aux_loss_coef", args.moe.aux_loss_coef, args.moe.aux_loss_coef)
-    heads = f"{args.n_heads}/{args.n_kv_heads}"
-    row("model.gqa (query/kv heads)", f"{heads} = {args.n_heads // args.n_kv_heads}",
-        f"{shape.n_heads}/{shape.n_kv_heads} = {(shape.n_heads or 1) // (shape.n_kv_heads or 1)}")  # fmt: skip
-
-    row("device.lane", recipe.device.lane, lane)
-    scaled_parallel = dataclasses.replace(
-        parallel,
-        dp_replicate=scaled_degree(parallel.dp_replicate),
-        fsdp=scaled_degree(parallel.fsdp),
-        ep=scaled_degree(parallel.ep),
-        tp=scaled_degree(parallel.tp),
-    )
-    devices = TORCH_PROCESSES if lane == "cpu" else XLA_DEVICES
-    axes = scaled_parallel.mesh_axes(devices)
-    executor = "torch executor, gloo processes" if lane == "cpu" else "XLA SPMD, host devices"
-    for axis in ("dp_replicate", "fsdp", "ep", "tp"):
-        old = getattr(parallel, axis)
-        row(f"parallel.{axis}", "all the rest" if old == -1 else old, f"{axes[axis]} ({executor})")
-    for name in ("sequence_parallel", "param_dtype", "reduce_dtype"):
-        row(f"parallel.{name}", getattr(parallel, name), getattr(parallel, name))
-
     kernels = recipe.kernels
     splash = dataclasses.replace(
         kernels.splash,
         block_q=min(kernels.splash.block_q, SPLASH_BLOCK),
         block_kv=min(kernels.splash.block_kv, SPLASH_BLOCK),
     )
-    scaled_kernels = dataclasses.replace(kernels, splash=splash)
-    row(
-        "kernels.attention",
-        kernels.attention,
-        kernels.attention + (" (Pallas interpret mode)" if kernels.attention == "splash" else ""),
-    )
-    row(
-        "kernels.head_loss",
-        kernels.head_loss,
-        kernels.head_loss + (" (Pallas interpret mode)" if kernels.head_loss == "pallas" else ""),
-    )
-    if args.moe is not None:
-        row("kernels.expert_matmul", kernels.expert_matmul,
-            kernels.expert_matmul + (" (Pallas interpret mode)" if kernels.expert_matmul == "gmm" else ""))  # fmt: skip
-    if kernels.attention == "splash":
-        row("kernels.splash.block_q", kernels.splash.block_q, splash.block_q)
-        row("kernels.splash.block_kv", kernels.splash.block_kv, splash.block_kv)
-    row("kernels.window", kernels.window, kernels.window)
-
     data = recipe.data
-    seq_len = min(data.seq_len, SEQ_LEN)
     new_data = dataclasses.replace(
         data,
-        seq_len=seq_len,
+        seq_len=min(data.seq_len, SEQ_LEN),
         validation_batches=min(data.validation_batches, VALIDATION_BATCHES),
         validation_every=min(data.validation_every, STOP_AT) if data.validation_every else 0,
     )
     if data.source == "hub":
         new_data = dataclasses.replace(new_data, path=str(data_dir), tokenizer=str(tokenizer))
-        row("data.source", "hub (streamed)", "hub (streamed)")
-        row("data.path", data.path, f"{data_dir.name}/ (built-in corpus in the dataset's layout: no network here)")
-        row("data.name / splits", f"{data.name} / {data.split}, {data.validation_split}",
-            f"{data.name} / {data.split}, {data.validation_split}")  # fmt: skip
-        row("data.tokenizer", data.tokenizer, "built-in tokenizer.json (the Hub's is not reachable here)")
-    else:
-        row("data.source", data.source, data.source)
-    row("data.seq_len", data.seq_len, seq_len)
-    row("data.batch_size (per data rank)", data.batch_size, data.batch_size)
-    row("data.document_masking", data.document_masking, data.document_masking)
-    row("data.validation_every", data.validation_every, new_data.validation_every)
-    row("data.validation_batches", data.validation_batches, new_data.validation_batches)
-
     train = recipe.train
-    warmup = max(1, min(train.warmup_steps, STOP_AT - 1))
-    new_train = dataclasses.replace(train, steps=STEPS, warmup_steps=warmup, log_every=1, stop_at_step=0)
-    row("train.steps", train.steps, f"{STEPS} (stop at {STOP_AT}, resume)")
-    row("train.warmup_steps", train.warmup_steps, warmup)
-    for name in ("step_mode", "memory_policy", "compiler", "precision", "lr", "decay", "min_lr_ratio",
-                 "weight_decay", "grad_clip", "grad_accum_steps", "seed"):  # fmt: skip
-        row(f"train.{name}", getattr(train, name), getattr(train, name))
-    row("train.log_every", train.log_every, 1)
-
-    checkpoint = recipe.checkpoint
-    new_checkpoint = dataclasses.replace(checkpoint, every=STOP_AT, resume="auto")
-    row("checkpoint.every", checkpoint.every, STOP_AT)
-    for name in ("async_save", "keep_last", "at_end", "export_hf"):
-        row(f"checkpoint.{name}", getattr(checkpoint, name), getattr(checkpoint, name))
-
     scaled = dataclasses.replace(
         recipe,
         model=dataclasses.replace(recipe.model, shape=shape),
         device=dataclasses.replace(recipe.device, lane=lane),
-        parallel=scaled_parallel,
-        kernels=scaled_kernels,
+        parallel=dataclasses.replace(
+            parallel,
+            dp_replicate=scaled_degree(parallel.dp_replicate),
+            fsdp=scaled_degree(parallel.fsdp),
+            ep=scaled_degree(parallel.ep),
+            tp=scaled_degree(parallel.tp),
+        ),
+        kernels=dataclasses.replace(kernels, splash=splash),
         data=new_data,
-        train=new_train,
-        checkpoint=new_checkpoint,
+        train=dataclasses.replace(
+            train,
+            steps=STEPS,
+            warmup_steps=max(1, min(train.warmup_steps, STOP_AT - 1)),
+            log_every=1,
+            stop_at_step=0,
+        ),
+        checkpoint=dataclasses.replace(recipe.checkpoint, every=STOP_AT, resume="auto"),
         output=dataclasses.replace(recipe.output, runs_dir=str(runs_dir), run_name=None),
     )
-    return scaled, rows
+    return scaled, settings_rows(recipe, scaled, args, lane)
