@@ -3,6 +3,7 @@
 titanpod-diffusion                                   # flux_debug on the built-in shapes, on this machine
 titanpod-diffusion --list-recipes
 titanpod-diffusion --recipe flux1_12b --dry-run      # memory per device and step time on its target slice
+titanpod-diffusion --recipe flux1_12b --rehearse     # run it here, small, with every setting (see README)
 titanpod-diffusion --train.steps 100 --data.batch-size 8
 titanpod-diffusion sample --checkpoint runs/flux_debug-... --prompt "a large red circle on the left"
 """
@@ -29,12 +30,14 @@ from titanpod.recipes.diffusion.run import DiffusionResult, run_diffusion
 from titanpod.recipes.errors import print_error
 
 
-def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, bool] | None:
-    """The recipe with every override applied, and whether to only plan it; ``None`` after ``--list-recipes``."""
+def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, str] | None:
+    """The recipe with every override applied and what to do with it (``train``, ``dry_run`` or
+    ``rehearse``); ``None`` after ``--list-recipes``."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--recipe", default=DEFAULT_DIFFUSION_RECIPE)
     parser.add_argument("--list-recipes", action="store_true")
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--rehearse", action="store_true")
     parser.add_argument("--chip")
     parser.add_argument("--chips")
     known, rest = parser.parse_known_args(argv)
@@ -52,7 +55,7 @@ def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, bool] | None:
         description=f"Train the diffusion recipe chosen with --recipe (default {DEFAULT_DIFFUSION_RECIPE}).",
         config=(tyro.conf.FlagConversionOff,),
     )
-    return recipe, known.dry_run
+    return recipe, "dry_run" if known.dry_run else "rehearse" if known.rehearse else "train"
 
 
 def sample_command(argv: list[str], console: Console) -> int:
@@ -123,8 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         parsed = parse_train(argv)
         if parsed is None:
             return 0
-        recipe, dry_run = parsed
-        if dry_run:
+        recipe, action = parsed
+        if action == "rehearse":
+            from titanpod.recipes.rehearsal.diffusion import rehearse_diffusion
+
+            rehearse_diffusion(recipe)
+        if action == "dry_run":
             from titanpod.recipes.planner.flux import flux_plan_table, plan_flux
             from titanpod.recipes.planner.report import target_chip
 
