@@ -49,3 +49,13 @@ def test_jsonl_writer_appends_one_object_per_line(tmp_path):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert rows[0]["step"] == 10 and rows[0]["loss"] == 2.5 and rows[0]["mfu"] == 0.2
     assert rows[1] == {"event": "done"}
+    assert "dropped_tokens" not in rows[0]  # a model without experts: the field does not apply
+
+
+def test_dropped_tokens_are_logged_when_the_model_reports_them(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    writer = JsonlWriter(path)
+    writer.write(StepMetrics(10, 2.5, 1.0, 1e-3, 100.0, 0.1, 0.2, 1.0, 3.0, dropped_tokens=0))
+    writer.write(StepMetrics(20, 2.5, 1.0, 1e-3, 100.0, 0.1, 0.2, 1.0, 3.0, dropped_tokens=17))
+    writer.close()
+    assert [json.loads(line)["dropped_tokens"] for line in path.read_text().splitlines()] == [0, 17]

@@ -9,8 +9,10 @@ document ids. A sharded parameter is rebuilt as a DTensor inside the trace
 (``DTensor.from_local``), so the gathers and gradient reductions of ``titanpod.parallel``
 land in the graph as functional collectives.
 
-Graph outputs: ``(grad_norm, applied, loss_1, ..., loss_A)``; parameters and optimizer
-state are updated in place. ``loss_outputs`` finds the loss nodes again, which is how the
+Graph outputs: ``(grad_norm, applied, metrics, loss_1, ..., loss_A)``, ``metrics`` a dict of
+the figures the model reports beside its loss, summed over the micro-batches (empty for most
+models; see ``titanpod.graph.loss_metrics``); parameters and optimizer state are updated in place.
+``loss_outputs`` finds the loss nodes again, which is how the
 memory policies tell the forward part of the graph from the backward part.
 """
 
@@ -27,10 +29,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from titanpod.graph.binding import parameters_bound
 from titanpod.graph.config import TrainConfig
+from titanpod.graph.loss_metrics import add_metrics, loss_and_metrics
 from titanpod.graph.optimizer import AdamWState, adamw_update_, shard_like, total_grad_norm
 
-LEADING_OUTPUTS = 2
-"""Outputs before the per-micro-batch losses: the gradient norm and the applied flag."""
+LEADING_OUTPUTS = 3
+"""Outputs before the per-micro-batch losses: the gradient norm, the applied flag and the metrics dict."""
 
 
 @dataclass(frozen=True)
@@ -69,15 +72,16 @@ def step_function(
         leaves = [p.detach().requires_grad_(True) for p in params]
         bound = [spec.rebuild(leaf) for spec, leaf in zip(specs, leaves, strict=True)]
         micro_batches = tokens_ABS.shape[0]
-        losses, grads = [], None
+        losses, grads, metrics = [], None, None
         for index in range(micro_batches):
             with parameters_bound(model, bound), autocast_context(config, device_type):
                 if document_ids_ABS is None:
-                    loss = model.loss(tokens_ABS[index], labels_ABS[index])  # type: ignore[operator]
+                    loss, batch_metrics = loss_and_metrics(model, tokens_ABS[index], labels_ABS[index])
                 else:
-                    loss = model.loss(  # type: ignore[operator]
-                        tokens_ABS[index], labels_ABS[index], document_ids_BS=document_ids_ABS[index]
+                    loss, batch_metrics = loss_and_metrics(
+                        model, tokens_ABS[index], labels_ABS[index], document_ids_BS=document_ids_ABS[index]
                     )
+            metrics = add_metrics(metrics, batch_metrics)
             micro_grads = torch.autograd.grad(loss / micro_batches, bound)
             grads = list(micro_grads) if grads is None else [g + m for g, m in zip(grads, micro_grads, strict=True)]
             losses.append(loss.detach())
@@ -86,7 +90,7 @@ def step_function(
         local_grads = [_local_grad(g, spec) for g, spec in zip(grads, specs, strict=True)]
         state = AdamWState(step_count, list(exp_avg), list(exp_avg_sq))
         applied = adamw_update_(params, local_grads, state, lr, grad_norm, decays, config)
-        return (grad_norm, applied, *losses)
+        return (grad_norm, applied, metrics, *losses)
 
     # Two fixed signatures (make_fx traces positional arguments, not defaults).
     def step(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS):

@@ -18,6 +18,7 @@ from torch import nn
 from titanpod.device import Backend
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.interrupt import stop_after_step
+from titanpod.graph.loss_metrics import DROPPED_TOKENS
 from titanpod.graph.metrics import StepMetrics, mfu
 from titanpod.graph.schedule import lr_multiplier
 from titanpod.graph.steps import Batch, StepOutput, TrainStep, build_step
@@ -80,6 +81,7 @@ def _progress(console: Console | None) -> Progress:
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"),
         TextColumn("{task.fields[tps]} tok/s"),
+        TextColumn("{task.fields[dropped]}"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=console,
@@ -117,7 +119,8 @@ def train(
     Sharded training: each process passes its own batches; ``data_parallel`` is the number
     of distinct data shards (global tokens = local tokens x ``data_parallel``), ``devices``
     the number of processes, and ``reduce_loss`` averages a loss over the data shards for
-    reporting. ``count_tokens(batch)`` says how many tokens a batch holds (default: the
+    reporting (times ``data_parallel``, it also sums an MoE model's dropped tokens over them).
+    ``count_tokens(batch)`` says how many tokens a batch holds (default: the
     elements of its first tensor); ``flops_per_token`` is per such token. Gradients are
     reduced by the model's own sharding (titanpod.parallel).
 
@@ -137,6 +140,7 @@ def train(
     losses: list[float] = []
     reports: list[StepMetrics] = []
     skipped: list[int] = []
+    dropped: list[int] = []  # dropped tokens of the steps read back since the last report (MoE models)
     stopped_because = None
     tokens_since, tokens_after_first = 0, 0
     interrupted = False
@@ -149,12 +153,13 @@ def train(
         window = torch.tensor([float(out.loss) for out in pending])
         applied = [bool(out.applied) for out in pending]
         skipped.extend(first + i for i, ok in enumerate(applied) if not ok)
+        dropped.extend(round(float(out.metrics[DROPPED_TOKENS])) for out in pending if DROPPED_TOKENS in out.metrics)
         losses.extend(window.tolist())
         pending.clear()
         return window
 
     with _progress(console) as progress, stop_after_step() as stop:
-        task = progress.add_task("train", total=config.steps, completed=start_step, loss="-", tps="-")
+        task = progress.add_task("train", total=config.steps, completed=start_step, loss="-", tps="-", dropped="")
         try:
             last_step = config.stop_at_step or config.steps
             for step_number in range(start_step + 1, last_step + 1):
@@ -165,6 +170,8 @@ def train(
                 out = train_step(micro_batches, lr)
                 if reduce_loss is not None:
                     out.loss = reduce_loss(out.loss)
+                    if DROPPED_TOKENS in out.metrics:  # a sum over the data shards: their mean x their number
+                        out.metrics[DROPPED_TOKENS] = reduce_loss(out.metrics[DROPPED_TOKENS].float()) * data_parallel
                 pending.append(out)
                 count = count_tokens or _first_tensor_size
                 step_tokens = sum(count(batch) for batch in micro_batches) * data_parallel
@@ -199,12 +206,15 @@ def train(
                         peak_memory_gib=backend.memory_stats().peak_bytes / 1024**3,
                         elapsed_seconds=now - start,
                         skipped_steps=len(skipped),
+                        dropped_tokens=sum(dropped) if dropped else None,
                     )
+                    dropped.clear()
                     reports.append(report)
                     if on_report is not None:
                         on_report(report)
                     tokens_since, last_report = 0, now
-                    progress.update(task, loss=f"{report.loss:.4f}", tps=f"{tps:,.0f}")
+                    shown = f"dropped {report.dropped_tokens:,}" if report.dropped_tokens else ""
+                    progress.update(task, loss=f"{report.loss:.4f}", tps=f"{tps:,.0f}", dropped=shown)
                 progress.update(task, completed=step_number)
                 if after_step is not None:
                     after_step(step_number)

@@ -42,6 +42,14 @@ class StepMetrics:
     """Wall time since training started."""
     skipped_steps: int = 0
     """Steps skipped so far because their gradient norm was NaN or Inf."""
+    dropped_tokens: int | None = None
+    """Mixture-of-experts models: routed (token, expert) choices dropped because the expert's buffer
+    was full (``MoEArgs.capacity_factor``), summed over layers, micro-batches, data shards and the
+    covered steps; ``None`` (and left out of the logs) for models without experts."""
+
+    def logged(self) -> dict[str, Any]:
+        """The fields as a dict, without those that do not apply (``None``)."""
+        return {name: value for name, value in asdict(self).items() if value is not None}
 
 
 class JsonlWriter:
@@ -54,7 +62,7 @@ class JsonlWriter:
 
     def write(self, record: StepMetrics | dict[str, Any]) -> None:
         """Append ``record`` as one line."""
-        row = asdict(record) if isinstance(record, StepMetrics) else record
+        row = record.logged() if isinstance(record, StepMetrics) else record
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
@@ -78,7 +86,7 @@ class TensorBoardWriter:
 
     def write(self, record: StepMetrics) -> None:
         """Add every field of ``record`` but ``step`` as a scalar at ``record.step``, and flush."""
-        for name, value in asdict(record).items():
+        for name, value in record.logged().items():
             if name != "step":
                 self._writer.add_scalar(f"train/{name}", value, record.step)
         self._writer.flush()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 from titanpod.device import Backend
 from titanpod.graph.capture import ParamSpec, autocast_context, capture_step
 from titanpod.graph.config import TrainConfig
+from titanpod.graph.loss_metrics import add_metrics, loss_and_metrics
 from titanpod.graph.memory_policy import apply_memory_policy
 from titanpod.graph.optimizer import (
     AdamWState,
@@ -42,15 +43,16 @@ Any other model takes its batch as named tensors: a mapping, passed as ``model.l
 (eager and per-block steps)."""
 
 
-def batch_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+def batch_loss_and_metrics(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``model.loss`` of one batch: ``loss(tokens, labels)``, plus ``document_ids_BS=`` for a 3-tuple;
-    ``loss(**batch)`` for a mapping of named tensors."""
+    ``loss(**batch)`` for a mapping of named tensors; with the figures the model reports beside it
+    (``titanpod.graph.loss_metrics``)."""
     if isinstance(batch, Mapping):
-        return model.loss(**batch)  # type: ignore[operator]
+        return loss_and_metrics(model, **batch)
     if len(batch) == 2:
-        return model.loss(batch[0], batch[1])  # type: ignore[operator]
+        return loss_and_metrics(model, batch[0], batch[1])
     if len(batch) == 3:
-        return model.loss(batch[0], batch[1], document_ids_BS=batch[2])  # type: ignore[operator]
+        return loss_and_metrics(model, batch[0], batch[1], document_ids_BS=batch[2])
     raise ValueError(
         f"A batch is (tokens, labels) or (tokens, labels, document_ids), got a {type(batch).__name__} of {len(batch)}."
     )
@@ -88,6 +90,9 @@ class StepOutput:
     """Global gradient norm before clipping, 0-d."""
     applied: Any
     """False when the gradient norm was not finite and the update was skipped, 0-d bool."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """Figures the model reports beside its loss (an MoE model's ``dropped_tokens``), each summed over
+    the step's micro-batches (this process's data), 0-d on the device; empty for models that report none."""
 
 
 class TrainStep(ABC):
@@ -134,12 +139,13 @@ class EagerStep(TrainStep):
                 block.compile(backend=backend.compile_backend, dynamic=False)
 
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
-        losses = []
+        losses, metrics = [], None
         for batch in micro_batches:
             with autocast_context(self.config, self.backend.device_type):
-                loss = batch_loss(self.model, batch)
+                loss, batch_metrics = batch_loss_and_metrics(self.model, batch)
             (loss / len(micro_batches)).backward()
             losses.append(loss.detach())
+            metrics = add_metrics(metrics, batch_metrics)
         grads = [p.grad for p in self.params]
         if any(g is None for g in grads):
             missing = [n for n, p in self.model.named_parameters() if p.grad is None]
@@ -157,7 +163,7 @@ class EagerStep(TrainStep):
             )
         for param in self.params:
             param.grad = None
-        return StepOutput(torch.stack(losses).mean(), grad_norm, applied)
+        return StepOutput(torch.stack(losses).mean(), grad_norm, applied, metrics or {})
 
 
 class WholeStep(TrainStep):
@@ -215,8 +221,9 @@ class WholeStep(TrainStep):
         if self._program is None or self._shape != _shape_key(tokens_ABS, ids_ABS):
             self.prepare(tokens_ABS, labels_ABS, ids_ABS)
         assert self._program is not None
-        grad_norm, applied, *losses = self._program(*self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(lr), ids_ABS))
-        return StepOutput(torch.stack(losses).mean(), grad_norm, applied)
+        inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(lr), ids_ABS)
+        grad_norm, applied, metrics, *losses = self._program(*inputs)
+        return StepOutput(torch.stack(losses).mean(), grad_norm, applied, metrics)
 
 
 def _shape_key(tokens_ABS: torch.Tensor, document_ids_ABS: torch.Tensor | None) -> tuple[Any, ...]:

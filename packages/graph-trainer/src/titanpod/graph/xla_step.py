@@ -27,6 +27,7 @@ from torch import nn
 from titanpod.device import Backend
 from titanpod.graph.binding import parameters_bound
 from titanpod.graph.config import TrainConfig
+from titanpod.graph.loss_metrics import loss_and_metrics
 from titanpod.graph.optimizer import AdamWState, adamw_update_, state_tree, total_grad_norm
 from titanpod.graph.steps import Batch, StepOutput, TrainStep, stack_micro_batches
 
@@ -98,7 +99,8 @@ class XlaStep(TrainStep):
         return NamedSharding(self.mesh, PartitionSpec(None, *batch_partition_spec(self.axes, 2)))
 
     def loss_function(self) -> Callable[..., Any]:
-        """The model's loss as a JAX function of (parameters list, tokens [B, S], labels [B, S][, document ids [B, S]]).
+        """The model's loss as a JAX function of (parameters list, tokens [B, S], labels [B, S][, document ids [B, S]]),
+        returning (loss, metrics): the figures the model reports beside it (``titanpod.graph.loss_metrics``).
 
         Runs ``model.loss`` through ``jax_view`` of ``torch.func.functional_call``, under
         torchax's bf16 autocast when ``config.precision`` is bf16 (matmuls in bf16;
@@ -115,7 +117,7 @@ class XlaStep(TrainStep):
             tokens_BS: torch.Tensor,
             labels_BS: torch.Tensor,
             document_ids_BS: torch.Tensor | None = None,
-        ) -> torch.Tensor:
+        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             bound = {"inner." + name: param for name, param in zip(names, params, strict=True)}
             inputs = (tokens_BS, labels_BS) if document_ids_BS is None else (tokens_BS, labels_BS, document_ids_BS)
             with contextlib.ExitStack() as stack:
@@ -145,11 +147,11 @@ class XlaStep(TrainStep):
     def step_function(self) -> Callable[..., Any]:
         """The whole step as a JAX function (what is jitted): (params, exp_avg, exp_avg_sq, step,
         lr, tokens [A, B, S], labels [A, B, S][, document ids [A, B, S]]) -> (params, exp_avg,
-        exp_avg_sq, step, loss, grad_norm, applied)."""
+        exp_avg_sq, step, loss, grad_norm, applied, metrics summed over the micro-batches)."""
         import jax
         import jax.numpy as jnp
 
-        value_and_grad = jax.value_and_grad(self.loss_function())
+        value_and_grad = jax.value_and_grad(self.loss_function(), has_aux=True)
         update = self.update_function()
         shardings = self.param_shardings
 
@@ -158,20 +160,21 @@ class XlaStep(TrainStep):
 
         def step(params, exp_avg, exp_avg_sq, count, lr, tokens_ABS, labels_ABS, document_ids_ABS=None):
             def micro_step(grad_sum, batch):
-                loss, grads = value_and_grad(params, *batch)
-                return [s + g for s, g in zip(grad_sum, sharded_like_params(grads), strict=True)], loss
+                (loss, metrics), grads = value_and_grad(params, *batch)
+                return [s + g for s, g in zip(grad_sum, sharded_like_params(grads), strict=True)], (loss, metrics)
 
             zeros = sharded_like_params([jnp.zeros(p.shape, jnp.float32) for p in params])
             scanned = (
                 (tokens_ABS, labels_ABS) if document_ids_ABS is None else (tokens_ABS, labels_ABS, document_ids_ABS)
             )
-            grad_sum, losses_A = jax.lax.scan(micro_step, zeros, scanned)
+            grad_sum, (losses_A, metrics_A) = jax.lax.scan(micro_step, zeros, scanned)
             micro_batches = tokens_ABS.shape[0]
             grads = [(g / micro_batches).astype(p.dtype) for g, p in zip(grad_sum, params, strict=True)]
             params, exp_avg, exp_avg_sq, count, grad_norm, applied = update(
                 params, grads, exp_avg, exp_avg_sq, count, lr
             )
-            return params, exp_avg, exp_avg_sq, count, jnp.mean(losses_A), grad_norm, applied
+            metrics = {name: jnp.sum(values_A) for name, values_A in metrics_A.items()}
+            return params, exp_avg, exp_avg_sq, count, jnp.mean(losses_A), grad_norm, applied, metrics
 
         return step
 
@@ -184,6 +187,7 @@ class XlaStep(TrainStep):
             self.param_shardings,
             self.param_shardings,
             self.param_shardings,
+            replicated,
             replicated,
             replicated,
             replicated,
@@ -210,15 +214,20 @@ class XlaStep(TrainStep):
 
     def lower(self, micro_batches: list[Batch], lr: float = 0.0) -> Any:
         """The step's ``jax.stages.Lowered`` for batches like ``micro_batches`` (for its HLO, cost and memory)."""
-        with self.backend.runtime():
+        import jax
+
+        with self.backend.runtime(), jax.set_mesh(self.mesh):
             return self.program.lower(*self._arguments(micro_batches, lr))
 
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
-        with self.backend.runtime():
+        import jax
+
+        # The mesh in context: kernels (titanpod.kernels' jax_op) split their Pallas calls over it.
+        with self.backend.runtime(), jax.set_mesh(self.mesh):
             outputs = self.program(*self._arguments(micro_batches, lr))
-        self.jax_params, exp_avg, exp_avg_sq, step, loss, grad_norm, applied = outputs
+        self.jax_params, exp_avg, exp_avg_sq, step, loss, grad_norm, applied, metrics = outputs
         self.state = AdamWState(step, exp_avg, exp_avg_sq)
-        return StepOutput(loss, grad_norm, applied)
+        return StepOutput(loss, grad_norm, applied, metrics)
 
     def state_tree(self) -> dict:
         """The step's parameters and AdamW state as the trainer-state checkpoint layout, holding its jax arrays:
@@ -281,7 +290,7 @@ class XlaStep(TrainStep):
 
 
 class _LossModule(nn.Module):
-    """``model.loss`` as a module's forward, for ``torch.func.functional_call``."""
+    """``model.loss`` and its metrics as a module's forward, for ``torch.func.functional_call``."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
@@ -289,10 +298,10 @@ class _LossModule(nn.Module):
 
     def forward(
         self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if document_ids_BS is None:
-            return self.inner.loss(tokens_BS, labels_BS)  # type: ignore[operator]
-        return self.inner.loss(tokens_BS, labels_BS, document_ids_BS=document_ids_BS)  # type: ignore[operator]
+            return loss_and_metrics(self.inner, tokens_BS, labels_BS)
+        return loss_and_metrics(self.inner, tokens_BS, labels_BS, document_ids_BS=document_ids_BS)
 
 
 @contextlib.contextmanager
