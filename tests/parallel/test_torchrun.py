@@ -50,6 +50,8 @@ CASES = {
     "fsdp2_tp2": ("llama3", ["--fsdp", "2", "--tp", "2"], 4),  # with sequence parallelism
     "hsdp2x2": ("llama3", ["--dp-replicate", "2", "--fsdp", "2"], 4),
     "ep2_fsdp2": ("qwen3_moe", ["--fsdp", "2", "--ep", "2"], 4),
+    # the captured step (run op by op): MoE's fixed-size expert buffers make EP's all_to_all traceable
+    "ep2_fsdp2_whole_step": ("qwen3_moe", ["--fsdp", "2", "--ep", "2", "--step-mode", "whole_step"], 4),
     "tp2_no_sequence_parallel": ("llama3", ["--fsdp", "1", "--tp", "2", "--no-sequence-parallel"], 2),
 }
 
@@ -66,6 +68,8 @@ def test_sharded_losses_equal_single_process(case, single_process, tmp_path):
     assert reference[-1] < reference[0]  # it learns
     if case == "fsdp4":
         assert sharded["param_bytes"] * 4 == sharded["full_bytes"]
+    if case == "ep2_fsdp2_whole_step":
+        assert sharded["graph_collectives"].get("all_to_all_single", 0) > 0
 
 
 @pytest.mark.slow

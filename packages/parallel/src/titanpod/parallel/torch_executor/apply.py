@@ -38,13 +38,15 @@ class ParallelModel:
     """Number of data shards: dp_replicate x fsdp x ep."""
     data_axes: tuple[str, ...]
     """The mesh dimensions whose ranks read different data."""
+    data_group: Any = None
+    """The ``data_axes`` of ``mesh`` as one dimension (None when there are none). Made when the model is
+    sharded, not at first use: a mesh made while a step is traced would meet the tracer's fake tensors."""
 
     def mean_over_data(self, value: torch.Tensor) -> torch.Tensor:
         """The mean of ``value`` over the data-parallel ranks (the loss for reporting, routing loads)."""
-        if not self.data_axes:
+        if self.data_group is None:
             return value
-        group = self.mesh[self.data_axes]
-        return mean_over(value, group._flatten() if len(self.data_axes) > 1 else group)
+        return mean_over(value, self.data_group)
 
 
 def unshard(model: nn.Module) -> nn.Module:
@@ -96,7 +98,10 @@ def parallelize(model: nn.Module, plan: ShardingPlan, config: ParallelConfig, ba
     for axis in DATA_AXES:
         data_rank = data_rank * axes[axis] + coordinate.get(axis, 0)
     data_axes = tuple(axis for axis in DATA_AXES if axis in mesh_axes and axes[axis] > 1)
-    sharded = ParallelModel(model, mesh, axes, data_rank, math.prod(axes[a] for a in DATA_AXES), data_axes)
+    data_group = None
+    if data_axes:
+        data_group = mesh[data_axes]._flatten() if len(data_axes) > 1 else mesh[data_axes]
+    sharded = ParallelModel(model, mesh, axes, data_rank, math.prod(axes[a] for a in DATA_AXES), data_axes, data_group)
     ops = getattr(model, "ops", None)
     if ops is not None and hasattr(ops, "batch_mean"):  # batch statistics (MoE loads) over the global batch
         model.ops = dataclasses.replace(ops, batch_mean=sharded.mean_over_data)  # type: ignore[assignment]
