@@ -5,6 +5,9 @@ Its fake (meta) implementation comes from ``jax.eval_shape``; its gradient is a 
 custom op running ``jax.vjp``. On the CPU (and CUDA) inputs reach JAX through DLPack
 without copies; outputs are copied out of JAX's buffers. On the tpu lane the forward and
 backward are handed to ``torch.tpu.pallas.jax_op``, which runs them on the TPU directly.
+On the xla lane (torchax tensors, inside a ``jax_view`` trace) there is no torch op at
+all: the JAX function runs on the tensors' JAX values, where JAX's autodiff and ``jax.jit``
+see it, split over the context mesh by the kernel's ``shard`` rule.
 
 Legend: none; shapes belong to the wrapped function.
 """
@@ -12,6 +15,7 @@ Legend: none; shapes belong to the wrapped function.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,10 +79,42 @@ class JaxOp:
     """The registered forward custom op (``Tensor[] -> Tensor[]``)."""
     backward_op: Any
     """The registered backward custom op (inputs + output cotangents -> floating inputs' gradients)."""
+    shard: Callable[..., Callable[..., Any]] | None = None
+    """On the xla lane over a mesh of several devices: ``shard(fn, mesh, *arrays)`` gives the
+    function to run in place of ``fn`` (a ``jax.shard_map`` of it: XLA cannot partition a
+    Pallas call). ``None`` leaves ``fn`` to XLA's SPMD partitioner."""
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
+        if _torchax_tensors(inputs):
+            return self.call_in_jax(*inputs)
         outputs = self.forward_op(list(inputs))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def call_in_jax(self, *inputs: torch.Tensor) -> Any:
+        """``fn`` on torchax tensors' JAX values (the xla lane), its result as torchax tensors.
+
+        Runs inside the caller's JAX trace, so ``jax.value_and_grad`` differentiates ``fn``
+        itself and ``jax.jit`` compiles it into the step. When JAX's context mesh
+        (``jax.set_mesh``) has several devices, ``fn`` runs as the ``shard`` rule splits it.
+        """
+        import jax
+        from torchax.interop import jax_view, torch_view
+
+        arrays = jax_view(list(inputs))
+        mesh = jax.sharding.get_abstract_mesh()
+        fn = self.fn
+        if self.shard is not None and not mesh.empty and mesh.size > 1:
+            fn = self.shard(fn, mesh, *arrays)
+        return torch_view(fn(*arrays))
+
+
+def _torchax_tensors(tensors: Sequence[Any]) -> bool:
+    """Whether any of ``tensors`` is a torchax tensor (only possible once torchax is imported)."""
+    module = sys.modules.get("torchax.tensor")
+    if module is None:
+        return False
+    kinds = tuple(getattr(module, name) for name in ("Tensor", "View") if hasattr(module, name))
+    return any(isinstance(t, kinds) for t in tensors)
 
 
 def _floating(tensors: Sequence[torch.Tensor]) -> list[int]:
@@ -138,12 +174,14 @@ def jax_op(
     mesh: Any = None,
     in_specs: tuple[Any, ...] | None = None,
     out_specs: Any = None,
+    shard: Callable[..., Callable[..., Any]] | None = None,
 ) -> JaxOp:
     """Register ``fn`` (JAX arrays in, an array or a tuple of arrays out) as the op ``titanpod::<name>``.
 
     With a ``jax.sharding.Mesh`` and partition specs, ``fn`` runs once per shard
     (``jax.shard_map``) on the xla lane's sharded arrays. Each name registers once per
-    process: build ops when a model is set up, not per step.
+    process: build ops when a model is set up, not per step. ``shard`` (see ``JaxOp.shard``)
+    splits ``fn`` over the xla lane's mesh when the op is called with torchax tensors.
     """
     qualified = f"{NAMESPACE}::{name}"
     n_inputs = len(inspect.signature(fn).parameters)
@@ -210,4 +248,4 @@ def jax_op(
         return ([next(input_grads) if t.is_floating_point() else None for t in inputs],)
 
     forward_op.register_autograd(backward, setup_context=setup_context)
-    return JaxOp(qualified, fn, forward_op, backward_op)
+    return JaxOp(qualified, fn, forward_op, backward_op, None if mesh is not None else shard)

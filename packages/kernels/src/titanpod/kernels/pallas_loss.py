@@ -7,7 +7,8 @@ exponentials and the target logit (an online logsumexp), and writes each row's l
 and logsumexp. The backward recomputes each tile's logits from those, forms
 ``softmax - one_hot`` scaled by the row's share of the mean, and accumulates the hidden
 gradient (one kernel, over vocabulary tiles) and the weight gradient (another, over row
-tiles). No [N, V] array exists at any point.
+tiles). No [N, V] array exists at any point. On the xla lane's mesh each data shard
+runs the kernels on its own rows, and the shards' sums and counts make the global mean.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from titanpod.kernels.jax_op import JaxOp, jax_op
+from titanpod.kernels.mesh_split import batch_axes
 from titanpod.models import IGNORE_INDEX
 
 
@@ -178,6 +180,27 @@ def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int) ->
     return cross_entropy
 
 
+def _per_shard(fn: Any, mesh: Any, h_NM: Any, _w_VM: Any, _labels_N: Any) -> Any:
+    """The mean loss on ``mesh`` with each data shard's rows under ``jax.shard_map``: every shard's
+    mean times its labelled rows, summed over the shards, over the labelled rows of all of them."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    rows = batch_axes(mesh, h_NM.shape[0])
+
+    def shard_loss(h, w, labels):
+        if rows is None:
+            return fn(h, w, labels)
+        count = (labels != IGNORE_INDEX).sum()
+        total = jnp.where(count > 0, fn(h, w, labels) * count, 0.0)  # a shard with no labels adds nothing
+        return jax.lax.psum(total, rows) / jax.lax.psum(count, rows)
+
+    # check_vma=False: Pallas outputs carry no record of which mesh axes they vary over.
+    in_specs = (P(rows, None), P(), P(rows))
+    return jax.shard_map(shard_loss, mesh=mesh, in_specs=in_specs, out_specs=P(), check_vma=False)
+
+
 @dataclass
 class PallasLinearCrossEntropy:
     """Callable with the ``HeadLossOp`` signature, backed by the Pallas kernels above."""
@@ -196,6 +219,7 @@ class PallasLinearCrossEntropy:
         key = (vocab, dim, h_BSM.dtype)
         if key not in self._ops:
             fn = make_pallas_cross_entropy(self.config, vocab, dim)
-            self._ops[key] = jax_op(f"pallas_ce_{id(self)}_{vocab}_{dim}_{str(h_BSM.dtype).split('.')[-1]}", fn)
+            name = f"pallas_ce_{id(self)}_{vocab}_{dim}_{str(h_BSM.dtype).split('.')[-1]}"
+            self._ops[key] = jax_op(name, fn, shard=_per_shard)
         labels = labels_BS.reshape(-1).to(torch.int32)
         return self._ops[key](h_BSM.reshape(-1, dim), weight_VM, labels)

@@ -7,7 +7,9 @@ The kernel runs per (batch, kv head) with the G query heads of that group (its M
 form), under ``jax.vmap``; off a TPU it runs in Pallas interpret mode. One op is
 registered per distinct (S, G, D, dtype, with or without document ids) the model meets.
 Document ids (packed sequences) become the kernel's segment ids: its static mask (causal
-or local) is and-ed with "same segment", one row of ids per batch element.
+or local) is and-ed with "same segment", one row of ids per batch element. On the xla
+lane's mesh the kernel runs per shard: batch over the data axes, heads over ``tp`` when
+it divides both head counts.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 
 from titanpod.kernels.jax_op import JaxOp, jax_op
+from titanpod.kernels.mesh_split import batch_axes, head_axis
 from titanpod.models import document_causal_mask
 
 LANES = 128
@@ -59,7 +62,7 @@ class SplashAttention:
         key = (S, G, D, dtype, documents)
         if key not in self._ops:
             name = f"splash_{id(self)}_{S}_{G}_{D}_{str(dtype).split('.')[-1]}{'_documents' if documents else ''}"
-            self._ops[key] = jax_op(name, self._kernel(S, G, D, documents))
+            self._ops[key] = jax_op(name, self._kernel(S, G, D, documents), shard=_per_shard)
         return self._ops[key]
 
     def _kernel(self, S: int, G: int, D: int, documents: bool) -> Any:
@@ -126,6 +129,20 @@ class SplashAttention:
         # The kernel's segment ids are int32; ids relative to each row's smallest keep "same document" exact.
         ids_BS = (document_ids_BS - document_ids_BS.amin(dim=1, keepdim=True)).to(torch.int32)
         return self._op(S, H // K, D, q_BHSD.dtype, True)(q_BHSD, k_BKSD, v_BKSD, ids_BS)
+
+
+def _per_shard(fn: Any, mesh: Any, q_BHSD: Any, k_BKSD: Any, _v_BKSD: Any, *ids_BS: Any) -> Any:
+    """``fn`` under ``jax.shard_map`` on ``mesh``: batch over the data axes, heads over tp when it
+    divides them; an axis that divides neither leaves every shard the whole of that dimension."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    batch = batch_axes(mesh, q_BHSD.shape[0])
+    heads = head_axis(mesh, q_BHSD.shape[1], k_BKSD.shape[1])
+    rows_HSD = P(batch, heads, None, None)
+    in_specs = (rows_HSD, rows_HSD, rows_HSD) + ((P(batch, None),) if ids_BS else ())
+    # check_vma=False: Pallas outputs carry no record of which mesh axes they vary over.
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=rows_HSD, check_vma=False)
 
 
 def local_causal_sdpa(window: int):
