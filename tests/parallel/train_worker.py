@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, WholeStep, build_step, train
+from titanpod.kernels import KernelConfig, PallasLossConfig, SplashConfig, model_ops
 from titanpod.models import build_model
 from titanpod.parallel import PLANS, ParallelConfig
 from titanpod.parallel.torch_executor import parallelize, unshard
@@ -49,13 +50,21 @@ def main() -> None:
     parser.add_argument("--step-mode", default="eager")
     parser.add_argument("--memory-policy", default="save")
     parser.add_argument("--compiler", default="none")
+    parser.add_argument("--attention", default="sdpa", help="kernels.attention: sdpa or splash (tiles of 128)")
+    parser.add_argument("--head-loss", default="reference", help="kernels.head_loss: reference, chunked or pallas")
     parser.add_argument("--params-out", type=Path, help="also write the final parameters (safetensors)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
     torch.manual_seed(0)
     backend = get_backend("cpu")
-    model = build_model(args.family, "debug", device="cpu")
+    kernels = KernelConfig(
+        attention=args.attention,
+        head_loss=args.head_loss,
+        splash=SplashConfig(block_q=128, block_kv=128),
+        pallas_loss=PallasLossConfig(block_rows=128, block_vocab=512),
+    )
+    model = build_model(args.family, "debug", model_ops(kernels), device="cpu")
     model.init_weights(0)
     full_bytes = local_parameter_bytes(model)
     tokenizer = load_tokenizer(builtin_tokenizer_path())
