@@ -69,7 +69,7 @@ def parse_command(argv: list[str]) -> Command | None:
         rest += ["--target.chips", known.chips]
     if known.list_recipes:
         for name, build in RECIPES.items():
-            print(f"{name:24s} {(build.__doc__ or '').strip()}")
+            print(f"{name:24s} {(build.__doc__ or '').strip().splitlines()[0]}")
         return None
     base = Recipe.load(Path(known.recipe)) if known.recipe.endswith(".json") else get_recipe(known.recipe)
     recipe = tyro.cli(
