@@ -67,13 +67,17 @@ def flash_attention_stand_in(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD:
 
 
 class _BalancedMoEStandIn(nn.Module):
-    """A mixture-of-experts layer whose routing sends every token to K experts, evenly."""
+    """A mixture-of-experts layer whose routing sends every token to K experts, evenly (none dropped).
+
+    It plans the rows of ``capacity_factor`` 1.0; a larger factor (or None: every expert takes
+    every token) has experts compute over more rows, mostly empty, which this does not count.
+    """
 
     def __init__(self, moe: MoE) -> None:
         super().__init__()
         self.moe = moe
 
-    def forward(self, x_BSM: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x_BSM: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         moe, args = self.moe, self.moe.args
         x_NM = x_BSM.flatten(0, 1)
         logits_NE = moe.router(x_NM)
@@ -84,7 +88,8 @@ class _BalancedMoEStandIn(nn.Module):
         experts = moe.experts
         hidden_TF = F.silu(F.linear(routed_TM, experts.w1[0])) * F.linear(routed_TM, experts.w3[0])
         out_TM = F.linear(hidden_TF, experts.w2[0]) * weights_NK.flatten()[:, None].to(x_NM.dtype)
-        return torch.zeros_like(x_NM).index_add_(0, token_T, out_TM).view_as(x_BSM), logits_NE
+        dropped = torch.zeros((), dtype=torch.long, device=x_NM.device)
+        return torch.zeros_like(x_NM).index_add_(0, token_T, out_TM).view_as(x_BSM), logits_NE, dropped
 
 
 class _ProducerLog(TorchDispatchMode):
