@@ -85,9 +85,12 @@ class SplashAttention:
             block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
             block_q_dq=block_q, block_kv_dq=block_kv,
         )  # fmt: skip
-        kernel = splash.make_splash_mqa_single_device(
-            mask=splash.MultiHeadMask([head_mask] * G), block_sizes=tiles, interpret=_interpret(self.config)
-        )
+        # The kernel is built once and reused by every later trace (jit, grad, remat): its mask tables
+        # must be concrete arrays, not values of whichever trace happened to build it first.
+        with jax.ensure_compile_time_eval():
+            kernel = splash.make_splash_mqa_single_device(
+                mask=splash.MultiHeadMask([head_mask] * G), block_sizes=tiles, interpret=_interpret(self.config)
+            )
 
         def attention(q_BHSD: Any, k_BKSD: Any, v_BKSD: Any) -> Any:
             B, K = k_BKSD.shape[:2]
