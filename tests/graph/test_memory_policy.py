@@ -92,3 +92,24 @@ def test_recompute_lowers_the_memory_a_step_needs():
         peaks[policy] = peak_intermediate_bytes(graph, *inputs)
     assert peaks["recompute"] < 0.6 * peaks["save"], peaks
     assert peaks["recompute"] < peaks["selective"] < peaks["save"], peaks
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_the_policies_find_each_micro_batch_loss_whatever_metrics_the_model_reports(moe):
+    """A captured step's outputs are stored flattened: an MoE model's metrics add nodes, a dense model's none."""
+    from titanpod.graph.capture import loss_outputs
+    from titanpod.models import MoEArgs
+
+    args = (
+        ARGS if not moe else DecoderArgs(**{**ARGS.__dict__, "moe": MoEArgs(n_experts=4, top_k=2, expert_ffn_dim=32)})
+    )
+    model = Transformer(args)
+    model.init_weights(0)
+    step = WholeStep(
+        model, TrainConfig(step_mode="whole_step", memory_policy="recompute", compiler="none"), get_backend("cpu")
+    )
+    tokens = torch.randint(0, args.vocab_size, (2, 2, 16), generator=torch.Generator().manual_seed(0))
+    graph = step.prepare(tokens, tokens)
+    losses = loss_outputs(graph.graph)
+    assert len(losses) == 2 and all(node.meta["val"].dtype == torch.float32 for node in losses)
+    assert graph.meta["activation_plan"].recomputed

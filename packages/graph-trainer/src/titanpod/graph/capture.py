@@ -21,11 +21,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx, nn
 from torch.distributed.tensor import DTensor
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
 
 from titanpod.graph.binding import parameters_bound
 from titanpod.graph.config import TrainConfig
@@ -125,11 +127,23 @@ def capture_step(
     return make_fx(function, tracing_mode="fake", record_module_stack=True)(*example_inputs)
 
 
+def step_outputs(graph: fx.Graph) -> Any:
+    """The output nodes of a captured step in the step's own structure: ``(grad_norm, applied, metrics, *losses)``.
+
+    ``make_fx`` stores outputs flattened (a metrics dict contributes one node per entry, an
+    empty one none) beside the structure that rebuilds them, which is applied here.
+    """
+    flat = graph.output_node().args[0]
+    info = getattr(graph._codegen, "pytree_info", None)
+    if info is None or info.out_spec is None:
+        return flat
+    return pytree.tree_unflatten(list(flat), info.out_spec)  # type: ignore[arg-type]
+
+
 def loss_outputs(graph: fx.Graph) -> list[fx.Node]:
     """The per-micro-batch loss nodes of a captured step (their ``detach`` stripped)."""
-    output = graph.output_node()
     losses = []
-    for node in output.args[0][LEADING_OUTPUTS:]:  # type: ignore[index]
+    for node in step_outputs(graph)[LEADING_OUTPUTS:]:
         while isinstance(node, fx.Node) and node.target == torch.ops.aten.detach.default:
             node = node.args[0]
         losses.append(node)
