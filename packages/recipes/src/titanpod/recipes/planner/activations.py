@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from titanpod.models import DecoderArgs, ModelOps
-from titanpod.models.common.moe import MoE
+from titanpod.models.common.moe import MoE, expert_capacity
 from titanpod.models.common.rope import inverse_frequencies, rotary_cos_sin
 from titanpod.models.common.transformer import TransformerBlock
 
@@ -67,11 +67,8 @@ def flash_attention_stand_in(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD:
 
 
 class _BalancedMoEStandIn(nn.Module):
-    """A mixture-of-experts layer whose routing sends every token to K experts, evenly (none dropped).
-
-    It plans the rows of ``capacity_factor`` 1.0; a larger factor (or None: every expert takes
-    every token) has experts compute over more rows, mostly empty, which this does not count.
-    """
+    """A mixture-of-experts layer whose experts compute over full buffers of their capacity (E x C rows,
+    as the real layer does whatever the routing), and whose every token takes K of those rows back."""
 
     def __init__(self, moe: MoE) -> None:
         super().__init__()
@@ -83,11 +80,15 @@ class _BalancedMoEStandIn(nn.Module):
         logits_NE = moe.router(x_NM)
         probs_NE = F.softmax(logits_NE, dim=-1, dtype=torch.float32)
         weights_NK = probs_NE[:, : args.top_k] / probs_NE[:, : args.top_k].sum(dim=-1, keepdim=True)
-        token_T = torch.arange(x_NM.shape[0], device=x_NM.device).repeat_interleave(args.top_k)
-        routed_TM = x_NM[token_T]
+        N = x_NM.shape[0]
+        rows = args.n_experts * expert_capacity(N, args)
+        buffers_RM = x_NM.repeat(-(-rows // N), 1)[:rows]
         experts = moe.experts
-        hidden_TF = F.silu(F.linear(routed_TM, experts.w1[0])) * F.linear(routed_TM, experts.w3[0])
-        out_TM = F.linear(hidden_TF, experts.w2[0]) * weights_NK.flatten()[:, None].to(x_NM.dtype)
+        hidden_RF = F.silu(F.linear(buffers_RM, experts.w1[0])) * F.linear(buffers_RM, experts.w3[0])
+        done_RM = F.linear(hidden_RF, experts.w2[0])
+        token_T = torch.arange(N, device=x_NM.device).repeat_interleave(args.top_k)
+        routed_TM = done_RM[torch.arange(token_T.shape[0], device=x_NM.device) % rows]
+        out_TM = routed_TM * weights_NK.flatten()[:, None].to(x_NM.dtype)
         dropped = torch.zeros((), dtype=torch.long, device=x_NM.device)
         return torch.zeros_like(x_NM).index_add_(0, token_T, out_TM).view_as(x_BSM), logits_NE, dropped
 
