@@ -7,7 +7,8 @@ Each expert's rows arrive as a fixed-size buffer (``ExpertMatmulOp``), so the gr
 consecutive runs of C rows: sizes fixed by the shape, never read from the device. ``gmm``
 needs the rows in whole tiles, so they are padded with rows of no group (which it leaves as
 zeros) and cut back. Tile widths are the largest divisors of the matrix widths
-up to the configured ones. Off a TPU, Pallas runs in interpret mode.
+up to the configured ones. Off a TPU, Pallas runs in interpret mode. On the xla lane's mesh
+the kernel runs per shard: experts over ``ep``, each expert's rows over the other data axes.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from titanpod.kernels.jax_op import JaxOp, jax_op
+from titanpod.kernels.mesh_split import batch_axes
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,19 @@ class MegabloxGroupedMatmul:
 
             interpret = self.config.interpret if self.config.interpret is not None else jax.default_backend() != "tpu"
             tiling = (self.config.tile_rows, math.gcd(I, self.config.tile_in), math.gcd(O, self.config.tile_out))
+            tile_rows = self.config.tile_rows
 
-            def grouped(x_TI: Any, w_EOI: Any, sizes_E: Any) -> Any:
+            def grouped(x_ECI: Any, w_EOI: Any) -> Any:
+                E, C, _ = x_ECI.shape
+                T = E * C
+                x_TI = jnp.pad(x_ECI.reshape(T, I), ((0, -T % tile_rows), (0, 0)))
+                sizes_E = jnp.full((E,), C, jnp.int32)
                 # positional: preferred dtype, tiling, group_offset, existing_out, transpose_rhs, interpret
-                return ops.gmm(x_TI, w_EOI, sizes_E.astype(jnp.int32), x_TI.dtype, tiling, None, None, True, interpret)
+                out = ops.gmm(x_TI, w_EOI, sizes_E, x_ECI.dtype, tiling, None, None, True, interpret)
+                return out[:T].reshape(E, C, O)
 
-            self._ops[key] = jax_op(f"gmm_{id(self)}_{I}_{O}_{str(dtype).split('.')[-1]}", grouped)
+            name = f"gmm_{id(self)}_{I}_{O}_{str(dtype).split('.')[-1]}"
+            self._ops[key] = jax_op(name, grouped, shard=_per_shard)
         return self._ops[key]
 
     def __call__(self, x_ECI: torch.Tensor, w_EOI: torch.Tensor) -> torch.Tensor:
@@ -66,14 +74,27 @@ class MegabloxGroupedMatmul:
         if x_ECI.dtype != w_EOI.dtype or x_ECI.dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(f"The grouped matmul takes float32 or bfloat16 inputs of one dtype, got {x_ECI.dtype} "
                             f"and {w_EOI.dtype}.")  # fmt: skip
-        E, C, I = x_ECI.shape  # noqa: E741 - I is the legend's input width
+        E, _, I = x_ECI.shape  # noqa: E741 - I is the legend's input width
         if w_EOI.shape[0] != E or w_EOI.shape[2] != I:
             raise ValueError(f"The grouped matmul takes rows [E, C, I] and weights [E, O, I] of one E and I, got "
                              f"{list(x_ECI.shape)} and {list(w_EOI.shape)}.")  # fmt: skip
-        T = E * C
-        padded = -T % self.config.tile_rows
-        x_TI = x_ECI.reshape(T, I)
-        x_PI = F.pad(x_TI, (0, 0, 0, padded)) if padded else x_TI
-        sizes_E = torch.full((E,), C, dtype=torch.int32, device=x_ECI.device)
-        out_PO = self._op(I, w_EOI.shape[1], x_ECI.dtype)(x_PI, w_EOI, sizes_E)
-        return (out_PO[:T] if padded else out_PO).view(E, C, -1)
+        return self._op(I, w_EOI.shape[1], x_ECI.dtype)(x_ECI, w_EOI)
+
+
+def _per_shard(fn: Any, mesh: Any, x_ECI: Any, _w_EOI: Any) -> Any:
+    """``fn`` under ``jax.shard_map`` on ``mesh``: experts over ``ep`` (each shard holds its experts'
+    weights whole) and each expert's buffer rows over the other data axes; a gmm per shard."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    ep = mesh.shape.get("ep", 1)
+    experts = "ep" if ep > 1 and x_ECI.shape[0] % ep == 0 else None
+    rows = batch_axes(mesh, x_ECI.shape[1], besides=("ep",) if experts else ())
+    # check_vma=False: Pallas outputs carry no record of which mesh axes they vary over.
+    return jax.shard_map(
+        fn,
+        mesh=mesh,
+        in_specs=(P(experts, rows, None), P(experts, None, None)),
+        out_specs=P(experts, rows, None),
+        check_vma=False,
+    )

@@ -16,11 +16,13 @@ MODEL_AXES = ("tp", "cp")
 """Mesh axes that split the model (heads, widths, sequence), not the batch."""
 
 
-def batch_axes(mesh: Any, rows: int) -> tuple[str, ...] | None:
+def batch_axes(mesh: Any, rows: int, besides: tuple[str, ...] = ()) -> tuple[str, ...] | None:
     """The axes of ``mesh`` (a ``jax.sharding.Mesh`` or ``AbstractMesh``) that split a batch of
-    ``rows``: every axis of size > 1 that is not a model axis, outermost first; ``None`` when
-    there is none or their product does not divide ``rows`` (the batch then stays whole)."""
-    axes = tuple(name for name, size in mesh.shape.items() if size > 1 and name not in MODEL_AXES)
+    ``rows``: every axis of size > 1 that is not a model axis (nor one of ``besides``, split
+    elsewhere), outermost first; ``None`` when there is none or their product does not divide
+    ``rows`` (the batch then stays whole)."""
+    skip = (*MODEL_AXES, *besides)
+    axes = tuple(name for name, size in mesh.shape.items() if size > 1 and name not in skip)
     if not axes or rows % math.prod(mesh.shape[name] for name in axes):
         return None
     return axes
