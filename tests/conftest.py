@@ -39,3 +39,21 @@ def run_json_script(code: str, env: dict[str, str] | None = None, timeout: float
 def repo_root() -> Path:
     """The repository root."""
     return REPO_ROOT
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--rehearse-all",
+        action="store_true",
+        help="also run the pod-recipe rehearsals marked rehearsal_full (about 40 minutes on 2 cores)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the rehearsals marked ``rehearsal_full`` out of the run (listed as deselected) unless --rehearse-all."""
+    if config.getoption("--rehearse-all"):
+        return
+    left_out = [item for item in items if item.get_closest_marker("rehearsal_full")]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not item.get_closest_marker("rehearsal_full")]

@@ -52,6 +52,8 @@ class LaneResult:
     """Largest relative difference between the two runs' losses at the resumed steps."""
     weights_difference: float = math.inf
     """Largest absolute difference between the two runs' final weights."""
+    dropped_tokens: int | None = None
+    """Mixture-of-experts models: routed choices dropped over the uninterrupted run (past an expert's capacity)."""
     seconds: float = 0.0
     """Wall time of the lane's three runs."""
     problems: list[str] = field(default_factory=list)
@@ -91,17 +93,29 @@ class RehearsalReport:
         }
 
 
-def read_losses(run_dir: Path) -> dict[int, float]:
-    """Step -> training loss from a run's ``metrics.jsonl`` (validation lines skipped; a later line wins)."""
+def read_reports(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """Step -> training report from a run's ``metrics.jsonl`` (validation lines skipped; a later line wins)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return {}
-    losses = {}
+    reports = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
         if "loss" in record:
-            losses[int(record["step"])] = float(record["loss"])
-    return losses
+            reports[int(record["step"])] = record
+    return reports
+
+
+def read_losses(run_dir: Path) -> dict[int, float]:
+    """Step -> training loss from a run's ``metrics.jsonl``."""
+    return {step: float(report["loss"]) for step, report in read_reports(run_dir).items()}
+
+
+def total_dropped(run_dir: Path) -> int | None:
+    """Routed choices dropped over a run (``dropped_tokens`` summed over its reports); ``None`` for a dense model."""
+    counts = [report.get("dropped_tokens") for report in read_reports(run_dir).values()]
+    counts = [count for count in counts if count is not None]
+    return int(sum(counts)) if counts else None
 
 
 def weights_difference(first: Path, second: Path) -> float:
@@ -190,6 +204,7 @@ def rehearse_lane(recipe: Recipe, lane: str, folder: Path, say: Any) -> LaneResu
         result.problems.append(f"the stopped run left no checkpoint at {checkpoint}")
     weights = (reference / "model" / "model.safetensors", resumed / "model" / "model.safetensors")
     judge(result, read_losses(reference), read_losses(resumed), weights)
+    result.dropped_tokens = total_dropped(reference)
     return result
 
 
@@ -208,7 +223,7 @@ def rehearse(recipe: Recipe, folder: Path, console: Console, lanes: tuple[str, .
     settings = {lane: rows for lane, (_, rows) in scaled.items()}
 
     def say(message: str) -> None:
-        console.print(message, soft_wrap=True, highlight=False)
+        console.print(message, soft_wrap=True, highlight=False, markup=False)
 
     say(f"rehearsing {recipe.name} on the {' and '.join(lanes)} lanes in {folder}")
     results = [rehearse_lane(scaled[lane][0], lane, folder, say) for lane in lanes]
@@ -242,14 +257,18 @@ def settings_table(report: RehearsalReport) -> Table:
 def results_table(report: RehearsalReport) -> Table:
     """One row per lane: the losses, the resume and weights checks, the time and the verdict."""
     table = Table(title=f"rehearsal of {report.recipe}: results")
-    for column in ("lane", "losses (uninterrupted)", "resumed vs uninterrupted", "final weights", "time", "verdict"):
+    moe = any(lane.dropped_tokens is not None for lane in report.lanes)
+    columns = ["lane", "losses (uninterrupted)", "resumed vs uninterrupted", "final weights"]
+    columns += ["dropped tokens", "time", "verdict"] if moe else ["time", "verdict"]
+    for column in columns:
         table.add_column(column)
     for lane in report.lanes:
         losses = " ".join(f"{loss:.4f}" for loss in lane.losses) or "-"
         resumed = f"max rel. diff {lane.resume_difference:.1e}" if math.isfinite(lane.resume_difference) else "-"
         weights = f"max diff {lane.weights_difference:.1e}" if math.isfinite(lane.weights_difference) else "-"
         verdict = "[green]pass[/]" if lane.passed else "[red]FAIL[/]"
-        table.add_row(lane.lane, losses, resumed, weights, f"{lane.seconds:.0f} s", verdict)
+        dropped = [] if not moe else [f"{lane.dropped_tokens:,}" if lane.dropped_tokens is not None else "-"]
+        table.add_row(lane.lane, losses, resumed, weights, *dropped, f"{lane.seconds:.0f} s", verdict)
     return table
 
 
