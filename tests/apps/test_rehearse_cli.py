@@ -1,8 +1,14 @@
 """``--rehearse``: each pod recipe runs on this machine as written, small, and resumes exactly.
 
 Each rehearsal launches its own processes (4 gloo ranks for the torch executor, one
-process with 8 host devices for the xla lane), so these tests are slow: a few minutes each
-on 2 cores. They check the command's verdict and the report it writes.
+process with 8 host devices for the xla lane), so these tests are slow: one to five minutes
+each on 2 cores. They check the command's verdict and the report it writes.
+
+The default run rehearses every combination of settings the pod recipes make: FSDP x TP
+with sequence parallelism, Splash and the Pallas loss (llama3_405b), MoE with EP, gmm and a
+capacity (qwen3_235b_a22b), each on both lanes, and the selective memory policy with q/k
+norms on the xla lane (qwen3_8b). The other recipe-lane pairs repeat those combinations at
+other sizes; they are marked ``rehearsal_full`` and run with ``pytest --rehearse-all``.
 """
 
 from __future__ import annotations
@@ -19,6 +25,15 @@ from titanpod.diffusion.cli import main as diffusion_main
 from titanpod.recipes.rehearsal.scaling import STEPS
 
 POD_RECIPES = ["llama3_8b", "llama3_70b", "llama3_405b", "qwen3_8b", "qwen3_32b", "qwen3_235b_a22b"]
+DEFAULT_RUN = {("llama3_405b", "cpu"), ("llama3_405b", "xla"), ("qwen3_235b_a22b", "cpu"),
+               ("qwen3_235b_a22b", "xla"), ("qwen3_8b", "xla")}  # fmt: skip
+"""The recipe-lane pairs the default test run rehearses: together they make every combination."""
+CASES = [
+    pytest.param(recipe, lane, marks=[pytest.mark.slow] + ([] if (recipe, lane) in DEFAULT_RUN else
+                                                           [pytest.mark.rehearsal_full]))
+    for recipe in POD_RECIPES
+    for lane in ("cpu", "xla")
+]  # fmt: skip
 
 
 def rehearse(recipe: str, runs_dir, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -31,23 +46,27 @@ def rehearse(recipe: str, runs_dir, *extra: str) -> tuple[subprocess.CompletedPr
     return result, json.loads(reports[0].read_text())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("recipe", POD_RECIPES)
-def test_pod_recipe_rehearsal_passes_on_the_cpu_and_xla_lanes(recipe, tmp_path):
-    result, report = rehearse(recipe, tmp_path)
+@pytest.mark.parametrize(("recipe", "lane"), CASES)
+def test_pod_recipe_rehearsal_passes(recipe, lane, tmp_path):
+    result, report = rehearse(recipe, tmp_path, "--rehearse-lanes", lane)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert report["passed"]
-    assert [lane["lane"] for lane in report["lanes"]] == ["cpu", "xla"]
-    for lane in report["lanes"]:
-        assert lane["passed"] and not lane["problems"]
-        assert len(lane["losses"]) == STEPS and all(math.isfinite(loss) for loss in lane["losses"])
-        assert lane["losses"][-1] < lane["losses"][0]
-        assert lane["resume_difference"] <= 1e-5
-        assert lane["weights_difference"] <= 1e-5
-    settings = {row["name"]: row for row in report["settings"]["cpu"]}
+    assert [entry["lane"] for entry in report["lanes"]] == [lane]
+    entry = report["lanes"][0]
+    assert not entry["problems"]
+    assert len(entry["losses"]) == STEPS and all(math.isfinite(loss) for loss in entry["losses"])
+    assert entry["losses"][-1] < entry["losses"][0]
+    assert entry["resume_difference"] <= 1e-5
+    assert entry["weights_difference"] <= 1e-5
+    settings = {row["name"]: row for row in report["settings"][lane]}
     assert settings["train.step_mode"]["rehearsal"] == "whole_step"
     assert settings["kernels.attention"]["rehearsal"] == "splash (Pallas interpret mode)"
-    assert "rehearsal of" in result.stdout and "pass" in result.stdout
+    assert settings["device.lane"]["rehearsal"] == lane
+    if recipe == "qwen3_235b_a22b":
+        assert settings["kernels.expert_matmul"]["rehearsal"] == "gmm (Pallas interpret mode)"
+        assert settings["parallel.ep"]["rehearsal"].startswith("2 ")
+        assert entry["dropped_tokens"] is not None  # counted (capacity factor 1.25)
+    assert "rehearsal passed" in result.stdout
 
 
 def test_a_setting_that_cannot_be_honoured_stops_the_rehearsal_before_any_run(tmp_path, capsys):

@@ -90,7 +90,7 @@ def test_parallel_axes_scale_to_the_rehearsal_machine():
         ("qwen3_235b_a22b", {"fsdp": 2, "ep": 2}, {"fsdp": 4, "ep": 2}),
     ]:
         for lane, want, devices in (("cpu", cpu, TORCH_PROCESSES), ("xla", xla, XLA_DEVICES)):
-            small, rows = scaled(name, lane)
+            small, _ = scaled(name, lane)
             axes = {k: v for k, v in small.parallel.mesh_axes(devices).items() if v > 1}
             assert axes == want, (name, lane)
             assert small.device.lane == lane
@@ -102,7 +102,7 @@ def test_lanes_and_settings_the_machine_cannot_honour_are_named():
     assert rehearsal_lanes(dataclasses.replace(recipe, device=dataclasses.replace(recipe.device, lane="xla"))) == (
         "xla",
     )
-    with pytest.raises(RehearsalError, match="device.lane 'cuda'"):
+    with pytest.raises(RehearsalError, match=r"device\.lane 'cuda'"):
         rehearsal_lanes(dataclasses.replace(recipe, device=dataclasses.replace(recipe.device, lane="cuda")))
     offload = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, memory_policy="offload"))
     with pytest.raises(RehearsalError, match="memory_policy 'offload'"):
@@ -113,7 +113,7 @@ def test_lanes_and_settings_the_machine_cannot_honour_are_named():
         check_honourable(shuffled, ("cpu",))
     moe_tp = get_recipe("qwen3_235b_a22b")
     moe_tp = dataclasses.replace(moe_tp, parallel=ParallelConfig(tp=2, ep=1))
-    with pytest.raises(RehearsalError, match="parallel.tp"):
+    with pytest.raises(RehearsalError, match=r"parallel\.tp"):
         check_honourable(moe_tp, ("cpu",))
 
 
