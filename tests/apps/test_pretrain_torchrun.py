@@ -48,9 +48,13 @@ def test_fsdp2_run_matches_one_process_and_writes_one_checkpoint(tmp_path):
     _, two = load_model(tmp_path / "runs" / "two" / "model")
     _, one = load_model(tmp_path / "runs" / "one" / "model")
     # Weights after 4 AdamW steps: Adam divides by the gradient's own scale, so the few entries
-    # with near-zero gradients carry the reduction-order differences up to ~1e-4 (lr is 3e-3).
+    # with near-zero gradients carry the reduction-order differences, each up to a step's size
+    # (lr 3e-3); how far depends on the machine's kernels (2.5e-4 in tok_embeddings seen on one).
+    # Nearly every entry must agree closely, and none by more than the 4 steps could move it.
     for (name, a), b in zip(two.state_dict().items(), one.state_dict().values(), strict=True):
-        assert (a - b).abs().max().item() <= 1e-4, name
+        difference = (a - b).abs()
+        assert difference.max().item() <= 4 * 3e-3, name
+        assert (difference > 1e-5).float().mean().item() <= 1e-3, name
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["one", "two"]
 
 

@@ -8,6 +8,8 @@ from titanpod.checkpoint import CheckpointConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
 from titanpod.kernels import KernelConfig
+from titanpod.models.common.args import DecoderArgs
+from titanpod.models.registry import get_flavor
 from titanpod.recipes.data.config import closest
 from titanpod.recipes.posttrain.tasks import TASKS
 from titanpod.recipes.recipe import OutputConfig, RecipeFile
@@ -36,6 +38,10 @@ class SFTModelConfig:
     init_from: str | None = None
     """Start from these weights: a titanpod model folder (model.json + model.safetensors, e.g. ``<run>/model``),
     a Hugging Face folder (config.json + safetensors) or a Hub model id; ``None`` initialises from the seed."""
+
+    def args(self) -> DecoderArgs:
+        """The flavor's shape, which a run started from the seed builds; ``KeyError`` names an unknown one."""
+        return get_flavor(self.family, self.flavor)
 
 
 @dataclass(frozen=True)
