@@ -84,3 +84,14 @@ def test_flux_rehearsal_names_the_parallel_plan_it_cannot_run(capsys):
     assert diffusion_main(["--recipe", "flux1_12b", "--rehearse"]) == 2
     err = capsys.readouterr().err
     assert "parallel" in err and "does not shard" in err and "Nothing was run" in err
+
+
+def test_a_missing_or_broken_recipe_file_is_named(tmp_path, capsys):
+    from titanpod.pretrain.cli import main as pretrain_main
+
+    assert pretrain_main(["--recipe", str(tmp_path / "missing.json"), "--rehearse"]) == 2
+    assert "no such recipe file" in capsys.readouterr().err
+    broken = tmp_path / "recipe.json"
+    broken.write_text('{"name": 1')
+    assert pretrain_main(["--recipe", str(broken)]) == 2
+    assert "is not a recipe file titanpod can read" in capsys.readouterr().err

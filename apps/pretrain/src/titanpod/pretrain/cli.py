@@ -71,7 +71,7 @@ def parse_command(argv: list[str]) -> Command | None:
         for name, build in RECIPES.items():
             print(f"{name:24s} {(build.__doc__ or '').strip().splitlines()[0]}")
         return None
-    base = Recipe.load(Path(known.recipe)) if known.recipe.endswith(".json") else get_recipe(known.recipe)
+    base = load_recipe_file(Path(known.recipe)) if known.recipe.endswith(".json") else get_recipe(known.recipe)
     recipe = tyro.cli(
         Recipe,
         default=base,
@@ -96,6 +96,18 @@ def parse_command(argv: list[str]) -> Command | None:
         rehearse=known.rehearse,
         rehearse_lanes=lanes,
     )
+
+
+def load_recipe_file(path: Path) -> Recipe:
+    """The recipe saved in ``path`` (a run's recipe.json); ``ValueError`` names the file and what is wrong."""
+    if not path.is_file():
+        raise ValueError(
+            f"--recipe {path}: no such recipe file; give a recipe.json path or a name from --list-recipes."
+        )
+    try:
+        return Recipe.load(path)
+    except (ValueError, TypeError) as error:  # bad JSON, unknown or mistyped fields
+        raise ValueError(f"--recipe {path} is not a recipe file titanpod can read: {error}") from error
 
 
 def parse_recipe(argv: list[str]) -> Recipe | None:
@@ -174,6 +186,9 @@ def rehearse_command(recipe: Recipe, lanes: tuple[str, ...] | None, console: Con
     except (KeyError, ValueError, OSError) as error:  # RehearsalError is a ValueError
         print_error(error)
         return 2
+    except KeyboardInterrupt:  # the run in flight was stopped with its processes; its logs stay
+        print_error(RuntimeError(f"rehearsal interrupted; the runs and logs so far are in {folder}"))
+        return 130
     return 0 if report.passed else 1
 
 

@@ -225,7 +225,7 @@ def rehearse(recipe: Recipe, folder: Path, console: Console, lanes: tuple[str, .
     def say(message: str) -> None:
         console.print(message, soft_wrap=True, highlight=False, markup=False)
 
-    say(f"rehearsing {recipe.name} on the {' and '.join(lanes)} lanes in {folder}")
+    say(f"rehearsing {recipe.name} on the {' and '.join(lanes)} lane{'s' if len(lanes) > 1 else ''} in {folder}")
     results = [rehearse_lane(scaled[lane][0], lane, folder, say) for lane in lanes]
     report = RehearsalReport(recipe.name, folder, settings, results)
     (folder / "rehearsal.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
