@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-SHIPPED = Path(__file__).resolve().parents[1] / "packages/recipes/src/titanpod/recipes/data/builtin"
+SHIPPED = Path(__file__).resolve().parents[1] / "packages/data/src/titanpod/data/builtin"
 SEED = 20261129
 TARGET_CHARS = 900_000
 VOCAB_SIZE = 2048

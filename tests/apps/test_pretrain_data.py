@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from tests.apps.test_pretrain_cli import pretrain
-from titanpod.recipes.data import builtin_corpus_path
+from titanpod.data import builtin_corpus_path
 
 SHORT = [
     "--train.steps", "4", "--train.warmup-steps", "1", "--train.log-every", "2",

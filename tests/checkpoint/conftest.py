@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.hf_models import hf_model, save_sharded
-from titanpod.recipes.data import builtin_corpus_path, builtin_tokenizer_path, load_tokenizer
+from titanpod.data import builtin_corpus_path, builtin_tokenizer_path, load_tokenizer
 
 FAMILIES = ("llama3", "qwen3", "qwen3_moe")
 

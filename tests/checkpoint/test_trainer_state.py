@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from titanpod.checkpoint import CheckpointConfig, CheckpointError, complete_checkpoints
-from titanpod.recipes import Recipe, get_recipe, run_pretraining
+from titanpod.recipes import Recipe, get_recipe
+from titanpod.runs import run_pretraining
 
 
 def recipe(tmp_path, steps: int, run_name: str = "run", stop_at: int = 0, **checkpoint) -> Recipe:

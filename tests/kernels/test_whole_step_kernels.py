@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from titanpod.data import PackedBatches, builtin_corpus_path, builtin_tokenizer_path, load_tokenizer
+from titanpod.data.packing import pack_documents
+from titanpod.data.tokenizer import end_of_text_id
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
 from titanpod.kernels import KernelConfig, SplashConfig, model_ops
 from titanpod.models import build_model
-from titanpod.recipes.data import PackedBatches, builtin_corpus_path, builtin_tokenizer_path, load_tokenizer
-from titanpod.recipes.data.packing import pack_documents
-from titanpod.recipes.data.tokenizer import end_of_text_id
 
 SPLASH = KernelConfig(attention="splash", splash=SplashConfig(block_q=128, block_kv=128))
 

@@ -23,9 +23,9 @@ from titanpod.graph.xla_step import XlaStep
 from titanpod.kernels import KernelConfig, PallasLossConfig, SplashConfig, model_ops
 from titanpod.models import build_model
 from titanpod.parallel import PLANS, ParallelConfig
-from titanpod.recipes.data import PackedBatches, builtin_corpus_path, builtin_tokenizer_path, load_tokenizer
-from titanpod.recipes.data.packing import pack_documents
-from titanpod.recipes.data.tokenizer import end_of_text_id
+from titanpod.data import PackedBatches, builtin_corpus_path, builtin_tokenizer_path, load_tokenizer
+from titanpod.data.packing import pack_documents
+from titanpod.data.tokenizer import end_of_text_id
 
 tokenizer = load_tokenizer(builtin_tokenizer_path())
 documents = builtin_corpus_path().read_text(encoding="utf-8").split("\\n\\n")[:300]

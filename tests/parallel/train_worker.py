@@ -18,20 +18,20 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
-from titanpod.device import get_backend
-from titanpod.graph import TrainConfig, WholeStep, build_step, train
-from titanpod.kernels import KernelConfig, PallasLossConfig, SplashConfig, model_ops
-from titanpod.models import build_model
-from titanpod.parallel import PLANS, ParallelConfig
-from titanpod.parallel.torch_executor import parallelize, unshard
-from titanpod.recipes.data import (
+from titanpod.data import (
     PackedBatches,
     builtin_corpus_path,
     builtin_tokenizer_path,
     load_tokenizer,
     pack_documents,
 )
-from titanpod.recipes.data.tokenizer import end_of_text_id
+from titanpod.data.tokenizer import end_of_text_id
+from titanpod.device import get_backend
+from titanpod.graph import TrainConfig, WholeStep, build_step, train
+from titanpod.kernels import KernelConfig, PallasLossConfig, SplashConfig, model_ops
+from titanpod.models import build_model
+from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.parallel.torch_executor import parallelize, unshard
 
 
 def local_parameter_bytes(model: torch.nn.Module) -> int:

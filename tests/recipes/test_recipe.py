@@ -4,8 +4,9 @@ import dataclasses
 
 import pytest
 
-from titanpod.recipes import RECIPES, Recipe, get_recipe, run_pretraining
-from titanpod.recipes.run import build_run_data
+from titanpod.recipes import RECIPES, Recipe, get_recipe
+from titanpod.runs import run_pretraining
+from titanpod.runs.pretrain import build_run_data
 
 
 def test_every_named_recipe_builds_and_round_trips_through_json(tmp_path):

@@ -14,8 +14,8 @@ from titanpod.parallel import ParallelConfig
 from titanpod.recipes import RECIPES, get_recipe
 from titanpod.recipes.rehearsal import RehearsalError, rehearsal_lanes, scale_recipe
 from titanpod.recipes.rehearsal.corpus import write_hub_layout
-from titanpod.recipes.rehearsal.rehearse import LaneResult, judge
 from titanpod.recipes.rehearsal.scaling import STEPS, STOP_AT, TORCH_PROCESSES, XLA_DEVICES, check_honourable
+from titanpod.runs.rehearsal.rehearse import LaneResult, judge
 
 POD_RECIPES = [name for name in RECIPES if not name.endswith("_debug")]
 

@@ -48,7 +48,7 @@ def measure(case: str, steps: int) -> dict:
     from titanpod.pretrain.cli import parse_recipe
     from titanpod.recipes.planner import plan_run
     from titanpod.recipes.planner.plan import with_changes
-    from titanpod.recipes.run import build_run_data
+    from titanpod.runs.pretrain import build_run_data
 
     name = case.split()[0]
     recipe = parse_recipe(["--recipe", name, "--device.lane", "cpu", *CASES[case]])

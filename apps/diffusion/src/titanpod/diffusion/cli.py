@@ -26,8 +26,8 @@ from titanpod.recipes.diffusion import (
     DiffusionRecipe,
     get_diffusion_recipe,
 )
-from titanpod.recipes.diffusion.run import DiffusionResult, run_diffusion
 from titanpod.recipes.errors import print_error
+from titanpod.runs.diffusion.run import DiffusionResult, run_diffusion
 
 
 def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, str] | None:
@@ -60,11 +60,11 @@ def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, str] | None:
 
 def sample_command(argv: list[str], console: Console) -> int:
     """``titanpod-diffusion sample``: images from a finished run's transformer."""
-    from titanpod.recipes.diffusion.components import build_diffusion_models
+    from titanpod.data.images import save_image_grid
     from titanpod.recipes.diffusion.recipe import SampleConfig
-    from titanpod.recipes.diffusion.run import TRANSFORMER_FOLDER
-    from titanpod.recipes.diffusion.sampling import generate
-    from titanpod.recipes.images import save_image_grid
+    from titanpod.runs.diffusion.components import build_diffusion_models
+    from titanpod.runs.diffusion.run import TRANSFORMER_FOLDER
+    from titanpod.runs.diffusion.sampling import generate
 
     parser = argparse.ArgumentParser(prog="titanpod-diffusion sample", description=sample_command.__doc__)
     parser.add_argument("--checkpoint", required=True, help="a run directory (holding recipe.json and transformer/)")

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Any
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
 import tyro
 from rich.console import Console
@@ -26,10 +28,31 @@ from titanpod.recipes.posttrain.registry import (
     DEFAULT_POSTTRAIN_RECIPE,
     POSTTRAIN_RECIPES,
     PosttrainRecipe,
-    PosttrainResult,
     get_posttrain_recipe,
 )
-from titanpod.recipes.run import with_resume
+from titanpod.rl.grpo_run import run_grpo
+from titanpod.runs.pretrain import with_resume
+from titanpod.runs.sft import run_sft
+
+
+class PosttrainResult(Protocol):
+    """What every post-training runner returns."""
+
+    run_dir: Path
+    """The run directory."""
+
+    @property
+    def exit_code(self) -> int:
+        """The process exit code the run deserves (0 finished, 1 stopped, 130 interrupted)."""
+        ...
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """The run's summary as (label, value) rows."""
+        ...
+
+
+RUNNERS: Mapping[str, Callable[[Any, Console | None], PosttrainResult]] = {"sft": run_sft, "grpo": run_grpo}
+"""The runner of each recipe kind."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     console.print_json(command.recipe.to_json())
     try:
-        result = command.entry.run(command.recipe, console)
+        result = RUNNERS[command.entry.kind](command.recipe, console)
     # NotImplementedError is a RuntimeError; ImportError names a missing optional dependency (Ray).
     except (KeyError, ValueError, RuntimeError, OSError, ImportError) as error:
         print_error(error)

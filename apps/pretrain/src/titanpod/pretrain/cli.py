@@ -27,11 +27,12 @@ from rich.console import Console
 from rich.table import Table
 
 from titanpod.device import process_info
-from titanpod.recipes import DEFAULT_RECIPE, RECIPES, PretrainResult, Recipe, get_recipe, run_pretraining
+from titanpod.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
 from titanpod.recipes.errors import print_error
 from titanpod.recipes.planner.report import dry_run
-from titanpod.recipes.rehearsal import rehearse
-from titanpod.recipes.run import with_resume
+from titanpod.runs import PretrainResult, run_pretraining
+from titanpod.runs.pretrain import with_resume
+from titanpod.runs.rehearsal import rehearse
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any, Protocol, Self
 
 from titanpod.checkpoint import CheckpointConfig
+from titanpod.data.config import DataConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
 from titanpod.kernels import KernelConfig
 from titanpod.models.common.args import DecoderArgs
 from titanpod.models.registry import get_flavor
 from titanpod.parallel import ParallelConfig
-from titanpod.recipes.data.config import DataConfig
 from titanpod.recipes.model_shape import ModelShape
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from titanpod.checkpoint import CheckpointConfig
+from titanpod.data.config import DataConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
 from titanpod.kernels import KernelConfig
 from titanpod.models.registry import choose
 from titanpod.parallel import ParallelConfig
-from titanpod.recipes.data.config import DataConfig
 from titanpod.recipes.recipe import ModelConfig, OutputConfig, Recipe, TargetConfig
 
 _TPU_KERNELS = KernelConfig(attention="splash", head_loss="pallas", expert_matmul="gmm")

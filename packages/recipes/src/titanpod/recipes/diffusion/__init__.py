@@ -1,4 +1,4 @@
-"""Diffusion (FLUX.1) recipes: typed recipes, flow-matching batches, sampling, and running a training job."""
+"""Diffusion (FLUX.1) recipes: typed recipes, and their registry (run by ``titanpod.runs.diffusion``)."""
 
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe, FluxModelConfig, SampleConfig
 from titanpod.recipes.diffusion.registry import (

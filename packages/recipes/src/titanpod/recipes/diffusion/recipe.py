@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from titanpod.checkpoint import CheckpointConfig
+from titanpod.data.images.config import ImageDataConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
 from titanpod.parallel import ParallelConfig
-from titanpod.recipes.images.config import ImageDataConfig
 from titanpod.recipes.recipe import OutputConfig, RecipeFile, TargetConfig
 
 

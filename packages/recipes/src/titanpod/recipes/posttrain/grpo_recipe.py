@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from titanpod.data.sft.config import FORMATS, choice
+from titanpod.data.tasks import TASKS
 from titanpod.device import DeviceConfig
-from titanpod.recipes.posttrain.sft_recipe import FORMATS, EvalConfig, _choice
-from titanpod.recipes.posttrain.tasks import TASKS
+from titanpod.recipes.posttrain.sft_recipe import EvalConfig
 from titanpod.recipes.recipe import OutputConfig, RecipeFile
 
 MISSING_INIT_FROM = (
@@ -65,9 +66,9 @@ class GRPOConfig:
     after) for the sampled accuracy reported beside the greedy one; 0 reports greedy accuracy only."""
 
     def __post_init__(self) -> None:
-        _choice("grpo.task", self.task, tuple(TASKS))
-        _choice("grpo.format", self.format, FORMATS)
-        _choice("grpo.reward", self.reward, REWARDS)
+        choice("grpo.task", self.task, tuple(TASKS))
+        choice("grpo.format", self.format, FORMATS)
+        choice("grpo.reward", self.reward, REWARDS)
         problems = []
         if self.group_size < 1 or self.prompts_per_step < 1 or self.max_new_tokens < 1 or self.updates_per_step < 1:
             problems.append("group_size, prompts_per_step, max_new_tokens and updates_per_step must be at least 1")
@@ -101,7 +102,7 @@ class RolloutConfig:
     """GPUs each Ray worker reserves; above 0 the worker decodes on cuda."""
 
     def __post_init__(self) -> None:
-        _choice("rollout.mode", self.mode, ROLLOUT_MODES)
+        choice("rollout.mode", self.mode, ROLLOUT_MODES)
         if self.workers < 1 or self.worker_cpus < 0 or self.worker_gpus < 0:
             raise ValueError(
                 f"rollout: workers must be >= 1 and worker_cpus, worker_gpus >= 0; got {self.workers}, "

@@ -1,18 +1,15 @@
 """Named post-training recipes, listed by ``titanpod-posttrain --list-recipes``.
 
-Each name maps to a ``PosttrainRecipe``: the function that builds the typed recipe (a frozen
-dataclass, whose fields the command line overrides) and the runner of its kind. A new kind (GRPO)
-adds its recipe type, its runner and its named recipes here; the command line needs no change.
+Each name maps to a ``PosttrainRecipe``: its kind (``sft``, ``grpo``) and the function that builds the
+typed recipe (a frozen dataclass, whose fields the command line overrides). The runner of each kind
+lives in the runs (SFT) and rl (GRPO) layers; ``titanpod-posttrain`` picks it by kind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
-
-from rich.console import Console
+from typing import Any
 
 from titanpod.checkpoint import CheckpointConfig
 from titanpod.device import DeviceConfig
@@ -23,22 +20,6 @@ from titanpod.recipes.posttrain.sft_recipe import EvalConfig, SFTDataConfig, SFT
 from titanpod.recipes.recipe import OutputConfig
 
 
-class PosttrainResult(Protocol):
-    """What every post-training runner returns."""
-
-    run_dir: Path
-    """The run directory."""
-
-    @property
-    def exit_code(self) -> int:
-        """The process exit code the run deserves (0 finished, 1 stopped, 130 interrupted)."""
-        ...
-
-    def summary_rows(self) -> list[tuple[str, str]]:
-        """The run's summary as (label, value) rows."""
-        ...
-
-
 @dataclass(frozen=True)
 class PosttrainRecipe:
     """A named recipe: its kind, how to build it, and how to run it."""
@@ -47,8 +28,6 @@ class PosttrainRecipe:
     """``sft`` (later ``grpo``)."""
     build: Callable[[], Any]
     """Returns the typed recipe (a frozen dataclass with ``name``, ``output`` and ``to_json``)."""
-    run: Callable[[Any, Console | None], PosttrainResult]
-    """Runs a recipe of this kind to the end and returns its result."""
 
     @property
     def description(self) -> str:
@@ -86,21 +65,9 @@ def grpo_debug() -> GRPORecipe:
     )  # fmt: skip
 
 
-def _run_sft(recipe: Any, console: Console | None) -> PosttrainResult:
-    from titanpod.recipes.posttrain.sft_run import run_sft
-
-    return run_sft(recipe, console)
-
-
-def _run_grpo(recipe: Any, console: Console | None) -> PosttrainResult:
-    from titanpod.recipes.posttrain.grpo_run import run_grpo
-
-    return run_grpo(recipe, console)
-
-
 POSTTRAIN_RECIPES: Mapping[str, PosttrainRecipe] = {
-    "sft_debug": PosttrainRecipe("sft", sft_debug, _run_sft),
-    "grpo_debug": PosttrainRecipe("grpo", grpo_debug, _run_grpo),
+    "sft_debug": PosttrainRecipe("sft", sft_debug),
+    "grpo_debug": PosttrainRecipe("grpo", grpo_debug),
 }
 """Every named post-training recipe."""
 

@@ -5,26 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from titanpod.checkpoint import CheckpointConfig
+from titanpod.data.sft.config import SFTDataConfig, choice
+from titanpod.data.tasks import TASKS
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
 from titanpod.kernels import KernelConfig
 from titanpod.models.common.args import DecoderArgs
 from titanpod.models.registry import get_flavor
-from titanpod.recipes.data.config import closest
-from titanpod.recipes.posttrain.tasks import TASKS
 from titanpod.recipes.recipe import OutputConfig, RecipeFile
-
-SFT_SOURCES = ("task", "jsonl")
-"""Every value ``SFTDataConfig.source`` accepts."""
-FORMATS = ("plain", "chat")
-"""Every value ``SFTDataConfig.format`` accepts."""
-BAD_EXAMPLES = ("error", "skip")
-"""Every value ``SFTDataConfig.bad_examples`` accepts."""
-
-
-def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}.{closest(value, choices)}")
 
 
 @dataclass(frozen=True)
@@ -42,49 +30,6 @@ class SFTModelConfig:
     def args(self) -> DecoderArgs:
         """The flavor's shape, which a run started from the seed builds; ``KeyError`` names an unknown one."""
         return get_flavor(self.family, self.flavor)
-
-
-@dataclass(frozen=True)
-class SFTDataConfig:
-    """What the run fine-tunes on and how examples become batches."""
-
-    source: str = "task"
-    """``task`` (a built-in task's generated train split) or ``jsonl`` (local JSON lines records)."""
-    task: str = "reverse"
-    """``source task``: the built-in task (``reverse``, ``add``)."""
-    train_examples: int = 20_000
-    """``source task``: distinct training examples generated (with ``train.seed``)."""
-    path: str | None = None
-    """``source jsonl``: a file, directory or glob of ``{"prompt", "response"}`` or ``{"messages"}`` records."""
-    format: str = "plain"
-    """How prompt/response records are laid out: ``plain`` (prompt text, then the response) or ``chat`` (a user
-    and an assistant message through the tokenizer's chat template). Messages always use the chat template."""
-    tokenizer: str = "chars"
-    """``chars`` (built-in character tokenizer with a ChatML template), a ``tokenizer.json`` path or its folder
-    (the folder's tokenizer_config.json / chat_template.jinja gives the chat template), or a Hub model id."""
-    seq_len: int = 128
-    """Positions per packed row; an example longer than this is a bad example."""
-    batch_size: int = 16
-    """Packed rows per batch."""
-    bad_examples: str = "error"
-    """A record that is missing a field or too long: ``error`` (stop, naming its index) or ``skip`` (count it and
-    report the skips at the start of the run)."""
-
-    def __post_init__(self) -> None:
-        _choice("data.source", self.source, SFT_SOURCES)
-        _choice("data.format", self.format, FORMATS)
-        _choice("data.bad_examples", self.bad_examples, BAD_EXAMPLES)
-        _choice("data.task", self.task, tuple(TASKS))
-        if self.source == "jsonl" and not self.path:
-            raise ValueError("data.source 'jsonl' needs data.path: a file, directory or glob of JSON lines records.")
-        if self.source == "task" and self.path is not None:
-            raise ValueError("data.path is not read for data.source 'task'; drop it, or set data.source jsonl.")
-        if self.train_examples < 1:
-            raise ValueError(f"data.train_examples must be at least 1, got {self.train_examples}.")
-        if self.seq_len < 2:
-            raise ValueError(f"data.seq_len must be at least 2, got {self.seq_len}.")
-        if self.batch_size < 1:
-            raise ValueError(f"data.batch_size must be at least 1, got {self.batch_size}.")
 
 
 @dataclass(frozen=True)
@@ -110,7 +55,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         if self.task is not None:
-            _choice("eval.task", self.task, tuple(TASKS))
+            choice("eval.task", self.task, tuple(TASKS))
         if self.examples < 1 or self.max_new_tokens < 1 or self.batch_size < 1 or self.show < 0:
             raise ValueError(
                 "eval.examples, eval.max_new_tokens and eval.batch_size must be at least 1; show 0 or more."

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from titanpod.recipes.data.shipped import builtin_corpus_path
+from titanpod.data.shipped import builtin_corpus_path
 
 TRAIN_SHARDS = 8
 """Training shards: more than the rehearsal's ranks, so each reads its own."""

@@ -1,0 +1,1 @@
+"""titanpod.rl: post-training with rollouts: engines, verified weight sync, rewards and the GRPO objective."""

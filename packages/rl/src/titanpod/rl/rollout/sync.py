@@ -1,0 +1,86 @@
+"""Weight sync from a trainer to a rollout engine: a content checksum, key accounting, the helper."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from titanpod.rl.rollout.types import RolloutEngine, SyncReport
+
+_COMPILE_PREFIX = "_orig_mod."
+
+
+def plain_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor as a plain, contiguous CPU tensor (a DTensor is gathered first)."""
+    full_tensor = getattr(tensor, "full_tensor", None)
+    if callable(full_tensor):  # DTensor: every rank gets the whole value
+        tensor = full_tensor()
+    return tensor.detach().contiguous().cpu()
+
+
+def weights_checksum(state: Mapping[str, torch.Tensor]) -> str:
+    """A blake2b digest of every tensor's name, dtype, shape and bytes, in sorted name order.
+
+    Independent of the mapping's order; any change of a value, dtype, shape or name changes
+    it. Costs one read of every tensor (copied to the CPU one at a time).
+    """
+    digest = hashlib.blake2b(digest_size=32)
+    for name in sorted(state):
+        tensor = plain_tensor(state[name])
+        header = f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0{tensor.numel() * tensor.element_size()}\n"
+        digest.update(header.encode())
+        if tensor.numel():
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
+    return digest.hexdigest()
+
+
+def state_bytes(state: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of tensor data in ``state``."""
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def check_state_matches(state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> None:
+    """Raise ``ValueError`` naming every missing, unexpected, mis-shaped or mis-typed tensor of ``state``."""
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [
+        f"{name}: got {list(state[name].shape)} {state[name].dtype}, "
+        f"expected {list(expected[name].shape)} {expected[name].dtype}"
+        for name in sorted(set(state) & set(expected))
+        if state[name].shape != expected[name].shape or state[name].dtype != expected[name].dtype
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {', '.join(unexpected)}")
+    if wrong:
+        problems.append("mismatched " + "; ".join(wrong))
+    if problems:
+        raise ValueError(
+            "The weights do not fit the engine's model: " + ". ".join(problems) + ". Sync from a model of the "
+            "same family and flavor, in the dtype the engine was built with."
+        )
+
+
+def trainer_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state dict under plain parameter names (``torch.compile``'s ``_orig_mod.`` removed), detached."""
+    return {name.replace(_COMPILE_PREFIX, ""): t.detach() for name, t in model.state_dict().items()}
+
+
+def check_version(new: int, current: int) -> None:
+    """Refuse a weights version that is not newer than the current one, naming both."""
+    if new <= current:
+        raise ValueError(
+            f"Weights version {new} is not newer than the engine's version {current}: "
+            "each sync must carry a larger version (e.g. the trainer's step)."
+        )
+
+
+@torch.no_grad()
+def sync_weights(trainer_model: nn.Module, engine: RolloutEngine, version: int) -> SyncReport:
+    """Copy ``trainer_model``'s weights into ``engine`` as ``version``; the engine verifies the checksum."""
+    return engine.load_weights(trainer_state(trainer_model), version)

@@ -1,0 +1,90 @@
+"""Starting a rehearsal's runs: torch.distributed.run for the torch executor, one process with host devices for xla."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from titanpod.recipes.rehearsal.scaling import TORCH_PROCESSES, XLA_DEVICES
+
+TIMEOUT_SECONDS = 30 * 60
+"""A run that takes longer than this is stopped and named (a hung collective would otherwise wait forever)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one run ended."""
+
+    command: list[str]
+    """What was started."""
+    returncode: int
+    """Its exit status (124 after the timeout)."""
+    seconds: float
+    """Wall time."""
+    log: Path
+    """Everything it printed."""
+
+    def tail(self, lines: int = 25) -> str:
+        """The last ``lines`` lines it printed."""
+        return "\n".join(self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_command(lane: str, recipe_file: Path) -> list[str]:
+    """The command that trains ``recipe_file`` on ``lane``: 4 gloo processes (cpu) or one process (xla)."""
+    worker = ["-m", "titanpod.runs.rehearsal.worker", str(recipe_file)]
+    if lane == "cpu":
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(TORCH_PROCESSES),
+                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *worker]  # fmt: skip
+    return [sys.executable, *worker]
+
+
+def launch_environment(lane: str) -> dict[str, str]:
+    """This process's environment, with what a rehearsal run of ``lane`` needs on this machine."""
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    if lane == "cpu":
+        # Several ranks share this machine's cores: one thread each unless the user chose otherwise.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // TORCH_PROCESSES)))
+    else:
+        env["JAX_PLATFORMS"] = "cpu"
+        flag = f"--xla_force_host_platform_device_count={XLA_DEVICES}"
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
+    return env
+
+
+def _stop(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def run_logged(command: list[str], env: dict[str, str], log: Path, cwd: Path) -> Launch:
+    """Run ``command``, writing everything it prints to ``log``; stopped after ``TIMEOUT_SECONDS``."""
+    start = time.monotonic()
+    with log.open("w", encoding="utf-8") as out:
+        # Its own process group, so that stopping it stops every rank torch.distributed.run started.
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+        )
+        try:
+            code = process.wait(timeout=TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            _stop(process)
+            out.write(f"\nstopped after {TIMEOUT_SECONDS} s\n")
+            code = 124
+        except BaseException:  # Ctrl-C: take the run down with us
+            _stop(process)
+            raise
+    return Launch(command, code, time.monotonic() - start, log)

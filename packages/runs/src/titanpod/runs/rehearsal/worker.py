@@ -1,0 +1,45 @@
+"""One process of a rehearsal run: ``python -m titanpod.runs.rehearsal.worker RECIPE.json``.
+
+It trains the recipe file exactly as ``run_pretraining`` trains any recipe (the rehearsal
+launches it under ``torch.distributed.run`` for the torch executor, or alone with host
+devices for the xla lane). Rank 0 prints; the exit code says whether the run finished.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from titanpod.device import process_info
+from titanpod.recipes.errors import print_error
+from titanpod.recipes.recipe import Recipe
+from titanpod.runs.pretrain import run_pretraining
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train the recipe file named by the only argument; 0 when every step ran."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print_error(ValueError("usage: python -m titanpod.runs.rehearsal.worker RECIPE.json"))
+        return 2
+    recipe = Recipe.load(Path(args[0]))
+    main_process = process_info().is_main
+    try:
+        result = run_pretraining(recipe, Console(width=120) if main_process else None)
+    except (KeyError, ValueError, RuntimeError, OSError) as error:
+        print_error(error)
+        return 1
+    summary = result.summary
+    return 1 if summary.stopped_because else 130 if summary.interrupted else 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A gloo rank's interpreter teardown occasionally aborts after a finished run (see titanpod-pretrain's
+    # exit_now); every file is closed by now, so leave without it.
+    os._exit(code)

@@ -1,0 +1,328 @@
+"""A supervised fine-tuning run from an ``SFTRecipe``: the pretraining pieces with SFT data and held-out accuracy.
+
+The run directory holds recipe.json, tokenizer.json (+ tokenizer_config.json), metrics.jsonl,
+tensorboard/, checkpoints/ (trainer state, to resume), eval.json (accuracy before and after),
+model/ (titanpod weights with the tokenizer) and, with ``checkpoint.export_hf``, hf/ (a Hugging Face
+checkpoint with the tokenizer, loadable by transformers).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.markup import escape
+
+from titanpod.checkpoint import (
+    Checkpointer,
+    load_hf_checkpoint,
+    load_model,
+    resolve_source,
+    save_hf_checkpoint,
+    save_model,
+)
+from titanpod.checkpoint.hf_files import CONFIG_FILE as HF_CONFIG_FILE
+from titanpod.checkpoint.model_files import MODEL_FILE
+from titanpod.data.sft.batches import build_sft_data, check_covers
+from titanpod.data.sft.tokenizer import SFTTokenizer, load_sft_tokenizer
+from titanpod.data.tasks import Task, get_task
+from titanpod.data.tokenizer import check_fits
+from titanpod.device import Backend, get_backend, process_info
+from titanpod.graph import JsonlWriter, StepMetrics, TensorBoardWriter, TrainSummary, build_step, train
+from titanpod.kernels import model_ops
+from titanpod.models import Transformer, build_model, parameter_count
+from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
+from titanpod.runs.evaluation import Evaluation, evaluate
+from titanpod.runs.pretrain import build_initialised_model, describe_step, prepare_run_dir
+
+MODEL_FOLDER, HF_FOLDER, EVAL_FILE = "model", "hf", "eval.json"
+
+
+@dataclass
+class Score:
+    """Held-out accuracy at one step."""
+
+    step: int
+    """Optimizer steps done when it was measured."""
+    accuracy: float
+    """Share of test prompts answered exactly right."""
+
+    def summary_row(self, label: str, examples: int, task: str | None) -> tuple[str, str]:
+        """``held-out accuracy <label> (step N)``, ``X% (right/examples <task> test prompts)``."""
+        right = round(self.accuracy * examples)
+        return (
+            f"held-out accuracy {label} (step {self.step})",
+            f"{self.accuracy:.1%} ({right}/{examples} {task} test prompts)",
+        )
+
+
+@dataclass
+class SFTResult:
+    """What a finished SFT run leaves behind."""
+
+    run_dir: Path
+    """The run directory (see the module docstring)."""
+    summary: TrainSummary
+    """The training loop's summary."""
+    lane: str
+    """The lane the run used."""
+    parameters: int
+    """Parameter count of the model."""
+    step_description: str
+    """How steps ran."""
+    started_from: str
+    """Where the weights came from: the seed, or the ``model.init_from`` folder."""
+    weights_path: Path | None = None
+    """``<run>/model/model.safetensors``, if saved."""
+    hf_path: Path | None = None
+    """``<run>/hf``, if exported."""
+    eval_task: str | None = None
+    """The task scored, if any."""
+    eval_examples: int = 0
+    """Test prompts scored."""
+    before: Score | None = None
+    """Accuracy before training (at the step the run started from)."""
+    after: Score | None = None
+    """Accuracy after training."""
+    samples: list[tuple[str, str, str]] = field(default_factory=list)
+    """A few (prompt, completion, answer) triples of the final evaluation."""
+    skipped_examples: int = 0
+    """Bad records skipped (``data.bad_examples skip``)."""
+
+    @property
+    def exit_code(self) -> int:
+        """0 when the run finished, 1 when it stopped on its own, 130 when interrupted."""
+        return 1 if self.summary.stopped_because else 130 if self.summary.interrupted else 0
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """The run's summary as (label, value) rows."""
+        summary = self.summary
+        losses = summary.losses
+        window = min(10, len(losses))
+        rows = [
+            ("lane", self.lane),
+            ("parameters", f"{self.parameters:,}"),
+            ("started from", self.started_from),
+            ("steps", f"{summary.steps_done}" + (" (interrupted)" if summary.interrupted else "")),
+            ("step mode", self.step_description),
+        ]
+        if losses:
+            rows.append((f"loss, first {window} steps (mean)", f"{sum(losses[:window]) / window:.4f}"))
+            rows.append((f"loss, last {window} steps (mean)", f"{sum(losses[-window:]) / window:.4f}"))
+        if self.skipped_examples:
+            rows.append(("bad records skipped", str(self.skipped_examples)))
+        for label, score in (("before", self.before), ("after", self.after)):
+            if score is not None:
+                rows.append(score.summary_row(label, self.eval_examples, self.eval_task))
+        rows.append(("tokens/s (after step 1)", f"{summary.tokens_per_second:,.0f}"))
+        rows.append(("wall time", f"{summary.wall_seconds:.1f} s"))
+        rows.append(("run directory", str(self.run_dir)))
+        rows.append(("weights", str(self.weights_path or "not saved")))
+        if self.hf_path is not None:
+            rows.append(("Hugging Face export", str(self.hf_path)))
+        if summary.stopped_because:
+            rows.append(("stopped", summary.stopped_because))
+        return rows
+
+
+def build_sft_model(recipe: SFTRecipe, backend: Backend) -> tuple[Transformer, str]:
+    """The model to fine-tune on the backend's device, and where its weights came from.
+
+    Without ``model.init_from`` it is the recipe's family and flavor initialised from ``train.seed``;
+    with it, the folder's model (titanpod model.json, or Hugging Face config.json) with its weights,
+    in fp32 and with the recipe's kernels in its slots.
+    """
+    if recipe.model.init_from is None:
+        return build_initialised_model(recipe, backend), f"seed {recipe.train.seed} ({recipe.model.flavor})"  # type: ignore[arg-type]
+    folder = resolve_source(recipe.model.init_from)
+    if (folder / MODEL_FILE).is_file():
+        family, loaded = load_model(folder, "cpu")
+    elif (folder / HF_CONFIG_FILE).is_file():
+        checkpoint = load_hf_checkpoint(folder, "cpu", torch.float32)
+        family, loaded = checkpoint.family, checkpoint.model
+    else:
+        raise FileNotFoundError(
+            f"model.init_from {recipe.model.init_from!r} holds neither {MODEL_FILE} (a titanpod model folder such as "
+            f"<run>/{MODEL_FOLDER}) nor {HF_CONFIG_FILE} (a Hugging Face checkpoint)."
+        )
+    if family != recipe.model.family:
+        raise ValueError(
+            f"model.init_from {recipe.model.init_from!r} holds a {family} model, but model.family is "
+            f"{recipe.model.family!r}: set --model.family {family}."
+        )
+    model = build_model(family, loaded.args, model_ops(recipe.kernels))
+    model.to_empty(device=backend.device(process_info().local_rank))
+    model.load_state_dict({name: tensor.float() for name, tensor in loaded.state_dict().items()}, strict=True)
+    return model, f"{recipe.model.init_from} ({family})"
+
+
+def eval_task_and_examples(recipe: SFTRecipe, tokenizer: SFTTokenizer) -> tuple[Task | None, list]:
+    """The task scored for held-out accuracy and its test examples (``None`` and ``[]`` when none)."""
+    name = recipe.eval_task
+    if name is None or not recipe.eval.enabled:
+        return None, []
+    task = get_task(name)
+    check_covers(tokenizer, task)
+    return task, task.examples("test", recipe.eval.examples, recipe.eval.seed)
+
+
+def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
+    """Fine-tune the recipe's model on its data; score held-out accuracy before and after; write the run."""
+    info = process_info()
+    if info.world_size > 1:
+        raise ValueError("SFT runs in one process for now: start it without torchrun.")
+    backend = get_backend(recipe.device.lane)
+    if backend.lane == "xla":
+        raise ValueError("SFT runs on the cpu, cuda or tpu lanes; the xla lane is not available for it yet.")
+    say = (lambda message: console.print(message, soft_wrap=True)) if console is not None else (lambda message: None)
+    torch.manual_seed(recipe.train.seed)
+    tokenizer = load_sft_tokenizer(recipe.data.tokenizer)
+    model, started_from = build_sft_model(recipe, backend)
+    check_fits(tokenizer.tokenizer, tokenizer.spec, model.args.vocab_size)
+    if recipe.data.seq_len > model.args.max_seq_len:
+        raise ValueError(
+            f"data.seq_len {recipe.data.seq_len} is longer than the model's max_seq_len {model.args.max_seq_len}."
+        )
+    data = build_sft_data(recipe.data, tokenizer, recipe.train.seed)
+    task, test_examples = eval_task_and_examples(recipe, tokenizer)
+    parameters = parameter_count(model)
+    run_dir = prepare_run_dir(recipe)
+    tokenizer.save(run_dir)
+    checkpointer = Checkpointer(run_dir, recipe.checkpoint, recipe.to_json(), say)
+    checkpointer.remove_partial()
+    step = build_step(model, recipe.train, backend)
+    start_step = 0
+    resume_from = checkpointer.resume_folder()
+    if resume_from is not None:
+        point = checkpointer.load(resume_from, model, step, recipe.to_dict())
+        data.train.load_state_dict(point.data_state)
+        start_step = point.step
+        say(f"resumed from {resume_from}: {start_step} of {recipe.train.steps} steps done")
+        if start_step >= recipe.train.steps:
+            say("nothing left to train: raise --train.steps to continue this run")
+    say(
+        f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family}: {parameters:,} parameters from "
+        f"{escape(started_from)}; step {describe_step(recipe.train, backend.lane)}; run directory {run_dir}"
+    )
+    say(data.describe())
+    writers: list[JsonlWriter | TensorBoardWriter] = [JsonlWriter(run_dir / "metrics.jsonl")]
+    if recipe.output.tensorboard:
+        writers.append(TensorBoardWriter(run_dir / "tensorboard"))
+    evaluations: dict[str, tuple[int, Evaluation]] = {}
+
+    def score(label: str, step_number: int) -> Evaluation | None:
+        if task is None:
+            return None
+        step.finish()
+        evaluation = evaluate(
+            model,
+            tokenizer,
+            task,
+            test_examples,
+            recipe.eval.max_new_tokens,
+            format=recipe.data.format,
+            batch_size=recipe.eval.batch_size,
+        )
+        evaluations[label] = (step_number, evaluation)
+        say(evaluation.accuracy_line(step_number, f"{label} training", task.name))
+        for writer in writers:
+            writer.write_scalars(step_number, {"eval_accuracy": evaluation.accuracy})
+        return evaluation
+
+    def write_report(report: StepMetrics) -> None:
+        for writer in writers:
+            writer.write(report)
+
+    def after_step(step_number: int) -> None:
+        if recipe.checkpoint.every and step_number % recipe.checkpoint.every == 0:
+            checkpointer.save(step_number, model, step, data.train.state_dict())
+        checkpointer.poll()
+
+    try:
+        if recipe.eval.before:
+            score("before", start_step)
+        summary = train(
+            model,
+            data.train,
+            recipe.train,
+            backend,
+            flops_per_token=model.flops_per_token(recipe.data.seq_len),
+            on_report=write_report,
+            console=console,
+            step=step,
+            start_step=start_step,
+            after_step=after_step,
+        )
+        score("after", summary.steps_done)
+        if recipe.checkpoint.at_end and summary.steps_done > start_step:
+            checkpointer.save(summary.steps_done, model, step, data.train.state_dict())
+    finally:
+        checkpointer.wait()
+        for writer in writers:
+            writer.close()
+    result = SFTResult(
+        run_dir,
+        summary,
+        backend.lane,
+        parameters,
+        describe_step(recipe.train, backend.lane),
+        started_from,
+        eval_task=task.name if task is not None else None,
+        eval_examples=len(test_examples),
+        before=score_of(evaluations, "before"),
+        after=score_of(evaluations, "after"),
+        skipped_examples=len(data.skipped),
+    )
+    if "after" in evaluations:
+        final = evaluations["after"][1]
+        shown = range(min(recipe.eval.show, len(final.examples)))
+        result.samples = [(final.examples[i].prompt, final.completions[i], final.examples[i].answer) for i in shown]
+        if task is not None:
+            for line in final.shown(task, recipe.eval.show):
+                say(line)
+    if evaluations:
+        write_eval_file(run_dir / EVAL_FILE, result.eval_task, evaluations)
+    if recipe.output.save_weights and summary.steps_done > 0:
+        extra = {"recipe.json": recipe.to_json(), **tokenizer.files()}
+        result.weights_path = save_model(
+            model, recipe.model.family, run_dir / MODEL_FOLDER, {"step": summary.steps_done}, extra_files=extra
+        )
+        if recipe.checkpoint.export_hf:
+            result.hf_path = save_hf_checkpoint(model, recipe.model.family, run_dir / HF_FOLDER)
+            tokenizer.save(result.hf_path)
+            say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
+    return result
+
+
+def score_of(evaluations: dict[str, tuple[int, Evaluation]], label: str) -> Score | None:
+    """The ``Score`` of the evaluation called ``label`` (``before`` / ``after``), if it ran."""
+    if label not in evaluations:
+        return None
+    step_number, evaluation = evaluations[label]
+    return Score(step_number, evaluation.accuracy)
+
+
+def write_eval_file(
+    path: Path,
+    task: str | None,
+    evaluations: dict[str, tuple[int, Evaluation]],
+    extra: Mapping[str, Mapping[str, object]] | None = None,
+) -> None:
+    """``eval.json``: the task, and for each evaluation (``before``, ``after``) its step, accuracy, the fields
+    ``extra[label]`` adds (e.g. a sampled accuracy) and the completions."""
+    record: dict[str, object] = {"task": task}
+    for label, (step_number, evaluation) in evaluations.items():
+        record[label] = {
+            "step": step_number,
+            "accuracy": evaluation.accuracy,
+            **(extra or {}).get(label, {}),
+            "completions": [
+                {"prompt": example.prompt, "completion": completion, "answer": example.answer}
+                for example, completion in zip(evaluation.examples, evaluation.completions, strict=True)
+            ],
+        }
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,193 @@
+"""GRPO runs in process on a tiny random model with the character tokenizer: the engine holds the trainer's
+weights after every step, a raising reward is counted as skipped, bad starting points are refused with the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import pytest
+import torch
+
+from titanpod.checkpoint import load_model, save_model
+from titanpod.data.sft.tokenizer import load_sft_tokenizer
+from titanpod.data.tasks import Example, get_task
+from titanpod.models import DecoderArgs, build_model
+from titanpod.recipes.posttrain.grpo_recipe import (
+    GRPOConfig,
+    GRPOModelConfig,
+    GRPORecipe,
+    GRPOTrainConfig,
+    RolloutConfig,
+)
+from titanpod.recipes.posttrain.registry import POSTTRAIN_RECIPES, grpo_debug
+from titanpod.recipes.posttrain.sft_recipe import EvalConfig
+from titanpod.recipes.recipe import OutputConfig
+from titanpod.rl.grpo_run import run_grpo, sampled_accuracy, warmup_lr
+from titanpod.rl.rollout import Completion, trainer_state, weights_checksum
+from titanpod.rl.rollout.ray_rollout import import_ray
+
+TINY = DecoderArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=64, max_seq_len=48)
+
+
+@pytest.fixture(scope="module")
+def sft_folder(tmp_path_factory):
+    """A titanpod model folder with random weights and the character tokenizer, as an SFT run leaves it."""
+    model = build_model("llama3", TINY)
+    model.to_empty(device="cpu")
+    model.init_weights(seed=0)
+    folder = tmp_path_factory.mktemp("sft") / "model"
+    save_model(model, "llama3", folder, {"step": 0}, extra_files=load_sft_tokenizer("chars").files())
+    return folder
+
+
+def tiny(tmp_path, folder, run_name: str, steps: int = 2, **grpo) -> GRPORecipe:
+    return dataclasses.replace(
+        grpo_debug(),
+        model=GRPOModelConfig(init_from=None if folder is None else str(folder)),
+        grpo=GRPOConfig(**{"group_size": 3, "prompts_per_step": 2, "max_new_tokens": 4, **grpo}),
+        train=GRPOTrainConfig(steps=steps, lr=1e-2),
+        eval=EvalConfig(examples=4, max_new_tokens=4, show=1),
+        export_hf=False,
+        output=OutputConfig(runs_dir=str(tmp_path), run_name=run_name, tensorboard=False),
+    )
+
+
+def test_a_step_trains_and_the_engine_holds_the_trainers_weights(tmp_path, sft_folder):
+    # Half of the samples earn 1, so every group has signal; the KL term runs with a reference model.
+    calls = []
+
+    def alternating(prompt, completion, answer):
+        calls.append(prompt)
+        return float(len(calls) % 2)
+
+    result = run_grpo(tiny(tmp_path, sft_folder, "run", kl_beta=0.1, updates_per_step=2), reward=alternating)
+    assert result.steps_done == 2 and len(calls) == 2 * 2 * 3
+    assert [row["weights_version"] for row in result.history] == [1, 2]
+    assert result.weights_version == 2 and result.skipped_samples == 0
+    _, saved = load_model(result.weights_path.parent)
+    assert weights_checksum(trainer_state(saved)) == result.checksum == result.history[-1]["checksum"]
+    _, start = load_model(sft_folder)
+    assert weights_checksum(trainer_state(start)) != result.checksum  # the update changed the weights
+    first = result.history[0]
+    assert first["kl"] is not None and first["kl"] >= 0 and 0 <= first["clip_fraction"] <= 1
+    assert first["reward_mean"] == 0.5 and first["samples"] == 6
+    lines = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if "reward_mean" in line] == [1, 2]
+    assert result.before is not None and result.after is not None
+    assert result.sampled_before is not None and result.sampled_after is not None
+    record = json.loads((result.run_dir / "eval.json").read_text())
+    assert record["after"]["sampled_accuracy"] == result.sampled_after and record["after"]["samples_per_prompt"] == 4
+    assert (result.run_dir / "eval.json").is_file() and (result.weights_path.parent / "tokenizer.json").is_file()
+
+
+def test_engine_checksum_equals_trainer_after_each_step(tmp_path, sft_folder, monkeypatch):
+    from titanpod.recipes.posttrain import grpo_run
+
+    seen = []
+    original = grpo_run.sync_weights
+
+    def checked(model, engine, version):
+        report = original(model, engine, version)
+        seen.append((version, engine.weights_version, engine.checksum(), weights_checksum(trainer_state(model))))
+        return report
+
+    monkeypatch.setattr(grpo_run, "sync_weights", checked)
+    run_grpo(tiny(tmp_path, sft_folder, "sync"), reward=lambda p, c, a: float(len(c) % 2))
+    assert [(v, ev) for v, ev, _, _ in seen] == [(1, 1), (2, 2)]
+    assert all(engine == trainer for _, _, engine, trainer in seen)
+
+
+def test_a_raising_reward_is_counted_as_skipped(tmp_path, sft_folder):
+    calls = []
+
+    def flaky(prompt, completion, answer):
+        calls.append(1)
+        if len(calls) % 3 == 0:
+            raise RuntimeError("judge unavailable")
+        return float(len(calls) % 2)
+
+    result = run_grpo(tiny(tmp_path, sft_folder, "flaky", steps=1), reward=flaky)
+    assert result.skipped_samples == 2  # samples 3 and 6 of 6
+    row = result.history[0]
+    assert row["skipped"] == 2 and len(row["reward_errors"]) == 2
+    assert "RuntimeError: judge unavailable" in row["reward_errors"][0]
+
+
+def test_every_sample_of_a_prompt_skipped_drops_the_prompt(tmp_path, sft_folder):
+    def broken(prompt, completion, answer):
+        raise KeyError("no")
+
+    result = run_grpo(tiny(tmp_path, sft_folder, "broken", steps=1), reward=broken)
+    assert result.skipped_samples == 6 and result.history[0]["loss"] is None and result.weights_version == 1
+
+
+def test_missing_or_wrong_init_from_says_to_run_sft_first(tmp_path):
+    with pytest.raises(ValueError, match=r"model.init_from is not set.*sft_debug"):
+        run_grpo(tiny(tmp_path, None, "none"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=r"not a titanpod model folder.*sft_debug"):
+        run_grpo(tiny(tmp_path, empty, "empty"))
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_any_work(tmp_path, sft_folder):
+    with pytest.raises(ValueError, match=r"needs \d+ positions, more than the model's context of 48"):
+        run_grpo(tiny(tmp_path, sft_folder, "long", max_new_tokens=40))
+    assert not (tmp_path / "long").exists()
+
+
+def test_grpo_debug_is_registered():
+    entry = POSTTRAIN_RECIPES["grpo_debug"]
+    assert entry.kind == "grpo" and entry.build().model.init_from is None
+    assert GRPORecipe.from_dict(entry.build().to_dict()) == entry.build()
+
+
+def test_group_of_equal_rewards_gives_no_update(tmp_path, sft_folder):
+    result = run_grpo(tiny(tmp_path, sft_folder, "flat", steps=1), reward=lambda p, c, a: 1.0)
+    row = result.history[0]
+    assert row["zero_signal_groups"] == 2 and row["accuracy"] == 1.0
+    _, start = load_model(sft_folder)
+    _, end = load_model(result.weights_path.parent)
+    for (name, a), (_, b) in zip(start.state_dict().items(), end.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name  # zero advantages: zero gradient, AdamW without weight decay leaves them
+
+
+def test_warmup_rises_linearly_then_holds():
+    train = GRPOTrainConfig(lr=1e-3, warmup_steps=4)
+    assert [warmup_lr(train, step) for step in (1, 2, 4, 5, 40)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
+    assert warmup_lr(GRPOTrainConfig(lr=1e-3, warmup_steps=0), 1) == 1e-3
+
+
+def test_rollout_config_names_bad_settings():
+    with pytest.raises(ValueError, match=r"--rollout\.mode ray for several workers"):
+        RolloutConfig(mode="local", workers=2)
+    with pytest.raises(ValueError, match=r"rollout\.mode"):
+        RolloutConfig(mode="threads")
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        RolloutConfig(mode="ray", workers=0)
+
+
+def test_ray_mode_without_ray_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    with pytest.raises(ImportError, match=r"titanpod-posttrain\[ray\]"):
+        import_ray()
+
+
+def test_sampled_accuracy_counts_exact_answers_among_the_engines_samples():
+    tokenizer = load_sft_tokenizer("chars")
+    task = get_task("reverse")
+    examples = [Example("reverse: abc\n", "cba"), Example("reverse: xy\n", "yx")]
+    texts = ["cba", "cbb", "yx", "yx<|endoftext|>"]  # 3 of the 4 samples are exact answers
+
+    class ScriptedEngine:
+        def generate(self, prompts, params):
+            assert params.n == 2 and len(prompts) == 2 and params.temperature == 0.7
+            return [
+                Completion(i // 2, prompts[i // 2], tokenizer.encode(text), torch.zeros(1), "stop", i % 2)
+                for i, text in enumerate(texts)
+            ]
+
+    recipe = dataclasses.replace(grpo_debug(), grpo=GRPOConfig(eval_samples=2, temperature=0.7))
+    assert sampled_accuracy(ScriptedEngine(), tokenizer, task, examples, recipe) == 0.75

@@ -1,0 +1,53 @@
+"""SFT runs in process: a run stopped and resumed ends with exactly the weights of one that never stopped;
+bad starting points are refused with the fix."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from titanpod.checkpoint import CheckpointConfig, load_model
+from titanpod.graph import TrainConfig
+from titanpod.recipes.posttrain.registry import sft_debug
+from titanpod.recipes.posttrain.sft_recipe import EvalConfig, SFTDataConfig, SFTModelConfig, SFTRecipe
+from titanpod.recipes.recipe import OutputConfig
+from titanpod.runs.sft import run_sft
+
+
+def tiny(tmp_path, run_name: str, **train) -> SFTRecipe:
+    recipe = sft_debug()
+    return dataclasses.replace(
+        recipe,
+        data=SFTDataConfig(train_examples=64, seq_len=32, batch_size=2),
+        train=TrainConfig(**{"steps": 6, "warmup_steps": 1, "log_every": 2, "lr": 3e-3, **train}),
+        eval=EvalConfig(enabled=False),
+        checkpoint=CheckpointConfig(at_end=True, export_hf=False),
+        output=OutputConfig(runs_dir=str(tmp_path), run_name=run_name, tensorboard=False),
+    )
+
+
+def test_a_stopped_and_resumed_run_ends_with_the_weights_of_an_unbroken_one(tmp_path):
+    whole = run_sft(tiny(tmp_path, "whole"))
+    first = run_sft(tiny(tmp_path, "split", stop_at_step=3))
+    assert first.summary.steps_done == 3 and (tmp_path / "split" / "checkpoints" / "step-000003").is_dir()
+    rest = run_sft(tiny(tmp_path, "split"))
+    assert rest.summary.start_step == 3 and rest.summary.steps_done == 6
+    assert rest.summary.losses == whole.summary.losses[3:]
+    _, expected = load_model(whole.weights_path.parent)
+    _, resumed = load_model(rest.weights_path.parent)
+    for (name, a), (_, b) in zip(expected.state_dict().items(), resumed.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_starting_points_that_do_not_fit_are_refused(tmp_path):
+    recipe = tiny(tmp_path, "bad")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"holds neither model.json .* nor config.json"):
+        run_sft(dataclasses.replace(recipe, model=SFTModelConfig(init_from=str(empty))))
+    done = run_sft(dataclasses.replace(recipe, train=TrainConfig(steps=2, warmup_steps=0)))
+    other_family = SFTModelConfig(family="qwen3", init_from=str(done.weights_path.parent))
+    with pytest.raises(ValueError, match=r"holds a llama3 model, but model.family is 'qwen3'"):
+        run_sft(dataclasses.replace(recipe, model=other_family))
+    with pytest.raises(ValueError, match="longer than the model's max_seq_len 512"):
+        run_sft(dataclasses.replace(recipe, data=SFTDataConfig(seq_len=1024)))
