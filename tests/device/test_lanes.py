@@ -96,3 +96,25 @@ def test_xla_backend_runs_torch_ops_on_jax_arrays():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["jax", "jax", "30.0"]
+
+
+def test_torch_lanes_keep_parameters_on_their_device_and_count_one_device_per_process():
+    from titanpod.device import get_backend
+
+    backend = get_backend("cpu")
+    assert not backend.single_controller
+    assert backend.parameter_device() == backend.device()
+    assert backend.devices_in_job(world_size=4) == 4
+
+
+def test_the_xla_lane_is_one_controller_with_parameters_on_the_host():
+    from tests.conftest import XLA_ENV, run_json_script
+
+    out = run_json_script(
+        "import json\n"
+        "from titanpod.device import get_backend\n"
+        "b = get_backend('xla')\n"
+        "print(json.dumps([b.single_controller, str(b.parameter_device()), b.devices_in_job(world_size=1)]))\n",
+        env=XLA_ENV,
+    )
+    assert out == [True, "cpu", 8]

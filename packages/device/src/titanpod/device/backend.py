@@ -25,10 +25,23 @@ class Backend(ABC):
     """The torch.distributed backend; ``None`` lets PyTorch pick the one registered for the device."""
     compile_backend: ClassVar[str | None]
     """The ``torch.compile`` backend; ``None`` where the lane compiles another way (``jax.jit``)."""
+    single_controller: ClassVar[bool] = False
+    """One process drives every device of the job and the compiler partitions the step (the xla lane);
+    otherwise each process drives one device and shards through torch.distributed."""
 
     def device(self, local_rank: int = 0) -> torch.device:
         """The device a process with this local rank drives."""
         return torch.device(self.device_type, local_rank)
+
+    def parameter_device(self, local_rank: int = 0) -> torch.device:
+        """Where a model's parameters are materialised before its step takes them: the device of this
+        process, or the host where the step places them on its devices itself (the xla lane)."""
+        return self.device(local_rank)
+
+    def devices_in_job(self, world_size: int) -> int:
+        """How many devices one training step spans: every device of this host for a single controller,
+        else one per process of the job."""
+        return self.device_count() if self.single_controller else world_size
 
     @abstractmethod
     def device_count(self) -> int:

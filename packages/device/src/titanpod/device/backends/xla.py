@@ -25,6 +25,7 @@ class XlaBackend(Backend):
     device_type = "jax"
     dist_backend = None
     compile_backend = None
+    single_controller = True
 
     def __init__(self) -> None:
         import jax
@@ -37,6 +38,10 @@ class XlaBackend(Backend):
     def device(self, local_rank: int = 0) -> torch.device:
         """torchax's device; the arrays behind it live on JAX's devices."""
         return torch.device("jax", 0)
+
+    def parameter_device(self, local_rank: int = 0) -> torch.device:
+        """The host: the jitted step places each parameter on the JAX devices by the plan itself."""
+        return torch.device("cpu")
 
     def device_count(self) -> int:
         """JAX devices of this process."""
