@@ -113,27 +113,33 @@ class RecipeFile:
 
 
 @dataclass(frozen=True)
-class Recipe(RecipeFile):
-    """A complete, reproducible description of a training run."""
+class RunRecipe(RecipeFile):
+    """The fields every recipe kind shares (pretraining, SFT, GRPO, diffusion): what the run session reads."""
 
     name: str = "custom"
     """Recipe name, used in run directory names."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The model."""
     device: DeviceConfig = field(default_factory=DeviceConfig)
     """Where it runs."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """How it trains: steps, optimizer, schedule, step mode, precision."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """When the trainer state is saved, whether the run resumes, and the Hugging Face export (``export_hf``)."""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """What it writes."""
+
+
+@dataclass(frozen=True)
+class Recipe(RunRecipe):
+    """A complete, reproducible description of a pretraining run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """How it splits over processes (under torchrun); one process ignores it."""
     kernels: KernelConfig = field(default_factory=KernelConfig)
     """Which implementation fills each of the model's op slots (references by default)."""
     data: DataConfig = field(default_factory=DataConfig)
     """What it trains on."""
-    train: TrainConfig = field(default_factory=TrainConfig)
-    """How it trains."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    """When the trainer state is saved, and whether the run resumes from a checkpoint."""
-    output: OutputConfig = field(default_factory=OutputConfig)
-    """What it writes."""
     target: TargetConfig = field(default_factory=TargetConfig)
     """The slice the recipe is sized for; read by ``--dry-run`` only."""
 

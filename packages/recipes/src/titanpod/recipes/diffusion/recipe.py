@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from titanpod.checkpoint import CheckpointConfig
 from titanpod.data.images.config import ImageDataConfig
-from titanpod.device import DeviceConfig
-from titanpod.graph import TrainConfig
 from titanpod.parallel import ParallelConfig
-from titanpod.recipes.recipe import OutputConfig, RecipeFile, TargetConfig
+from titanpod.recipes.recipe import RunRecipe, TargetConfig
 
 
 @dataclass(frozen=True)
@@ -54,26 +51,16 @@ class SampleConfig:
 
 
 @dataclass(frozen=True)
-class DiffusionRecipe(RecipeFile):
-    """A complete, reproducible description of a FLUX training run."""
+class DiffusionRecipe(RunRecipe):
+    """A complete, reproducible description of a FLUX training run (eager or per_block steps)."""
 
-    name: str = "custom"
-    """Recipe name, used in run directory names."""
     model: FluxModelConfig = field(default_factory=FluxModelConfig)
     """The models."""
-    device: DeviceConfig = field(default_factory=DeviceConfig)
-    """Where it runs."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """How it splits over processes (the dry run plans with it)."""
     data: ImageDataConfig = field(default_factory=ImageDataConfig)
     """Images and captions."""
-    train: TrainConfig = field(default_factory=TrainConfig)
-    """How it trains (eager or per_block steps)."""
     samples: SampleConfig = field(default_factory=SampleConfig)
     """What sample images it writes."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    """When the trainer state (transformer, AdamW, data position) is saved, and whether the run resumes."""
-    output: OutputConfig = field(default_factory=OutputConfig)
-    """What it writes."""
     target: TargetConfig = field(default_factory=TargetConfig)
     """The slice the recipe is sized for; read by ``--dry-run`` only."""

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from titanpod.checkpoint import CheckpointConfig
 from titanpod.data.sft.config import SFTDataConfig, choice
 from titanpod.data.tasks import TASKS
-from titanpod.device import DeviceConfig
-from titanpod.graph import TrainConfig
 from titanpod.kernels import KernelConfig
 from titanpod.models.common.args import DecoderArgs
 from titanpod.models.registry import get_flavor
-from titanpod.recipes.recipe import OutputConfig, RecipeFile
+from titanpod.recipes.recipe import RunRecipe
 
 
 @dataclass(frozen=True)
@@ -63,27 +60,19 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
-class SFTRecipe(RecipeFile):
+class SFTRecipe(RunRecipe):
     """A complete, reproducible description of a supervised fine-tuning run."""
 
     name: str = "custom_sft"
     """Recipe name, used in run directory names."""
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
     """The model and its starting weights."""
-    device: DeviceConfig = field(default_factory=DeviceConfig)
-    """Where it runs (one process, on the cpu, cuda or tpu lane)."""
     kernels: KernelConfig = field(default_factory=KernelConfig)
     """Which implementation fills each of the model's op slots (references by default)."""
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     """What it fine-tunes on."""
-    train: TrainConfig = field(default_factory=TrainConfig)
-    """How it trains."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Held-out accuracy before and after training."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    """When the trainer state is saved, whether the run resumes, and the Hugging Face export (``export_hf``)."""
-    output: OutputConfig = field(default_factory=OutputConfig)
-    """What it writes."""
 
     @property
     def eval_task(self) -> str | None:
