@@ -41,9 +41,10 @@ from titanpod.data.tokenizer import check_fits
 from titanpod.device import get_backend, process_info
 from titanpod.graph import JsonlWriter
 from titanpod.models import Transformer, parameter_count
-from titanpod.recipes.posttrain.grpo_recipe import MISSING_INIT_FROM, GRPORecipe, GRPOTrainConfig, RolloutConfig
+from titanpod.recipes.posttrain.grpo_recipe import MISSING_INIT_FROM, GRPORecipe, GRPOTrainConfig
 from titanpod.rl.grpo_loss import clipped_policy_loss, group_advantages, kl_penalty
-from titanpod.rl.rollout import BuiltinEngine, Completion, RolloutEngine, SamplingParams, sync_weights
+from titanpod.rl.rollout import Completion, RolloutEngine, SamplingParams, sync_weights
+from titanpod.rl.rollout.engines import close_rollout, open_rollout
 from titanpod.rl.rollout.ray_rollout import RayRollout
 from titanpod.runs.evaluation import Evaluation, evaluate
 from titanpod.runs.pretrain import prepare_run_dir
@@ -189,32 +190,6 @@ def warmup_lr(train: GRPOTrainConfig, step: int) -> float:
     if step <= train.warmup_steps:
         return train.lr * step / train.warmup_steps
     return train.lr
-
-
-def open_rollout(
-    config: RolloutConfig, model: Transformer, max_batch: int, say: Callable[[str], None]
-) -> RolloutEngine:
-    """The rollout engine ``config`` asks for, holding ``model``'s weights as version 0: a ``BuiltinEngine`` in
-    this process, or a ``RayRollout`` whose workers were checked to hold them. Close it with ``close_rollout``."""
-    if config.mode == "local":
-        return BuiltinEngine(model, max_batch=max_batch)
-    rollout = RayRollout(
-        model,
-        config.workers,
-        address=config.ray_address,
-        worker_cpus=config.worker_cpus,
-        worker_gpus=config.worker_gpus,
-        max_batch=max_batch,
-        say=say,
-    )
-    say(rollout.describe())
-    return rollout
-
-
-def close_rollout(engine: RolloutEngine) -> None:
-    """Stop ``engine``'s workers, if it has any."""
-    if isinstance(engine, RayRollout):
-        engine.close()
 
 
 def step_examples(task: Task, recipe: GRPORecipe, step: int) -> list[Example]:

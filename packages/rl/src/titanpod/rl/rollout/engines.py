@@ -1,0 +1,37 @@
+"""Opening and closing the rollout engine a ``RolloutConfig`` asks for: every engine is built here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from titanpod.models import Transformer
+from titanpod.recipes.posttrain.grpo_recipe import RolloutConfig
+from titanpod.rl.rollout.builtin import BuiltinEngine
+from titanpod.rl.rollout.ray_rollout import RayRollout
+from titanpod.rl.rollout.types import RolloutEngine
+
+
+def open_rollout(
+    config: RolloutConfig, model: Transformer, max_batch: int, say: Callable[[str], None]
+) -> RolloutEngine:
+    """The rollout engine ``config`` asks for, holding ``model``'s weights as version 0: a ``BuiltinEngine`` in
+    this process, or a ``RayRollout`` whose workers were checked to hold them. Close it with ``close_rollout``."""
+    if config.mode == "local":
+        return BuiltinEngine(model, max_batch=max_batch)
+    rollout = RayRollout(
+        model,
+        config.workers,
+        address=config.ray_address,
+        worker_cpus=config.worker_cpus,
+        worker_gpus=config.worker_gpus,
+        max_batch=max_batch,
+        say=say,
+    )
+    say(rollout.describe())
+    return rollout
+
+
+def close_rollout(engine: RolloutEngine) -> None:
+    """Stop ``engine``'s workers, if it has any."""
+    if isinstance(engine, RayRollout):
+        engine.close()
