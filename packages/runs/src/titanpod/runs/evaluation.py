@@ -16,7 +16,7 @@ import torch
 from rich.markup import escape
 from tokenizers import Tokenizer
 
-from titanpod.data.sft.batches import prompt_text
+from titanpod.data.sft.records import prompt_text
 from titanpod.data.sft.tokenizer import SFTTokenizer
 from titanpod.data.tasks import Example, Task
 from titanpod.models import Transformer
