@@ -1,0 +1,277 @@
+"""One run session for every trainer: what pretraining, SFT, diffusion and GRPO runs share.
+
+A trainer builds what is its own (data, model, step, evaluation and sample callbacks) and hands
+the rest to a ``RunSession``::
+
+    with RunSession(recipe, backend, console) as session:
+        step = build_step(model, recipe.train, backend)
+        session.resume(model, step, batches)  # continues from a checkpoint when there is one
+        summary = session.train(batches, flops_per_token=..., after_step=validate, at_end=score)
+        session.save_final_weights(summary, lambda: save_model(model, family, session.run_dir / "model"))
+
+The session owns the run directory (rank 0 writes ``recipe.json``; under torchrun rank 0 picks
+the name and the others receive it), the console (rank 0 only), the metrics writers (rank 0:
+``metrics.jsonl`` and ``tensorboard/``), the trainer-state checkpoints (partial saves removed,
+resume, a save every ``checkpoint.every`` steps and at the end, a background save completed
+whatever happened), the final weights (gathered whole when sharded, written by rank 0) and,
+on a clean exit, the process group's teardown. Ctrl-C is handled by ``titanpod.graph.train``:
+the step in flight finishes and the summary comes back marked ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+from torch import nn
+
+from titanpod.checkpoint import Checkpointer
+from titanpod.device import Backend, ensure_process_group, process_info
+from titanpod.graph import JsonlWriter, StepMetrics, TensorBoardWriter, TrainStep, TrainSummary, train
+from titanpod.graph.steps import Batch
+from titanpod.parallel.torch_executor import unshard
+from titanpod.recipes.recipe import NamedRun, RunRecipe
+
+Written = TypeVar("Written")
+"""What a trainer's final-weights writer returns (a path, a folder)."""
+
+METRICS_FILE, TENSORBOARD_FOLDER, RECIPE_FILE = "metrics.jsonl", "tensorboard", "recipe.json"
+
+
+class ResumableData(Protocol):
+    """What the session needs of a trainer's data: its position, to save and to restore."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data position (what ``load_state_dict`` takes back)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a position saved by ``state_dict``."""
+        ...
+
+
+def prepare_run_dir(recipe: NamedRun) -> Path:
+    """Create the run directory and write the recipe into it; fail early if it cannot be written.
+
+    Under torchrun every rank must call it: rank 0 picks the name and the others receive it.
+    """
+    name = recipe.output.run_name or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if dist.is_initialized():
+        chosen = [name]
+        dist.broadcast_object_list(chosen, src=0)  # a timestamped name could differ by a second
+        name = chosen[0]
+    run_dir = Path(recipe.output.runs_dir) / name
+    if not process_info().is_main:
+        return run_dir
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RECIPE_FILE).write_text(recipe.to_json(), encoding="utf-8")
+    except OSError as error:
+        raise OSError(
+            f"Cannot write the run directory {run_dir}: {error.strerror}. "
+            "Choose another with --output.runs-dir or --output.run-name."
+        ) from error
+    return run_dir
+
+
+class RunSession:
+    """A run's directory, console, writers, checkpoints, final weights and teardown, for any trainer.
+
+    Open it with ``with`` on every rank. In order, a trainer calls ``resume`` once (also when it
+    starts fresh: it registers what the checkpoints hold), ``train`` once, then
+    ``save_final_weights``. Leaving the block waits for a background checkpoint save in flight
+    and closes the writers whatever happened; a clean exit also waits for every rank and destroys
+    the process group.
+    """
+
+    def __init__(self, recipe: RunRecipe, backend: Backend, console: Console | None = None) -> None:
+        """Join the process group under torchrun (single-controller lanes run one process), create the
+        run directory (rank 0 writes ``recipe.json``), and remove checkpoints whose save never completed.
+
+        ``console`` is used on rank 0 only; pass the same on every rank or ``None`` for a quiet run.
+        """
+        self.recipe = recipe
+        """The recipe the run follows."""
+        self.backend = backend
+        """The lane the run trains on."""
+        if process_info().world_size > 1 and not backend.single_controller:
+            ensure_process_group(backend)
+        self.info = process_info()
+        """This process's place in the job."""
+        self.console = console if self.info.is_main else None
+        """The console on rank 0; ``None`` on other ranks and for a quiet run."""
+        self.run_dir = prepare_run_dir(recipe)
+        """The run directory (the same path on every rank)."""
+        self.writers: list[JsonlWriter | TensorBoardWriter] = []
+        """The metrics writers (rank 0 only): ``metrics.jsonl``, and ``tensorboard/`` with ``output.tensorboard``."""
+        if self.info.is_main:
+            self.writers.append(JsonlWriter(self.run_dir / METRICS_FILE))
+            if recipe.output.tensorboard:
+                self.writers.append(TensorBoardWriter(self.run_dir / TENSORBOARD_FOLDER))
+        self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
+        """The trainer-state checkpoints under ``<run>/checkpoints``."""
+        self.checkpointer.remove_partial()
+        self.start_step = 0
+        """Steps done before this run started (set by ``resume``)."""
+        self.model: nn.Module | None = None
+        """The trained module whose parameters the checkpoints hold (set by ``resume``)."""
+        self.step: TrainStep | None = None
+        """The training step whose optimizer state the checkpoints hold (set by ``resume``)."""
+        self._data_state: Callable[[], dict[str, Any]] = dict
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the process that prints and writes shared files."""
+        return self.info.is_main
+
+    @property
+    def devices(self) -> int:
+        """Devices one training step spans (every host device on a single controller, else one per process)."""
+        return self.backend.devices_in_job(self.info.world_size)
+
+    def say(self, message: str) -> None:
+        """Print ``message`` (rich markup) on rank 0's console; nothing elsewhere."""
+        if self.console is not None:
+            self.console.print(message, soft_wrap=True)
+
+    def write_report(self, report: StepMetrics) -> None:
+        """Append a training report to every writer (rank 0)."""
+        for writer in self.writers:
+            writer.write(report)
+
+    def write_scalars(self, step_number: int, values: dict[str, float]) -> None:
+        """Append named figures at ``step_number`` (a validation loss, an accuracy) to every writer (rank 0)."""
+        for writer in self.writers:
+            writer.write_scalars(step_number, values)
+
+    def resume(
+        self,
+        model: nn.Module,
+        step: TrainStep,
+        data: ResumableData,
+        data_state: Callable[[], dict[str, Any]] | None = None,
+    ) -> int:
+        """Register what the checkpoints hold and continue from the checkpoint ``checkpoint.resume`` names.
+
+        ``model`` is the module ``step`` trains (its parameters, sharded or not, are loaded in place),
+        ``data`` the batches whose position is restored. ``data_state`` returns the position to save
+        (default ``data.state_dict``); every rank calls it at each save, so it may be a collective
+        (``titanpod.data.gather_data_state``). Returns the steps already done (0 when starting fresh).
+        Every rank must call it.
+        """
+        self.model, self.step = model, step
+        self._data_state = data_state if data_state is not None else data.state_dict
+        folder = self.checkpointer.resume_folder()
+        if folder is None:
+            return self.start_step
+        point = self.checkpointer.load(folder, model, step, self.recipe.to_dict())
+        data.load_state_dict(point.data_state)
+        self.start_step = point.step
+        steps = self.recipe.train.steps
+        self.say(f"resumed from {folder}: {self.start_step} of {steps} steps done")
+        if self.start_step >= steps:
+            self.say("nothing left to train: raise --train.steps to continue this run")
+        return self.start_step
+
+    def save_checkpoint(self, step_number: int) -> None:
+        """Save the trainer state after ``step_number`` steps (every rank; in the background with
+        ``checkpoint.async_save``). A second save of the same step does nothing."""
+        model, step = self._registered()
+        self.checkpointer.save(step_number, model, step, self._data_state())
+
+    def train(
+        self,
+        batches: Any,
+        *,
+        flops_per_token: float,
+        data_parallel: int = 1,
+        reduce_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        after_step: Callable[[int], None] | None = None,
+        at_end: Callable[[TrainSummary], None] | None = None,
+        count_tokens: Callable[[Batch], int] | None = None,
+    ) -> TrainSummary:
+        """Train the registered model with ``titanpod.graph.train`` from the resumed step to ``train.steps``.
+
+        Reports go to the writers and the console. After every step ``after_step(step_number)`` runs
+        (the trainer's validation or samples), then the interval checkpoint and a poll of a background
+        save. After the loop ``at_end(summary)`` runs (a final evaluation; also after an interrupt, so
+        it reads ``summary.interrupted``), then the at-end checkpoint when this run trained a step.
+        ``data_parallel`` and ``reduce_loss`` are as in ``titanpod.graph.train``; the device count is
+        the session's. A background save in flight is completed before this returns or raises.
+        """
+        model, step = self._registered()
+        every = self.recipe.checkpoint.every
+
+        def after_each(step_number: int) -> None:
+            if after_step is not None:
+                after_step(step_number)
+            if every and step_number % every == 0:
+                self.save_checkpoint(step_number)
+            self.checkpointer.poll()
+
+        try:
+            summary = train(
+                model,
+                batches,
+                self.recipe.train,
+                self.backend,
+                flops_per_token=flops_per_token,
+                data_parallel=data_parallel,
+                devices=self.devices,
+                reduce_loss=reduce_loss,
+                on_report=self.write_report,
+                console=self.console,
+                step=step,
+                start_step=self.start_step,
+                after_step=after_each,
+                count_tokens=count_tokens,
+            )
+            if at_end is not None:
+                at_end(summary)
+            if self.recipe.checkpoint.at_end and summary.steps_done > self.start_step:
+                self.save_checkpoint(summary.steps_done)
+        finally:
+            self.checkpointer.wait()  # a background save in flight is completed, whatever happened
+        return summary
+
+    def save_final_weights(self, summary: TrainSummary, write: Callable[[], Written]) -> Written | None:
+        """The final weights, when ``output.save_weights`` is on and the run has trained a step.
+
+        A sharded model is first gathered whole on every rank (a collective: every rank must call
+        this), so it is no longer fit for sharded steps; then rank 0 calls ``write()`` (which saves
+        the registered model where and how the trainer wants) and returns what it returns. Other
+        ranks, and runs that save nothing, get ``None``.
+        """
+        model, _ = self._registered()
+        if not self.recipe.output.save_weights or summary.steps_done == 0:
+            return None
+        if dist.is_initialized() and self.info.world_size > 1:
+            unshard(model)  # every rank takes part; rank 0 writes
+        return write() if self.is_main else None
+
+    def __enter__(self) -> RunSession:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        try:
+            self.checkpointer.wait()  # a background save in flight is completed, whatever happened
+        finally:
+            for writer in self.writers:
+                writer.close()
+            self.writers = []
+        if kind is None and dist.is_initialized():
+            dist.barrier()  # no rank tears the group down while another still has collectives in flight
+            dist.destroy_process_group()
+
+    def _registered(self) -> tuple[nn.Module, TrainStep]:
+        if self.model is None or self.step is None:
+            raise RuntimeError("RunSession.resume(model, step, data) must be called before training or saving.")
+        return self.model, self.step
