@@ -16,7 +16,8 @@ from titanpod.checkpoint.flux_autoencoder_files import (
     load_flux_autoencoder,
     save_flux_autoencoder,
 )
-from titanpod.models.flux.autoencoder import UnsupportedAutoencoderConfigError, build_flux_autoencoder
+from titanpod.models.adapters.flux_autoencoder import UnsupportedAutoencoderConfigError
+from titanpod.models.flux.autoencoder import build_flux_autoencoder
 
 diffusers = pytest.importorskip("diffusers")
 

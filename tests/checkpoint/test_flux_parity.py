@@ -28,9 +28,13 @@ from titanpod.checkpoint.flux_files import (
     read_flux_config,
     save_flux_transformer,
 )
+from titanpod.models.adapters.base import UnsupportedConfigError
+from titanpod.models.adapters.flux_transformer import (
+    flux_args_from_hf_config,
+    flux_hf_config_from_args,
+    flux_hf_layout,
+)
 from titanpod.models.flux import FLUX_FLAVORS, FluxArgs, build_flux_transformer
-from titanpod.models.flux.hf import flux_args_from_hf_config, flux_hf_config_from_args, flux_hf_layout
-from titanpod.models.hf.config import UnsupportedConfigError
 
 diffusers = pytest.importorskip("diffusers")
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from titanpod.checkpoint import CheckpointMismatchError, load_hf_checkpoint
-from titanpod.models.hf.config import UnsupportedConfigError
+from titanpod.models.adapters.base import UnsupportedConfigError
 
 
 @pytest.fixture

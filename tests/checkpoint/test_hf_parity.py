@@ -88,7 +88,7 @@ def test_export_loads_in_transformers_and_round_trips_bit_exactly(family, hf_che
 
 
 def test_exported_config_reads_back_to_the_same_shape(hf_checkpoints, tmp_path):
-    from titanpod.models.hf import args_from_hf_config
+    from titanpod.models.adapters.decoder_config import args_from_hf_config
 
     for family in FAMILIES:
         loaded = load_hf_checkpoint(hf_checkpoints[family])

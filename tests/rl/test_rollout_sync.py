@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.rl.test_rollout import PROMPTS, TINY, TINY_QWEN_MOE, greedy_by_hand, tiny_model
-from titanpod.models.hf import hf_tensors
+from titanpod.models.adapters.decoder import hf_tensors
 from titanpod.rl.rollout import (
     BuiltinEngine,
     SamplingParams,

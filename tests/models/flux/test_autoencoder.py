@@ -5,16 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from titanpod.models.flux.autoencoder import (
-    FLUX_AUTOENCODER_FLAVORS,
-    FluxAutoencoderArgs,
+from titanpod.models.adapters.flux_autoencoder import (
     UnsupportedAutoencoderConfigError,
     autoencoder_args_from_diffusers_config,
-    build_flux_autoencoder,
     diffusers_config_from_autoencoder_args,
     diffusers_name,
     diffusers_names,
 )
+from titanpod.models.flux.autoencoder import FLUX_AUTOENCODER_FLAVORS, FluxAutoencoderArgs, build_flux_autoencoder
 
 diffusers = pytest.importorskip("diffusers")
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from titanpod.models import FLUX_FLAVORS, FluxArgs, FluxOps, FluxTransformer, parameter_count
+from titanpod.models.adapters.flux_transformer import flux_hf_layout, flux_hf_tensors
 from titanpod.models.flux import (
     build_flux_transformer,
     flux_args_from_dict,
@@ -22,7 +23,6 @@ from titanpod.models.flux import (
     flux_matmul_params,
     full_sdpa_attention,
 )
-from titanpod.models.flux.hf import flux_hf_layout, flux_hf_tensors
 from titanpod.models.flux.layers import apply_pair_rotary, axes_rotary_cos_sin
 
 DEBUG = FLUX_FLAVORS["debug"]

@@ -25,14 +25,13 @@ from titanpod.checkpoint.hf_files import (
     plan_shards,
     read_hf_config,
 )
-from titanpod.models.flux.autoencoder import (
-    FluxAutoencoder,
+from titanpod.models.adapters.flux_autoencoder import (
     autoencoder_args_from_diffusers_config,
-    build_flux_autoencoder,
     diffusers_config_from_autoencoder_args,
     diffusers_names,
     diffusers_tensors,
 )
+from titanpod.models.flux.autoencoder import FluxAutoencoder, build_flux_autoencoder
 
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
 """The single weights file of a diffusers model folder."""

@@ -36,14 +36,14 @@ from titanpod.checkpoint.hf_files import (
     shard_files,
     write_shards,
 )
-from titanpod.models.flux import FluxArgs, FluxOps, FluxTransformer, build_flux_transformer
-from titanpod.models.flux.hf import (
+from titanpod.models.adapters.base import UnsupportedConfigError
+from titanpod.models.adapters.flux_transformer import (
     flux_args_from_hf_config,
     flux_hf_config_from_args,
     flux_hf_layout,
     flux_hf_tensors,
 )
-from titanpod.models.hf.config import UnsupportedConfigError
+from titanpod.models.flux import FluxArgs, FluxOps, FluxTransformer, build_flux_transformer
 
 DIFFUSERS_SINGLE_FILE = "diffusion_pytorch_model.safetensors"
 DIFFUSERS_INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"

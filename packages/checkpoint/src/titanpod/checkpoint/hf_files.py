@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 from titanpod.checkpoint.atomic import atomic_directory
 from titanpod.checkpoint.errors import CheckpointMismatchError
 from titanpod.models import Transformer, build_model
-from titanpod.models.hf import args_from_hf_config, hf_config_from_args, hf_name_to_slot, hf_tensors
+from titanpod.models.adapters.decoder import hf_name_to_slot, hf_tensors
+from titanpod.models.adapters.decoder_config import args_from_hf_config, hf_config_from_args
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"

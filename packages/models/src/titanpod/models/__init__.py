@@ -1,9 +1,9 @@
 """titanpod.models: single-device PyTorch model code, built on the meta device.
 
 Llama 3, Qwen 3 and Qwen 3 MoE are one ``Transformer`` class configured by ``DecoderArgs``;
-a family is a set of named flavors and a Hugging Face adapter. Each model takes a
-``ModelOps`` for its swappable slots (attention, head + loss, expert matmul); the defaults
-are PyTorch references.
+a family is a set of named flavors and a Hugging Face adapter (``titanpod.models.adapters``).
+Each model takes a ``ModelOps`` for its swappable slots (attention, head + loss, expert
+matmul); the defaults are PyTorch references.
 """
 
 from titanpod.models.common.args import DecoderArgs, MoEArgs

@@ -1,5 +1,5 @@
-"""FLUX.1: the rectified-flow transformer (double- and single-stream blocks), its flavors and its
-diffusers adapter (``titanpod.models.flux.hf``).
+"""FLUX.1: the rectified-flow transformer (double- and single-stream blocks) and its flavors; its
+diffusers adapter is ``titanpod.models.adapters.flux_transformer``.
 
 The transformer takes a ``FluxOps`` for its attention slot; the default is the PyTorch
 reference (non-causal SDPA).

@@ -1,28 +1,65 @@
-"""A rollout engine backed by vLLM's offline ``LLM`` API, for GPU machines that have vLLM installed.
+"""A rollout engine backed by vLLM's offline ``LLM`` (V1 engine), for CUDA machines with ``titanpod-rl[vllm]``.
 
-NOT RUN in titanpod's tests or CI: vLLM is not a titanpod dependency and needs a CUDA GPU.
-The adapter is written against vLLM's public offline API (``vllm.LLM``, ``vllm.SamplingParams``,
-token-id prompts, ``LLM.apply_model``) and should be checked on a vLLM machine before use.
+How the weights get in: vLLM starts from a Hugging Face config.json that titanpod writes for the model, with
+``load_format="dummy"`` (nothing is read from disk), and titanpod's worker extension
+(``titanpod.rl.rollout.vllm_worker.TitanpodWorkerExtension``, named by ``worker_extension_cls``) is mixed
+into every vLLM worker. Each sync, version 0 included, sends the trainer's weights under their Hugging Face
+names as CPU tensors in the engine's dtype through ``LLM.collective_rpc("titanpod_load_weights", ...)``
+(vLLM's serializer carries CPU tensors as raw buffers; no code is pickled), then asks every worker for
+``titanpod_checksum``, computed inside the worker from the weights it holds, and fails unless each equals
+the checksum of what the trainer sent. vLLM's own weight-transfer backends (NCCL, CUDA IPC) move tensors
+between CUDA devices; titanpod's trainer may run on any lane (TPU, CPU), so the weights travel as CPU
+tensors instead.
+
+Differences from ``BuiltinEngine``, stated plainly:
+- sampling follows vLLM's seeded sampler: each completion has its own seed from (seed, prompt, sample),
+  so completions are reproducible, but they differ from BuiltinEngine's for the same seed;
+- ``checksum()`` is ``weights_checksum`` of the Hugging Face-named weights in the engine's dtype (not of
+  titanpod's names), read back from the workers;
+- logprobs are vLLM's raw logprobs of the sampled tokens (``logprobs_mode="raw_logprobs"``: the model's
+  log-softmax before temperature and top-p), in the engine's dtype;
+- one vLLM engine on one GPU (tensor parallel size 1): the checksum reads whole tensors from each worker.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from titanpod.models import DecoderArgs, Transformer
-from titanpod.models.hf import hf_name_to_slot, hf_tensors
+from titanpod.models.hf import hf_config_from_args, hf_name_to_slot, hf_tensors
 from titanpod.rl.rollout.builtin import validate_prompts
-from titanpod.rl.rollout.sync import check_state_matches, check_version, state_bytes, weights_checksum
+from titanpod.rl.rollout.sampling import completion_seed
+from titanpod.rl.rollout.sync import check_state_matches, check_version, plain_tensor, trainer_state, weights_checksum
 from titanpod.rl.rollout.types import Completion, SamplingParams, SyncReport
 
 VLLM_MISSING = (
-    "VLLMEngine needs vLLM, which is not installed (titanpod does not depend on it). Install it on a CUDA "
-    "machine (`uv pip install vllm`, matching your torch), or use BuiltinEngine, which needs nothing extra."
+    "rollout.mode 'vllm' needs vLLM, which is not installed. On a machine with a CUDA GPU, install the extra: "
+    "`pip install 'titanpod-rl[vllm]'` (or 'titanpod-posttrain[vllm]'); elsewhere use rollout.mode 'local' or 'ray'."
 )
+
+WORKER_EXTENSION = "titanpod.rl.rollout.vllm_worker.TitanpodWorkerExtension"
+"""The import path vLLM is given as ``worker_extension_cls``."""
+
+VLLM_DTYPES: Mapping[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+"""The dtypes a vLLM engine may hold its weights in, by the name vLLM takes."""
+
+SEND_CHUNK_BYTES = 512 * 2**20
+"""Most bytes of weights sent in one ``collective_rpc`` call."""
+
+
+def hf_family(args: DecoderArgs) -> str:
+    """The Hugging Face family (``hf_config_from_args``'s name) whose config describes ``args``: ``qwen3_moe`` with
+    experts, ``qwen3`` with q/k norms, else ``llama3``, as ``args_from_hf_config`` reads each one."""
+    if args.moe is not None:
+        return "qwen3_moe"
+    return "qwen3" if args.qk_norm else "llama3"
 
 
 def hf_named(state: Mapping[str, torch.Tensor], args: DecoderArgs) -> Iterator[tuple[str, torch.Tensor]]:
@@ -36,107 +73,159 @@ def hf_named(state: Mapping[str, torch.Tensor], args: DecoderArgs) -> Iterator[t
         yield hf_name, tensor if slot.expert is None else tensor[slot.expert]
 
 
+def chunks(named: list[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """``named`` in order, in runs of at most ``max_bytes`` (a larger tensor travels alone)."""
+    run: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if run and size + nbytes > max_bytes:
+            yield run
+            run, size = [], 0
+        run.append((name, tensor))
+        size += nbytes
+    if run:
+        yield run
+
+
 class VLLMEngine:
-    """The ``RolloutEngine`` protocol over ``vllm.LLM`` (one engine in this process).
+    """The ``RolloutEngine`` protocol over one ``vllm.LLM`` in this process, holding ``model``'s weights as version 0.
 
-    ``model`` is what ``vllm.LLM`` loads first (a Hugging Face directory, e.g. one written by
-    titanpod.checkpoint's export); ``args`` is the titanpod shape of that model, used to
-    rename synced weights to Hugging Face names. Other keyword arguments go to ``vllm.LLM``.
-
-    Differences from ``BuiltinEngine``, stated plainly:
-    - not run here: no test or CI job in titanpod exercises it;
-    - sampling follows vLLM's own seeded sampler, so completions differ from BuiltinEngine's
-      for the same seed (each is reproducible on its own);
-    - ``checksum()`` is the checksum of the weights last sent to vLLM, verified on this side
-      only (the titanpod -> Hugging Face renaming covers every tensor exactly once); the
-      weights are not read back from vLLM's workers, whose fused layout differs;
-    - logprobs are what vLLM reports for the sampled token (raw model logprobs in current
-      vLLM; check ``logprobs_mode`` on older versions).
+    ``dtype`` is the weights' dtype in vLLM (a ``VLLM_DTYPES`` name); ``gpu_memory_utilization`` the share of
+    the GPU vLLM may take (weights, activations, KV cache); ``enforce_eager`` turns off CUDA graphs;
+    ``max_batch`` bounds the sequences decoded together. ``close`` removes the config folder.
     """
 
-    def __init__(self, model: str, args: DecoderArgs, *, weights_version: int = 0, **llm_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = False,
+        max_batch: int = 64,
+    ) -> None:
+        if dtype not in VLLM_DTYPES:
+            raise ValueError(f"VLLMEngine dtype {dtype!r} is not one of {', '.join(VLLM_DTYPES)}.")
         try:
             import vllm
         except ImportError as error:
             raise ImportError(VLLM_MISSING) from error
         self._vllm = vllm
-        self.args = args
-        self.weights_version = weights_version
-        self._checksum: str | None = None
-        self.llm = vllm.LLM(model=model, **llm_kwargs)
+        self.args = model.args
+        self.dtype = VLLM_DTYPES[dtype]
+        self.weights_version = 0
+        self._layout = {name: torch.empty_like(t, device="meta") for name, t in trainer_state(model).items()}
+        self._specs = [(name, list(t.shape)) for name, t in hf_named(self._layout, self.args)]
+        self._folder = tempfile.TemporaryDirectory(prefix="titanpod-vllm-")
+        config = hf_config_from_args(hf_family(self.args), self.args, dtype)
+        (Path(self._folder.name) / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        try:
+            self.llm = vllm.LLM(
+                model=self._folder.name,
+                load_format="dummy",
+                skip_tokenizer_init=True,
+                dtype=dtype,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enforce_eager=enforce_eager,
+                max_model_len=self.args.max_seq_len,
+                max_num_seqs=max_batch,
+                logprobs_mode="raw_logprobs",
+                worker_extension_cls=WORKER_EXTENSION,
+            )
+            self._send_and_verify(trainer_state(model), version=0)
+        except BaseException:
+            self.close()
+            raise
+
+    def describe(self) -> str:
+        """One line naming the engine."""
+        return f"vLLM {getattr(self._vllm, '__version__', '')} in this process ({str(self.dtype).removeprefix('torch.')})"
 
     def checksum(self) -> str:
-        """Checksum of the weights last loaded through ``load_weights``."""
-        if self._checksum is None:
-            raise RuntimeError(
-                "VLLMEngine has no checksum yet: it holds the weights vLLM loaded from disk; call load_weights first."
-            )
-        return self._checksum
+        """``weights_checksum`` of the Hugging Face-named weights the workers hold (``RuntimeError`` if they differ)."""
+        checksums = self.llm.collective_rpc("titanpod_checksum", args=(self._specs,))
+        if len(set(checksums)) != 1:
+            raise RuntimeError(f"vLLM's workers hold different weights: checksums {checksums}.")
+        return checksums[0]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        """``len(prompts) * params.n`` completions grouped by prompt, through ``LLM.generate`` on token ids."""
+        """``len(prompts) * params.n`` completions grouped by prompt: one vLLM request per completion, on token ids,
+        seeded from (``params.seed``, prompt index, sample index)."""
         validate_prompts(prompts, params, self.args.vocab_size, self.args.max_seq_len, self.args.max_seq_len)
-        sampling = self._vllm.SamplingParams(
-            n=params.n,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            max_tokens=params.max_new_tokens,
-            stop_token_ids=list(params.stop_token_ids),
-            seed=params.seed,
-            logprobs=0,  # the sampled token's logprob only
-        )
-        requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
+        pairs = [(index, sample) for index in range(len(prompts)) for sample in range(params.n)]
+        requests = [{"prompt_token_ids": list(prompts[index])} for index, _ in pairs]
+        sampling = [
+            self._vllm.SamplingParams(
+                n=1,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                max_tokens=params.max_new_tokens,
+                stop_token_ids=list(params.stop_token_ids),
+                seed=completion_seed(params.seed, index, sample),
+                logprobs=0,  # the sampled token's logprob only
+                detokenize=False,
+            )
+            for index, sample in pairs
+        ]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         completions = []
-        for index, output in enumerate(outputs):
-            for sample, choice in enumerate(output.outputs):
-                token_ids = list(choice.token_ids)
-                logprobs = [step[token].logprob for step, token in zip(choice.logprobs or [], token_ids, strict=True)]
-                completions.append(
-                    Completion(
-                        prompt_index=index,
-                        prompt_ids=list(prompts[index]),
-                        token_ids=token_ids,
-                        logprobs=torch.tensor(logprobs, dtype=torch.float32),
-                        finish_reason="stop" if choice.finish_reason == "stop" else "length",
-                        sample_index=sample,
-                        weights_version=self.weights_version,
-                    )
+        for (index, sample), output in zip(pairs, outputs, strict=True):
+            choice = output.outputs[0]
+            token_ids = list(choice.token_ids)
+            logprobs = [step[token].logprob for step, token in zip(choice.logprobs, token_ids, strict=True)]
+            completions.append(
+                Completion(
+                    prompt_index=index,
+                    prompt_ids=list(prompts[index]),
+                    token_ids=token_ids,
+                    logprobs=torch.tensor(logprobs, dtype=torch.float32),
+                    finish_reason="stop" if choice.finish_reason == "stop" else "length",
+                    sample_index=sample,
+                    weights_version=self.weights_version,
                 )
+            )
         return completions
 
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> SyncReport:
-        """Rename ``state`` to Hugging Face names and hand it to the vLLM model's ``load_weights``.
-
-        Checks the version and the key accounting first; drops vLLM's prefix cache afterwards
-        (it holds keys computed with the old weights).
-        """
+        """Send ``state`` (titanpod names) to every vLLM worker as ``version``; each reports the checksum of the
+        weights it then holds, and the sync fails (``RuntimeError``) unless every one equals the sent weights'."""
         check_version(version, self.weights_version)
-        with torch.device("meta"):
-            expected_layout = Transformer(self.args).state_dict()
-        check_state_matches(state, expected_layout)
+        check_state_matches(state, self._layout)
+        return self._send_and_verify(state, version)
+
+    def _send_and_verify(self, state: Mapping[str, torch.Tensor], version: int) -> SyncReport:
         start = time.perf_counter()
-        checksum = weights_checksum(state)
-        weights = list(hf_named(state, self.args))
-        covered = {hf_name_to_slot(name) for name, _ in weights}
-        if len(covered) != len(weights):
-            raise RuntimeError("Renaming to Hugging Face names produced duplicate tensors; nothing was sent.")
-
-        def load(model: torch.nn.Module) -> None:
-            model.load_weights(weights=weights)  # type: ignore[operator]
-
-        if hasattr(self.llm, "apply_model"):
-            self.llm.apply_model(load)
-        else:  # older vLLM: the in-process worker's model runner
-            load(self.llm.llm_engine.model_executor.driver_worker.model_runner.model)
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()
-        self._checksum = checksum
+        named = [(name, plain_tensor(tensor).to(self.dtype)) for name, tensor in hf_named(state, self.args)]
+        expected = weights_checksum(dict(named))
+        for run in chunks(named, SEND_CHUNK_BYTES):
+            names, tensors = [name for name, _ in run], [tensor for _, tensor in run]
+            self.llm.collective_rpc("titanpod_load_weights", args=(names, tensors))
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        checksums = self.llm.collective_rpc("titanpod_checksum", args=(self._specs,))
+        wrong = [f"worker {i}: {c}" for i, c in enumerate(checksums) if c != expected]
+        if wrong:
+            raise RuntimeError(
+                f"vLLM's workers do not hold the trainer's weights at version {version} (sent checksum {expected}): "
+                + "; ".join(wrong)
+                + ". The vLLM model's weight layout differs from what titanpod reads back; the engine is unusable."
+            )
         self.weights_version = version
         return SyncReport(
             version=version,
-            checksum=checksum,
-            bytes=state_bytes(state),
+            checksum=expected,
+            bytes=sum(t.numel() * t.element_size() for _, t in named),
             seconds=time.perf_counter() - start,
-            extra={"verified": "trainer-side only (weights are not read back from vLLM workers)"},
+            extra={"workers": len(checksums), "verified": "checksum computed in each vLLM worker from its weights"},
         )
+
+    def close(self) -> None:
+        """Drop the vLLM engine and remove its config folder."""
+        self.llm = None
+        self._folder.cleanup()
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

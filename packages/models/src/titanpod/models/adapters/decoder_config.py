@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from titanpod.models.adapters.base import UnsupportedConfigError
 from titanpod.models.common.args import DecoderArgs, MoEArgs
 from titanpod.models.common.rope import Llama3RopeScaling
 
@@ -15,11 +17,8 @@ HF_ARCHITECTURES: dict[str, tuple[str, str]] = {
 """titanpod family -> (Hugging Face architecture, model_type)."""
 
 
-class UnsupportedConfigError(ValueError):
-    """A config.json describes a model titanpod cannot represent exactly."""
-
-
-def _family_of(config: dict[str, Any]) -> str:
+def family_of_hf_config(config: Mapping[str, Any]) -> str:
+    """The titanpod family whose Hugging Face class ``config`` describes; ``UnsupportedConfigError`` otherwise."""
     architectures = config.get("architectures") or []
     model_type = config.get("model_type")
     for family, (architecture, family_type) in HF_ARCHITECTURES.items():
@@ -31,7 +30,7 @@ def _family_of(config: dict[str, Any]) -> str:
     )
 
 
-def _rope(config: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
+def _rope(config: Mapping[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
     parameters = config.get("rope_parameters") or {}
     theta = config.get("rope_theta", parameters.get("rope_theta"))
     if theta is None:
@@ -52,13 +51,13 @@ def _rope(config: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
     )
 
 
-def _require(config: dict[str, Any], key: str, allowed: object, default: object) -> None:
+def _require(config: Mapping[str, Any], key: str, allowed: object, default: object) -> None:
     value = config.get(key, default)
     if value != allowed:
         raise UnsupportedConfigError(f"config.json sets {key}={value!r}; titanpod supports only {allowed!r}.")
 
 
-def _moe(config: dict[str, Any]) -> MoEArgs:
+def _moe(config: Mapping[str, Any]) -> MoEArgs:
     _require(config, "decoder_sparse_step", 1, 1)
     _require(config, "mlp_only_layers", [], [])
     return MoEArgs(
@@ -70,14 +69,14 @@ def _moe(config: dict[str, Any]) -> MoEArgs:
     )
 
 
-def args_from_hf_config(config: dict[str, Any]) -> tuple[str, DecoderArgs]:
+def args_from_hf_config(config: Mapping[str, Any]) -> tuple[str, DecoderArgs]:
     """The titanpod family and ``DecoderArgs`` of a Hugging Face config.json (as a dict).
 
     Raises ``UnsupportedConfigError`` naming the field for anything that would change the
     arithmetic and that titanpod does not implement (biases, other activations, sliding
     windows, other RoPE types, dense layers inside an MoE model).
     """
-    family = _family_of(config)
+    family = family_of_hf_config(config)
     _require(config, "hidden_act", "silu", "silu")
     _require(config, "attention_bias", False, False)
     _require(config, "mlp_bias", False, False)

@@ -1,4 +1,4 @@
-"""Hugging Face (diffusers ``FluxTransformer2DModel``) interchange for the FLUX.1 transformer.
+"""The Hugging Face adapter of the FLUX.1 transformer (diffusers ``FluxTransformer2DModel``).
 
 config.json <-> ``FluxArgs``, and tensor names titanpod <-> diffusers. Reading and writing
 files lives in titanpod.checkpoint (``flux_files``); this module only translates.
@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
+from titanpod.models.adapters.base import HFSlot, StateDictAdapter, UnsupportedConfigError
 from titanpod.models.flux.args import FluxArgs
 from titanpod.models.flux.transformer import FluxTransformer
-from titanpod.models.hf.config import UnsupportedConfigError
 
 DIFFUSERS_CLASS = "FluxTransformer2DModel"
 """The diffusers class whose checkpoints this adapter reads and writes."""
@@ -58,14 +58,14 @@ def _check_representable(args: FluxArgs) -> None:
             )
 
 
-def _int(config: dict[str, Any], key: str, minimum: int = 1) -> int:
+def _int(config: Mapping[str, Any], key: str, minimum: int = 1) -> int:
     value = config.get(key, _DEFAULTS[key])
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise UnsupportedConfigError(f"config.json sets {key}={value!r}; expected an integer >= {minimum}.")
     return value
 
 
-def flux_args_from_hf_config(config: dict[str, Any]) -> FluxArgs:
+def flux_args_from_hf_config(config: Mapping[str, Any]) -> FluxArgs:
     """``FluxArgs`` of a diffusers ``FluxTransformer2DModel`` config.json (as a dict).
 
     Absent keys take diffusers' defaults (the published checkpoints omit some). Keys that
@@ -143,15 +143,6 @@ def flux_hf_config_from_args(args: FluxArgs) -> dict[str, Any]:
     }
 
 
-class FluxHFSlot(NamedTuple):
-    """Where a diffusers tensor goes: a titanpod parameter, or a range of its rows."""
-
-    name: str
-    """titanpod parameter name."""
-    rows: tuple[int, int] | None
-    """``(start, stop)`` rows of the parameter's first axis, or ``None`` for the whole tensor."""
-
-
 _EMBEDDERS = {
     "x_embedder": "img_in",
     "context_embedder": "txt_in",
@@ -195,7 +186,7 @@ _SINGLE_FUSED = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
 
 
 @lru_cache(maxsize=8)
-def flux_hf_layout(args: FluxArgs) -> Mapping[str, FluxHFSlot]:
+def flux_hf_layout(args: FluxArgs) -> Mapping[str, HFSlot]:
     """Every diffusers tensor name of a model of shape ``args`` -> its titanpod slot.
 
     The layout is complete: each titanpod parameter's rows are covered exactly once. It is
@@ -203,11 +194,11 @@ def flux_hf_layout(args: FluxArgs) -> Mapping[str, FluxHFSlot]:
     Args diffusers cannot represent raise ``UnsupportedConfigError`` naming the field.
     """
     _check_representable(args)
-    layout: dict[str, FluxHFSlot] = {}
+    layout: dict[str, HFSlot] = {}
 
     def linear(theirs: str, ours: str, rows: tuple[int, int] | None = None) -> None:
-        layout[f"{theirs}.weight"] = FluxHFSlot(f"{ours}.weight", rows)
-        layout[f"{theirs}.bias"] = FluxHFSlot(f"{ours}.bias", rows)
+        layout[f"{theirs}.weight"] = HFSlot(f"{ours}.weight", rows=rows)
+        layout[f"{theirs}.bias"] = HFSlot(f"{ours}.bias", rows=rows)
 
     embedders = {**_EMBEDDERS, **(_GUIDANCE if args.guidance_embed else {})}
     for theirs, ours in embedders.items():
@@ -216,15 +207,13 @@ def flux_hf_layout(args: FluxArgs) -> Mapping[str, FluxHFSlot]:
         for theirs, ours in _DOUBLE_LINEARS.items():
             linear(f"transformer_blocks.{i}.{theirs}", f"double_blocks.{i}.{ours}")
         for theirs, ours in _DOUBLE_NORMS.items():
-            layout[f"transformer_blocks.{i}.{theirs}.weight"] = FluxHFSlot(f"double_blocks.{i}.{ours}.weight", None)
+            layout[f"transformer_blocks.{i}.{theirs}.weight"] = HFSlot(f"double_blocks.{i}.{ours}.weight")
     widths = (args.dim, args.dim, args.dim, args.mlp_dim)
     for i in range(args.depth_single):
         for theirs, ours in _SINGLE_LINEARS.items():
             linear(f"single_transformer_blocks.{i}.{theirs}", f"single_blocks.{i}.{ours}")
         for theirs, ours in _SINGLE_NORMS.items():
-            layout[f"single_transformer_blocks.{i}.{theirs}.weight"] = FluxHFSlot(
-                f"single_blocks.{i}.{ours}.weight", None
-            )
+            layout[f"single_transformer_blocks.{i}.{theirs}.weight"] = HFSlot(f"single_blocks.{i}.{ours}.weight")
         start = 0
         for theirs, width in zip(_SINGLE_FUSED, widths, strict=True):
             linear(f"single_transformer_blocks.{i}.{theirs}", f"single_blocks.{i}.linear1", (start, start + width))
@@ -232,14 +221,31 @@ def flux_hf_layout(args: FluxArgs) -> Mapping[str, FluxHFSlot]:
     return MappingProxyType(layout)
 
 
-def flux_hf_name_to_slot(hf_name: str, args: FluxArgs) -> FluxHFSlot | None:
+def flux_hf_name_to_slot(hf_name: str, args: FluxArgs) -> HFSlot | None:
     """The titanpod slot of a diffusers tensor name, or ``None`` if a model of shape ``args`` has no such tensor."""
     return flux_hf_layout(args).get(hf_name)
 
 
 def flux_hf_tensors(model: FluxTransformer) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of ``model`` under its diffusers name, fused rows split (views, no copies)."""
-    params = dict(model.named_parameters())
-    for hf_name, slot in flux_hf_layout(model.args).items():
-        param = params[slot.name]
-        yield hf_name, param if slot.rows is None else param[slot.rows[0] : slot.rows[1]]
+    return FLUX_TRANSFORMER_ADAPTER.to_hf(dict(model.named_parameters()), model.args)
+
+
+class FluxTransformerAdapter(StateDictAdapter[FluxArgs]):
+    """The diffusers ``FluxTransformer2DModel`` form of the FLUX.1 transformer."""
+
+    def args_from_hf_config(self, config: Mapping[str, Any]) -> FluxArgs:
+        """See ``flux_args_from_hf_config``."""
+        return flux_args_from_hf_config(config)
+
+    def hf_config_from_args(self, args: FluxArgs, dtype: torch.dtype) -> dict[str, Any]:
+        """See ``flux_hf_config_from_args``; diffusers' config.json has no dtype field, so ``dtype`` is not recorded."""
+        return flux_hf_config_from_args(args)
+
+    def hf_layout(self, args: FluxArgs) -> Mapping[str, HFSlot]:
+        """See ``flux_hf_layout``."""
+        return flux_hf_layout(args)
+
+
+FLUX_TRANSFORMER_ADAPTER = FluxTransformerAdapter()
+"""The one instance; the adapter holds no state."""
