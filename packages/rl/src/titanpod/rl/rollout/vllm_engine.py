@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from titanpod.models import DecoderArgs, Transformer
-from titanpod.models.hf import hf_config_from_args, hf_name_to_slot, hf_tensors
+from titanpod.models.adapters import hf_config_from_args, hf_name_to_slot, hf_tensors
 from titanpod.rl.rollout.builtin import validate_prompts
 from titanpod.rl.rollout.sampling import completion_seed
 from titanpod.rl.rollout.sync import check_state_matches, check_version, plain_tensor, trainer_state, weights_checksum
