@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from titanpod.rl.grpo_loss import clipped_policy_loss, group_advantages, kl_penalty
+from titanpod.rl.grpo.loss import clipped_policy_loss, group_advantages, kl_penalty
 
 
 def test_group_advantages_by_hand():

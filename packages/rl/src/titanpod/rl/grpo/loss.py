@@ -59,6 +59,32 @@ def _check_shapes(mask_NT: torch.Tensor, **tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} has shape {list(tensor.shape)} but mask has {list(mask_NT.shape)}; give [N, T].")
 
 
+def clipped_surrogate_terms(
+    logprobs_new: torch.Tensor, logprobs_old: torch.Tensor, advantages: torch.Tensor, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token, the PPO clipped surrogate as a loss and whether clipping took effect; any matching shapes.
+
+    ``ratio = exp(new - old)``; the loss term is ``-min(ratio * A, clip(ratio, 1-eps, 1+eps) * A)`` with the
+    token's (its sequence's) advantage ``A``, broadcast against the logprobs. ``logprobs_old`` and the
+    advantages are constants. Clipping took effect where the clipped term was strictly smaller (the token
+    then gives no gradient): ``A > 0`` and ``ratio > 1 + eps``, or ``A < 0`` and ``ratio < 1 - eps``.
+    """
+    if clip_eps < 0:
+        raise ValueError(f"clip_eps must be >= 0, got {clip_eps}.")
+    ratio = torch.exp(logprobs_new - logprobs_old.detach())
+    advantages = advantages.detach().to(ratio.dtype)
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    return -torch.minimum(unclipped, clipped), (clipped < unclipped).detach()
+
+
+def k3_kl_terms(logprobs_new: torch.Tensor, logprobs_ref: torch.Tensor) -> torch.Tensor:
+    """Per token, KL(new || ref) by the k3 estimator ``exp(ref - new) - (ref - new) - 1`` (never negative,
+    0 where the logprobs agree); ``logprobs_ref`` is a constant."""
+    delta = logprobs_ref.detach() - logprobs_new
+    return torch.exp(delta) - delta - 1.0
+
+
 def clipped_policy_loss(
     logprobs_new: torch.Tensor,
     logprobs_old: torch.Tensor,
@@ -68,38 +94,26 @@ def clipped_policy_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The PPO clipped surrogate as a loss, and the clip fraction.
 
-    Per token: ``ratio = exp(new - old)``; the objective is ``min(ratio * A, clip(ratio, 1-eps, 1+eps) * A)``
-    with the sequence's advantage ``A``; the loss is its negative, averaged over the masked tokens of the
-    whole batch (see the module docstring). ``logprobs_old`` is treated as a constant.
-
-    The clip fraction is the share of masked tokens where clipping took effect (the clipped term was
-    strictly smaller, so the token gives no gradient): ``A > 0`` and ``ratio > 1 + eps``, or ``A < 0``
-    and ``ratio < 1 - eps``.
+    The per-token terms are ``clipped_surrogate_terms``'; the loss is their mean over the masked tokens of
+    the whole batch (see the module docstring), the clip fraction the share of masked tokens where clipping
+    took effect.
 
     Shapes: ``logprobs_new``, ``logprobs_old``, ``mask`` [N, T]; ``advantages`` [N].
     """
     _check_shapes(mask, logprobs_new=logprobs_new, logprobs_old=logprobs_old)
     if advantages.shape != mask.shape[:1]:
         raise ValueError(f"advantages has shape {list(advantages.shape)}; give one per sequence: [{mask.shape[0]}].")
-    if clip_eps < 0:
-        raise ValueError(f"clip_eps must be >= 0, got {clip_eps}.")
-    ratio_NT = torch.exp(logprobs_new - logprobs_old.detach())
-    advantages_N1 = advantages.detach().to(ratio_NT.dtype)[:, None]
-    unclipped_NT = ratio_NT * advantages_N1
-    clipped_NT = ratio_NT.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages_N1
-    loss = masked_token_mean(-torch.minimum(unclipped_NT, clipped_NT), mask)
+    terms_NT, took_clip_NT = clipped_surrogate_terms(logprobs_new, logprobs_old, advantages[:, None], clip_eps)
+    loss = masked_token_mean(terms_NT, mask)
     with torch.no_grad():
-        took_clip_NT = clipped_NT < unclipped_NT
-        clip_fraction = masked_token_mean(took_clip_NT.to(ratio_NT.dtype), mask)
+        clip_fraction = masked_token_mean(took_clip_NT.to(terms_NT.dtype), mask)
     return loss, clip_fraction
 
 
 def kl_penalty(logprobs_new: torch.Tensor, logprobs_ref: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """KL(new || ref) by the k3 estimator ``exp(ref - new) - (ref - new) - 1`` (never negative, 0 where the
-    logprobs agree), averaged over masked tokens like the loss. ``logprobs_ref`` is a constant.
+    """KL(new || ref) by the k3 estimator (``k3_kl_terms``), averaged over masked tokens like the loss.
 
     With a KL coefficient (beta) of 0 the run skips this and the reference model altogether.
     """
     _check_shapes(mask, logprobs_new=logprobs_new, logprobs_ref=logprobs_ref)
-    delta_NT = logprobs_ref.detach() - logprobs_new
-    return masked_token_mean(torch.exp(delta_NT) - delta_NT - 1.0, mask)
+    return masked_token_mean(k3_kl_terms(logprobs_new, logprobs_ref), mask)
