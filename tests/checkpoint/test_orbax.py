@@ -36,7 +36,7 @@ import numpy as np, torch, torch.distributed.checkpoint as dcp
 from titanpod.checkpoint.dcp_reader import tensor_shapes
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig
-from titanpod.graph.xla_step import XlaStep
+from titanpod.graph.xla import XlaStep
 from titanpod.models import build_model
 from titanpod.parallel import PLANS, ParallelConfig
 
@@ -78,12 +78,12 @@ def new_step():
 step = new_step()
 for batch in batches[:2]:
     step(batch, 1e-3)
-saved = step.state_tree()
+saved = step.state_dict()
 orbax_state.save_orbax_state(root / "xla", saved)
 fresh = new_step()
-restored = orbax_state.restore_orbax_state(root / "xla", like=fresh.state_tree())
-fresh.load_state_tree(restored)
-loaded = fresh.state_tree()
+restored = orbax_state.restore_orbax_state(root / "xla", like=fresh.state_dict())
+fresh.load_state_dict(restored)
+loaded = fresh.state_dict()
 result["xla_exact"] = same_trees(saved, loaded)
 flat_saved, flat_restored, flat_loaded = flat(saved), flat(restored), flat(loaded)
 result["xla_shardings_kept"] = all(
@@ -95,17 +95,17 @@ host = orbax_state.restore_orbax_state(root / "xla")
 result["host_types"] = sorted({type(array).__name__ for array in flat(host).values()})
 result["host_exact"] = same_trees(host, saved)
 result["next_loss"] = [float(step(batches[2], 1e-3).loss), float(fresh(batches[2], 1e-3).loss)]
-result["next_state_exact"] = same_trees(step.state_tree(), fresh.state_tree())
+result["next_state_exact"] = same_trees(step.state_dict(), fresh.state_dict())
 broken = dict(host, model={**host["model"]})
 del broken["model"]["norm.weight"]
 broken["model"]["extra.weight"] = np.zeros(3, np.float32)
 try:
-    fresh.load_state_tree(broken)
+    fresh.load_state_dict(broken)
 except ValueError as error:
     result["missing_error"] = str(error)
 wrong = dict(host, model={**host["model"], "norm.weight": np.zeros(7, np.float32)})
 try:
-    fresh.load_state_tree(wrong)
+    fresh.load_state_dict(wrong)
 except ValueError as error:
     result["shape_error"] = str(error)
 
@@ -161,7 +161,7 @@ def test_xla_state_restores_bit_exact_with_its_shardings_and_trains_on_identical
     assert runs["next_state_exact"]
 
 
-def test_load_state_tree_names_a_mismatch(runs):
+def test_load_state_dict_names_a_mismatch(runs):
     assert "norm.weight" in runs["missing_error"] and "extra.weight" in runs["missing_error"]
     assert "model / norm.weight" in runs["shape_error"] and "[7]" in runs["shape_error"]
 

@@ -108,7 +108,7 @@ XLA_SCRIPT = """
 import json, torch
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
-from titanpod.graph.xla_step import XlaStep
+from titanpod.graph.xla import XlaStep
 from titanpod.models import DecoderArgs, Transformer
 from titanpod.parallel import PLANS, ParallelConfig
 

@@ -31,7 +31,7 @@ SCRIPT = """
 import json, time, torch
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, build_step, train
-from titanpod.graph.xla_step import XlaStep
+from titanpod.graph.xla import XlaStep
 from titanpod.models import DecoderArgs, Transformer, build_model
 from titanpod.parallel import PLANS, ParallelConfig
 
@@ -142,7 +142,7 @@ MOE_SCRIPT = """
 import dataclasses, json, torch
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
-from titanpod.graph.xla_step import XlaStep
+from titanpod.graph.xla import XlaStep
 from titanpod.kernels import KernelConfig, model_ops
 from titanpod.models import build_model, get_flavor
 from titanpod.parallel import PLANS, ParallelConfig

@@ -19,7 +19,7 @@ SCRIPT = """
 import json, torch
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
-from titanpod.graph.xla_step import XlaStep
+from titanpod.graph.xla import XlaStep
 from titanpod.kernels import KernelConfig, PallasLossConfig, SplashConfig, model_ops
 from titanpod.models import build_model
 from titanpod.parallel import PLANS, ParallelConfig

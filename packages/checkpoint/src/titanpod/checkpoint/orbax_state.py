@@ -51,7 +51,7 @@ def save_orbax_state(folder: Path, tree: dict) -> None:
 def restore_orbax_state(folder: Path, like: dict | None = None) -> dict:
     """Read the Orbax checkpoint in ``folder`` as nested dicts of arrays.
 
-    With ``like`` (a tree of the same structure holding jax arrays, e.g. ``XlaStep.state_tree()``),
+    With ``like`` (a tree of the same structure holding jax arrays, e.g. ``XlaStep.state_dict()``),
     each array is read straight onto the sharding of its counterpart in ``like``; without
     it every array comes back as a host numpy array.
     """

@@ -8,9 +8,11 @@ A checkpoint is a folder ``<run>/checkpoints/step-NNNNNN/`` holding
 - ``trainer.json``: the step, the data loader's position, the recipe, and the size of
   every file (a truncated file is caught before anything is read).
 
-On the xla lane the tensors are jax arrays and go to ``orbax/`` (orbax-checkpoint) in the
-same nested layout instead of ``state/``; ``titanpod.checkpoint.orbax_state`` converts
-between the two forms. Orbax saves are synchronous.
+Where the step's state goes is what the step declares (``TrainStep.state_format``): a torch
+step's ``state_dict()`` (its optimizer state) goes to ``state/`` beside the model's parameters;
+the xla step holds parameters and optimizer state as jax arrays, and its ``state_dict()`` goes to
+``orbax/`` (orbax-checkpoint) in the same nested layout instead of ``state/``;
+``titanpod.checkpoint.orbax_state`` converts between the two forms. Orbax saves are synchronous.
 
 Saving writes into ``.step-NNNNNN.partial/`` and renames it when complete, so a folder
 named ``step-*`` is always whole; a save killed midway leaves only a ``.partial`` folder,
@@ -38,7 +40,6 @@ from torch import nn
 
 from titanpod.checkpoint.dcp_reader import SafeFileSystemReader, quiet_single_process
 from titanpod.graph import TrainStep
-from titanpod.graph.optimizer import AdamWState, shard_like, state_tree
 
 FORMAT_VERSION = 1
 STATE_FOLDER = "state"
@@ -89,22 +90,15 @@ class ResumePoint:
 
 
 def trainer_state_dict(model: nn.Module, step: TrainStep) -> dict[str, Any]:
-    """The tensors of a trainer's state, as DCP saves and loads them (in place).
+    """The tensors of a trainer's state, as DCP saves and loads them (in place), for a step whose
+    ``state_format`` is ``torch``: ``{"model": {name: param}, "optim": step.state_dict(), "rng": {...}}``.
 
-    Parameters are the model's own tensors (DTensors when sharded); AdamW moments are this
-    rank's local tensors, wrapped as DTensors laid out like their parameters, so both
-    reshard on load.
+    Parameters are the model's own tensors (DTensors when sharded); the step lays out its AdamW
+    moments like their parameters (DTensors over this rank's shards), so both reshard on load.
     """
-    named = list(model.named_parameters())
-    state = step.state
-    params = [param for _, param in named]
-    sharded = AdamWState(
-        state.step,
-        [shard_like(m, p) for m, p in zip(state.exp_avg, params, strict=True)],
-        [shard_like(v, p) for v, p in zip(state.exp_avg_sq, params, strict=True)],
-    )
-    tree = state_tree([name for name, _ in named], [p.detach() for p in params], sharded)
-    return {**tree, "rng": {"torch_cpu": torch.get_rng_state()}}
+    _check_format(step, "torch")
+    params = {name: param.detach() for name, param in model.named_parameters()}
+    return {"model": params, "optim": step.state_dict(), "rng": {"torch_cpu": torch.get_rng_state()}}
 
 
 def complete_checkpoints(folder: Path) -> list[tuple[int, Path]]:
@@ -191,10 +185,10 @@ class Checkpointer:
             staging.mkdir(parents=True)
         if dist.is_initialized():
             dist.barrier()
-        if _is_jax_step(step):
+        if _check_format(step, "torch", "jax") == "jax":
             from titanpod.checkpoint.orbax_state import save_orbax_state
 
-            save_orbax_state(staging / ORBAX_FOLDER, step.state_tree())  # type: ignore[attr-defined]
+            save_orbax_state(staging / ORBAX_FOLDER, step.state_dict())
             self._finish(staging, step_number, data_state)
             return
         state = trainer_state_dict(model, step)
@@ -252,7 +246,7 @@ class Checkpointer:
         """Load a checkpoint into ``model`` and ``step`` in place (any mesh), after checking it fits."""
         trainer = read_trainer_file(folder)
         check_same_run(trainer["recipe"], recipe, folder)
-        if _is_jax_step(step):
+        if _check_format(step, "torch", "jax") == "jax":
             return self._load_orbax(folder, step, trainer)
         if not (folder / STATE_FOLDER).is_dir():
             raise CheckpointError(
@@ -267,6 +261,7 @@ class Checkpointer:
                 f"Cannot load the trainer state in {folder}: {error}. Resume from an earlier checkpoint "
                 f"(--checkpoint.resume {folder.parent}/step-NNNNNN) or start fresh (--checkpoint.resume never)."
             ) from error
+        step.load_state_dict(state["optim"])  # DCP loaded into the step's own tensors; this checks them
         torch.set_rng_state(state["rng"]["torch_cpu"])
         return ResumePoint(folder, int(trainer["step"]), trainer["data"], trainer["recipe"])
 
@@ -278,14 +273,18 @@ class Checkpointer:
                 f"{folder} holds no {ORBAX_FOLDER}/ (the xla lane's state); convert its {STATE_FOLDER}/ with "
                 "titanpod.checkpoint.orbax_state.dcp_to_orbax first."
             )
-        like = step.state_tree()  # type: ignore[attr-defined]
-        step.load_state_tree(restore_orbax_state(folder / ORBAX_FOLDER, like=like))  # type: ignore[attr-defined]
+        step.load_state_dict(restore_orbax_state(folder / ORBAX_FOLDER, like=step.state_dict()))
         return ResumePoint(folder, int(trainer["step"]), trainer["data"], trainer["recipe"])
 
 
-def _is_jax_step(step: TrainStep) -> bool:
-    """Whether the step keeps its state as jax arrays (the xla lane's), saved with Orbax."""
-    return hasattr(step, "state_tree") and hasattr(step, "load_state_tree")
+def _check_format(step: TrainStep, *saved: str) -> str:
+    """``step.state_format``, after checking it is one of ``saved`` (the formats the caller saves)."""
+    if step.state_format not in saved:
+        raise CheckpointError(
+            f"{type(step).__name__} declares state_format={step.state_format!r}; this is saved from steps whose "
+            f"state is {' or '.join(repr(name) for name in saved)} (see titanpod.graph.TrainStep.state_format)."
+        )
+    return step.state_format
 
 
 def read_trainer_file(folder: Path) -> dict[str, Any]:

@@ -6,7 +6,8 @@ from titanpod.graph.memory_policy import ActivationPlan, apply_memory_policy
 from titanpod.graph.metrics import JsonlWriter, StepMetrics, TensorBoardWriter, mfu
 from titanpod.graph.optimizer import AdamWState, adamw_update_, init_adamw_state, total_grad_norm
 from titanpod.graph.schedule import lr_multiplier
-from titanpod.graph.steps import Batch, EagerStep, StepOutput, TrainStep, WholeStep, build_step
+from titanpod.graph.step_base import Batch, StepOutput, TrainStep
+from titanpod.graph.steps import EagerStep, WholeStep, build_step
 
 __all__ = [
     "MEMORY_POLICIES",

@@ -21,7 +21,8 @@ from titanpod.graph.interrupt import stop_after_step
 from titanpod.graph.loss_metrics import DROPPED_TOKENS
 from titanpod.graph.metrics import StepMetrics, mfu
 from titanpod.graph.schedule import lr_multiplier
-from titanpod.graph.steps import Batch, StepOutput, TrainStep, build_step
+from titanpod.graph.step_base import Batch, StepOutput, TrainStep
+from titanpod.graph.steps import build_step
 
 
 class LossModel(Protocol):
@@ -133,7 +134,7 @@ def train(
     """
     if start_step == 0:
         torch.manual_seed(config.seed)  # a resumed run keeps the random state its checkpoint restored
-    device = None if backend.lane == "xla" else backend.device()  # the xla step places batches itself
+    device = None if backend.single_controller else backend.device()  # a single controller's step places batches
     train_step = step if step is not None else build_step(model, config, backend)
     peak = backend.chip().peak_flops
     pending: list[StepOutput] = []

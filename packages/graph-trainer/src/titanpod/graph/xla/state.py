@@ -1,0 +1,74 @@
+"""The xla step's state on the JAX devices: parameters placed by the plan, AdamW moments sharded like
+them, and that state as the trainer-state tree, out and back in.
+
+The tree is ``titanpod.graph.optimizer.state_tree``'s layout, holding jax arrays::
+
+    {"model": {name: array}, "optim": {"step": array, "exp_avg": {name: array}, "exp_avg_sq": {name: array}}}
+
+The xla step uses no random state: its tree has no "rng" entry, and one given to it is ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from titanpod.graph.optimizer import AdamWState
+from titanpod.graph.step_state import check_tree_matches, flatten_tree
+from titanpod.graph.xla.mesh import replicated
+
+
+def place_params(named: list[tuple[str, torch.Tensor]], plan: Any, mesh: Any, axes: Mapping[str, int]) -> list:
+    """The parameters as jax arrays on ``mesh``: sharded by ``plan`` (``place_params``), or replicated without one."""
+    import jax
+
+    if plan is None:
+        whole = replicated(mesh)
+        return [jax.device_put(np.asarray(p.detach().cpu()), whole) for _, p in named]
+    from titanpod.parallel.xla_executor import place_params as place_by_plan
+
+    placed = place_by_plan(dict(named), plan, mesh, axes)
+    return [placed[name] for name, _ in named]
+
+
+def zeros(shape: tuple[int, ...] | torch.Size, sharding: Any) -> Any:
+    """An fp32 jax array of zeros, made in place on the devices of ``sharding``."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda: jnp.zeros(tuple(shape), jnp.float32), out_shardings=sharding)()
+
+
+def zero_adamw_state(params: Sequence[Any], mesh: Any) -> AdamWState:
+    """AdamW's state for the jax arrays ``params``: step 0 replicated on ``mesh``, zero moments sharded like each."""
+    return AdamWState(  # type: ignore[arg-type]  # jax arrays in the torch lanes' container
+        step=zeros((), replicated(mesh)),
+        exp_avg=[zeros(p.shape, p.sharding) for p in params],
+        exp_avg_sq=[zeros(p.shape, p.sharding) for p in params],
+    )
+
+
+def load_state_tree(names: Sequence[str], own: Mapping[str, Any], tree: Mapping[str, Any]) -> tuple[list, AdamWState]:
+    """The parameters and AdamW state of ``tree`` (jax or numpy arrays), each put on the sharding of its
+    counterpart in ``own`` (the step's current tree); call inside the backend's runtime.
+
+    Every entry of ``own`` must be in ``tree`` with the same shape and dtype (an "rng" entry, if any, is
+    ignored); a missing, unexpected or mismatched entry raises ``ValueError`` naming it. The arrays
+    returned are copies: ``tree`` stays valid after the step donates them.
+    """
+    import jax
+
+    wanted = flatten_tree(own)
+    given = flatten_tree({key: value for key, value in tree.items() if key != "rng"})
+    check_tree_matches(wanted, given)
+    placed = {path: jax.device_put(given[path], array.sharding, may_alias=False) for path, array in wanted.items()}
+    params = [placed["model", name] for name in names]
+    state = AdamWState(  # type: ignore[arg-type]  # jax arrays in the torch lanes' container
+        step=placed["optim", "step"],
+        exp_avg=[placed["optim", "exp_avg", name] for name in names],
+        exp_avg_sq=[placed["optim", "exp_avg_sq", name] for name in names],
+    )
+    return params, state

@@ -1,0 +1,241 @@
+"""The xla lane's training step: the whole step as one ``jax.jit`` program, through torchax.
+
+Legend: A micro-batches per step, B batch, S sequence.
+
+The model's torch ``loss`` runs as a JAX function (``torchax.interop.jax_view`` of a
+``torch.func.functional_call``); ``jax.value_and_grad`` differentiates it, a ``lax.scan``
+sums the gradients of the A micro-batches, and the optimizer is the torch lanes' own
+functional AdamW (``adamw_update_``), also run through ``jax_view``, so every lane does
+the same arithmetic. Parameters and AdamW moments live on the JAX devices as arrays
+sharded by the plan (``titanpod.parallel.xla_executor``); XLA's SPMD partitioner adds
+the gathers and gradient reductions. Parameters and state are donated to the program,
+so a step updates them in place. jax and torchax are imported only when a step is built.
+Batches may carry document ids (3-tuples, see ``titanpod.graph.step_base.Batch``): they are one
+more [A, B, S] input, sharded like the tokens, scanned with them and passed to ``model.loss``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from titanpod.device import Backend
+from titanpod.graph.config import TrainConfig
+from titanpod.graph.loss_metrics import loss_and_metrics
+from titanpod.graph.optimizer import AdamWState, adamw_update_, state_tree, total_grad_norm
+from titanpod.graph.step_base import Batch, StateFormat, StepOutput, TrainStep, stack_micro_batches
+from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
+from titanpod.graph.xla.precision import bf16_autocast
+from titanpod.graph.xla.remat import remat_policy, rematerialised_blocks
+from titanpod.graph.xla.state import load_state_tree, place_params, zero_adamw_state
+
+
+class XlaStep(TrainStep):
+    """One optimizer step as a single ``jax.jit`` program: forward, backward, gradient sum, clipping, AdamW.
+
+    ``plan`` (a ``titanpod.parallel.ShardingPlan``) and ``axes`` (mesh axis -> size) shard
+    parameters, moments and batches over ``mesh`` (built from ``axes`` when not given);
+    with no plan every array is replicated on a one-device mesh. The program is compiled
+    on the first call and again only when the batch shape changes. The torch model's
+    parameters are not updated while training: ``finish()`` copies the trained values back.
+    ``state`` holds the AdamW moments and step count as jax arrays, sharded like the parameters.
+    """
+
+    state_format: ClassVar[StateFormat] = "jax"
+    """The step holds parameters and optimizer state as jax arrays: ``state_dict()`` is their tree, saved with Orbax."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainConfig,
+        backend: Backend,
+        plan: Any = None,
+        axes: Mapping[str, int] | None = None,
+        mesh: Any = None,
+    ) -> None:
+        self.axes = dict(axes or {})
+        self.policy = remat_policy(config.memory_policy)
+        self._plan, self._mesh = plan, mesh
+        super().__init__(model, config, backend)  # calls initial_state: parameters and moments on the mesh
+        self.program = self.jitted_step()
+        """The ``jax.jit`` of the step; it compiles on the first call, and again only for a new batch shape."""
+
+    def initial_state(self) -> AdamWState:
+        """Place the parameters on the mesh (``jax_params``) and make zero moments sharded like them."""
+        with self.backend.runtime():
+            self.mesh = self._mesh if self._mesh is not None else default_mesh(self.backend, self.axes)
+            named = list(zip(self.names, self.params, strict=True))
+            self.jax_params = place_params(named, self._plan, self.mesh, self.axes)
+            self.param_shardings = [array.sharding for array in self.jax_params]
+            return zero_adamw_state(self.jax_params, self.mesh)
+
+    def batch_sharding(self) -> Any:
+        """The sharding of a step's tokens [A, B, S]: B split over the mesh's data axes."""
+        return batch_sharding(self.mesh, self.axes)
+
+    def loss_function(self) -> Callable[..., Any]:
+        """The model's loss as a JAX function of (parameters list, tokens [B, S], labels [B, S][, document ids [B, S]]),
+        returning (loss, metrics): the figures the model reports beside it (``titanpod.graph.loss_metrics``).
+
+        Runs ``model.loss`` through ``jax_view`` of ``torch.func.functional_call``, under
+        torchax's bf16 autocast when ``config.precision`` is bf16 (matmuls in bf16;
+        parameters and gradients stay fp32), with each transformer block rematerialised
+        by the memory policy.
+        """
+        from torchax.interop import jax_view
+
+        model, names, config = self.model, self.names, self.config
+        wrapper = _LossModule(model)
+
+        def torch_loss(
+            params: list[torch.Tensor],
+            tokens_BS: torch.Tensor,
+            labels_BS: torch.Tensor,
+            document_ids_BS: torch.Tensor | None = None,
+        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            bound = {"inner." + name: param for name, param in zip(names, params, strict=True)}
+            inputs = (tokens_BS, labels_BS) if document_ids_BS is None else (tokens_BS, labels_BS, document_ids_BS)
+            with contextlib.ExitStack() as stack:
+                if config.precision == "bf16":
+                    stack.enter_context(bf16_autocast())
+                if self.policy is not None:
+                    stack.enter_context(rematerialised_blocks(model, wrapper, self.policy))
+                return torch.func.functional_call(wrapper, bound, inputs)
+
+        return jax_view(torch_loss)
+
+    def update_function(self) -> Callable[..., Any]:
+        """The optimizer as a JAX function: (params, grads, exp_avg, exp_avg_sq, step, lr) ->
+        (params, exp_avg, exp_avg_sq, step, grad_norm, applied), running ``adamw_update_``."""
+        from torchax.interop import jax_view
+
+        decays, config = self.decays, self.config
+
+        def torch_update(params, grads, exp_avg, exp_avg_sq, step, lr):
+            grad_norm = total_grad_norm(grads, foreach=False)  # torchax tensors have no foreach kernels
+            state = AdamWState(step, list(exp_avg), list(exp_avg_sq))
+            applied = adamw_update_(params, grads, state, lr, grad_norm, decays, config)  # in place, functionalised
+            return list(params), state.exp_avg, state.exp_avg_sq, state.step, grad_norm, applied
+
+        return jax_view(torch_update)
+
+    def step_function(self) -> Callable[..., Any]:
+        """The whole step as a JAX function (what is jitted): (params, exp_avg, exp_avg_sq, step,
+        lr, tokens [A, B, S], labels [A, B, S][, document ids [A, B, S]]) -> (params, exp_avg,
+        exp_avg_sq, step, loss, grad_norm, applied, metrics summed over the micro-batches)."""
+        import jax
+        import jax.numpy as jnp
+
+        value_and_grad = jax.value_and_grad(self.loss_function(), has_aux=True)
+        update = self.update_function()
+        shardings = self.param_shardings
+
+        def sharded_like_params(arrays: list[Any]) -> list[Any]:  # gradients reduce-scatter, not all-reduce
+            return jax.lax.with_sharding_constraint(arrays, shardings)
+
+        def step(params, exp_avg, exp_avg_sq, count, lr, tokens_ABS, labels_ABS, document_ids_ABS=None):
+            def micro_step(grad_sum, batch):
+                (loss, metrics), grads = value_and_grad(params, *batch)
+                return [s + g for s, g in zip(grad_sum, sharded_like_params(grads), strict=True)], (loss, metrics)
+
+            zeros = sharded_like_params([jnp.zeros(p.shape, jnp.float32) for p in params])
+            scanned = (
+                (tokens_ABS, labels_ABS) if document_ids_ABS is None else (tokens_ABS, labels_ABS, document_ids_ABS)
+            )
+            grad_sum, (losses_A, metrics_A) = jax.lax.scan(micro_step, zeros, scanned)
+            micro_batches = tokens_ABS.shape[0]
+            grads = [(g / micro_batches).astype(p.dtype) for g, p in zip(grad_sum, params, strict=True)]
+            params, exp_avg, exp_avg_sq, count, grad_norm, applied = update(
+                params, grads, exp_avg, exp_avg_sq, count, lr
+            )
+            metrics = {name: jnp.sum(values_A) for name, values_A in metrics_A.items()}
+            return params, exp_avg, exp_avg_sq, count, jnp.mean(losses_A), grad_norm, applied, metrics
+
+        return step
+
+    def jitted_step(self) -> Any:
+        """``jax.jit`` of ``step_function``; parameters and optimizer state are donated and keep their shardings."""
+        import jax
+
+        whole = replicated(self.mesh)
+        out_shardings = (self.param_shardings, self.param_shardings, self.param_shardings, *[whole] * 5)
+        return jax.jit(self.step_function(), donate_argnums=(0, 1, 2, 3), out_shardings=out_shardings)
+
+    def place_batch(self, micro_batches: list[Batch]) -> tuple[Any, ...]:
+        """Stack the micro-batches to tokens and labels [A, B, S] (and document ids, when the
+        batches are 3-tuples) and put them on the mesh, each sharded like the tokens."""
+        import jax
+
+        sharding = self.batch_sharding()
+        stacked = [t for t in stack_micro_batches(micro_batches) if t is not None]
+        return tuple(jax.device_put(np.asarray(t.cpu()), sharding) for t in stacked)
+
+    def _arguments(self, micro_batches: list[Batch], lr: float) -> tuple:
+        import jax
+
+        batch_arrays = self.place_batch(micro_batches)
+        lr_array = jax.device_put(np.float32(lr), replicated(self.mesh))  # an argument, so no recompile per lr
+        state = self.state
+        return (self.jax_params, state.exp_avg, state.exp_avg_sq, state.step, lr_array, *batch_arrays)
+
+    def lower(self, micro_batches: list[Batch], lr: float = 0.0) -> Any:
+        """The step's ``jax.stages.Lowered`` for batches like ``micro_batches`` (for its HLO, cost and memory)."""
+        import jax
+
+        with self.backend.runtime(), jax.set_mesh(self.mesh):
+            return self.program.lower(*self._arguments(micro_batches, lr))
+
+    def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
+        import jax
+
+        # The mesh in context: kernels (titanpod.kernels' jax_op) split their Pallas calls over it.
+        with self.backend.runtime(), jax.set_mesh(self.mesh):
+            outputs = self.program(*self._arguments(micro_batches, lr))
+        self.jax_params, exp_avg, exp_avg_sq, step, loss, grad_norm, applied, metrics = outputs
+        self.state = AdamWState(step, exp_avg, exp_avg_sq)
+        return StepOutput(loss, grad_norm, applied, metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step's parameters and AdamW state as the trainer-state checkpoint layout, holding its jax arrays:
+        ``{"model": {name: array}, "optim": {"step": array, "exp_avg": {name: array}, "exp_avg_sq": {name: array}}}``.
+
+        The arrays are the step's own, sharded on its mesh; the next step donates them, so save
+        them (or copy them) before stepping again. The xla step uses no random state: no "rng" key.
+        """
+        return state_tree(self.names, self.jax_params, self.state)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Put a ``state_dict``-layout tree of arrays (jax or numpy) into the step, each on the step's own sharding.
+
+        Every entry of ``state_dict()`` must be there with the same shape and dtype (an "rng"
+        entry, if any, is ignored); a missing, unexpected or mismatched entry raises
+        ``ValueError`` naming it. The step gets its own copies: ``state`` stays valid after the next step.
+        """
+        with self.backend.runtime():
+            self.jax_params, self.state = load_state_tree(self.names, self.state_dict(), state)
+
+    def finish(self) -> None:
+        """Copy the trained parameters from the JAX devices into the torch model (waits for the device)."""
+        with torch.no_grad():
+            for param, array in zip(self.params, self.jax_params, strict=True):
+                param.data.copy_(torch.from_numpy(np.array(array)))  # np.array: a writable host copy
+
+
+class _LossModule(nn.Module):
+    """``model.loss`` and its metrics as a module's forward, for ``torch.func.functional_call``."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(
+        self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if document_ids_BS is None:
+            return loss_and_metrics(self.inner, tokens_BS, labels_BS)
+        return loss_and_metrics(self.inner, tokens_BS, labels_BS, document_ids_BS=document_ids_BS)
