@@ -64,7 +64,10 @@ def test_missing_tensor_is_named(llama_copy):
     index = index_of(llama_copy)
     del index["weight_map"][name]
     (llama_copy / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(CheckpointMismatchError, match=r"missing: layers\.0\.attention\.wk\.weight"):
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"missing: model\.layers\.0\.self_attn\.k_proj\.weight \(titanpod layers\.0\.attention\.wk\.weight\)",
+    ):
         load_hf_checkpoint(llama_copy)
 
 
@@ -103,7 +106,10 @@ def test_config_of_a_different_shape_reports_every_mismatch(llama_copy):
     config = json.loads((llama_copy / "config.json").read_text())
     config["num_hidden_layers"] = 3
     (llama_copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointMismatchError, match=r"missing: layers\.2\.attention\.wq\.weight"):
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"missing: model\.layers\.2\.self_attn\.q_proj\.weight \(titanpod layers\.2\.attention\.wq\.weight\)",
+    ):
         load_hf_checkpoint(llama_copy)
 
 

@@ -52,7 +52,7 @@ def test_mismatch_lists_every_problem_and_leaves_the_model_untouched(tmp_path):
         load_weights(target, path)
     message = str(caught.value)
     assert "missing: layers.2.attention.wq.weight" in message
-    assert "mis-shaped: tok_embeddings.weight is (64, 32) in the file, (80, 32) in the model" in message
+    assert "mis-shaped: tok_embeddings.weight (in model.safetensors) is (64, 32), the model expects (80, 32)" in message
     assert "model family and flavor" in message
     for name, tensor in target.state_dict().items():
         assert torch.equal(tensor, before[name]), name

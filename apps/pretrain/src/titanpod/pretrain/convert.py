@@ -18,7 +18,8 @@ from pathlib import Path
 from rich.console import Console
 
 from titanpod.checkpoint import load_hf_checkpoint, load_model, push, resolve_source, save_hf_checkpoint, save_model
-from titanpod.checkpoint.hf_files import DEFAULT_MAX_SHARD_BYTES, dtype_from_name
+from titanpod.checkpoint.hf_files import DEFAULT_MAX_SHARD_BYTES
+from titanpod.checkpoint.safetensors_io import dtype_from_name
 from titanpod.models import parameter_count
 from titanpod.recipes.errors import print_error
 

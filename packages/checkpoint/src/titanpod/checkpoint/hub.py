@@ -5,11 +5,11 @@ With ``HF_HUB_OFFLINE=1`` a pull is answered from the local cache alone.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Protocol
 
-from titanpod.checkpoint.hf_files import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
+from titanpod.checkpoint.hf_folder import CONFIG_FILE
+from titanpod.checkpoint.safetensors_io import TRANSFORMERS_FILES, read_index
 
 CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken"]
 """Files a pull fetches: configs, index, shards and tokenizer files; never pickles."""
@@ -58,15 +58,15 @@ def check_checkpoint_folder(folder: Path) -> list[str]:
     folder = Path(folder)
     if not (folder / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"{folder} has no {CONFIG_FILE}; export the checkpoint first.")
-    if (folder / INDEX_FILE).is_file():
-        shards = sorted(set(json.loads((folder / INDEX_FILE).read_text())["weight_map"].values()))
+    if (folder / TRANSFORMERS_FILES.index).is_file():
+        shards = sorted(read_index(folder / TRANSFORMERS_FILES.index))
         missing = [shard for shard in shards if not (folder / shard).is_file()]
         if missing:
             raise FileNotFoundError(f"{folder} lacks shards listed in its index: {', '.join(missing)}.")
-        return [CONFIG_FILE, INDEX_FILE, *shards]
-    if (folder / SINGLE_FILE).is_file():
-        return [CONFIG_FILE, SINGLE_FILE]
-    raise FileNotFoundError(f"{folder} has no {SINGLE_FILE} or {INDEX_FILE}.")
+        return [CONFIG_FILE, TRANSFORMERS_FILES.index, *shards]
+    if (folder / TRANSFORMERS_FILES.single).is_file():
+        return [CONFIG_FILE, TRANSFORMERS_FILES.single]
+    raise FileNotFoundError(f"{folder} has no {TRANSFORMERS_FILES.single} or {TRANSFORMERS_FILES.index}.")
 
 
 def push(

@@ -11,7 +11,7 @@ titanpod.checkpoint; these modules only translate.
 """
 
 from titanpod.models.adapters.base import HFSlot, StateDictAdapter, UnsupportedConfigError
-from titanpod.models.adapters.decoder import DECODER_ADAPTERS, DecoderAdapter, hf_name_to_slot, hf_tensors
+from titanpod.models.adapters.decoder import DecoderAdapter, hf_name_to_slot, hf_tensors
 from titanpod.models.adapters.decoder_config import (
     HF_ARCHITECTURES,
     args_from_hf_config,
@@ -26,7 +26,6 @@ from titanpod.models.adapters.flux_autoencoder import (
 from titanpod.models.adapters.flux_transformer import FLUX_TRANSFORMER_ADAPTER, FluxTransformerAdapter
 
 __all__ = [
-    "DECODER_ADAPTERS",
     "FLUX_AUTOENCODER_ADAPTER",
     "FLUX_TRANSFORMER_ADAPTER",
     "HF_ARCHITECTURES",

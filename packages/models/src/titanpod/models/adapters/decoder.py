@@ -119,12 +119,6 @@ class DecoderAdapter(StateDictAdapter[DecoderArgs]):
         return decoder_hf_layout(args)
 
 
-DECODER_ADAPTERS: Mapping[str, DecoderAdapter] = MappingProxyType(
-    {family: DecoderAdapter(family) for family in HF_ARCHITECTURES}
-)
-"""titanpod family -> its adapter."""
-
-
 def hf_tensors(model: Transformer) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of ``model`` under its Hugging Face name, experts one by one (views, no copies)."""
     params = dict(model.named_parameters())

@@ -1,0 +1,102 @@
+"""A model in Hugging Face form on disk: config.json plus safetensors, through a family's
+state-dict adapter (``titanpod.models.adapters``). Every family's loader and saver is this
+one check-and-load path with its own file names and defaults.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from titanpod.checkpoint.atomic import atomic_directory
+from titanpod.checkpoint.safetensors_io import (
+    Progress,
+    SafetensorsFiles,
+    WeightFileNames,
+    check_writable_dtype,
+    widest_float_dtype,
+    write_safetensors,
+)
+from titanpod.models.adapters import StateDictAdapter, UnsupportedConfigError
+
+CONFIG_FILE = "config.json"
+"""The model description beside the weights of a Hugging Face model folder."""
+
+
+def read_hf_config(directory: Path | str) -> tuple[str, dict[str, Any]]:
+    """The path and parsed config.json of a model folder, with errors that name the file."""
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"No {CONFIG_FILE} in {directory}: not a Hugging Face checkpoint directory.")
+    try:
+        return str(path), json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
+
+
+@contextmanager
+def config_errors_named(path: str) -> Iterator[None]:
+    """Re-raise an ``UnsupportedConfigError`` (of the same class) with ``path`` in front of its message."""
+    try:
+        yield
+    except UnsupportedConfigError as error:
+        raise type(error)(f"{path}: {error}") from error
+
+
+def load_adapted(
+    model: nn.Module,
+    adapter: StateDictAdapter[Any],
+    files: SafetensorsFiles,
+    subject: str,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    progress: Progress | None = None,
+) -> None:
+    """Fill ``model``, built on the meta device, from ``files`` in ``adapter``'s names.
+
+    Every stored name and shape is checked from the headers first (a ``CheckpointMismatchError``
+    names what is missing, unexpected or mis-shaped; ``subject`` says what the folder should
+    hold, e.g. ``FLUX transformer``). Then the model is materialised once on ``device`` in
+    ``dtype`` (default: the widest dtype stored) and filled tensor by tensor.
+    """
+    params = dict(model.named_parameters())
+    sources = {name: f"titanpod {slot.describe()}" for name, slot in adapter.hf_layout(model.args).items()}
+    stored = files.check(
+        adapter.hf_shapes(params, model.args),
+        f"{files.directory} does not fit the {subject} its config.json describes",
+        sources,
+    )
+    model.to(dtype or widest_float_dtype(stored))
+    model.to_empty(device=device)
+    files.load_into(dict(adapter.to_hf(dict(model.named_parameters()), model.args)), progress)
+
+
+def save_adapted(
+    model: nn.Module,
+    adapter: StateDictAdapter[Any],
+    directory: Path | str,
+    names: WeightFileNames,
+    max_shard_bytes: int | str,
+    dtype: torch.dtype,
+    progress: Progress | None = None,
+) -> Path:
+    """Write ``model`` in ``adapter``'s form: config.json and safetensors in ``dtype``, sharded past
+    ``max_shard_bytes`` (an int or e.g. ``5GB``) under ``names``.
+
+    The config is made before anything is written, so args the format cannot represent fail
+    first. The folder appears only when complete.
+    """
+    check_writable_dtype(dtype)
+    config = adapter.hf_config_from_args(model.args, dtype)
+    tensors = adapter.to_hf(dict(model.named_parameters()), model.args)
+    directory = Path(directory)
+    with atomic_directory(directory) as staging:
+        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        write_safetensors(staging, tensors, names, max_shard_bytes, dtype, progress=progress)
+    return directory
