@@ -1,21 +1,16 @@
-"""Weight sync into a rollout engine: checksums, versions, verification; the vLLM adapter's guard."""
-
-import sys
+"""Weight sync into a rollout engine: checksums, versions, verification (the vLLM engine: test_rollout_vllm)."""
 
 import pytest
 import torch
 
-from tests.rl.test_rollout import PROMPTS, TINY, TINY_QWEN_MOE, greedy_by_hand, tiny_model
-from titanpod.models.adapters.decoder import hf_tensors
+from tests.rl.test_rollout import PROMPTS, TINY, greedy_by_hand, tiny_model
 from titanpod.rl.rollout import (
     BuiltinEngine,
     SamplingParams,
-    VLLMEngine,
     sync_weights,
     trainer_state,
     weights_checksum,
 )
-from titanpod.rl.rollout.vllm_engine import hf_named
 
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
 
@@ -135,17 +130,3 @@ def test_compiled_trainer_names_are_plain():
     wrapper = torch.nn.Module()
     wrapper._orig_mod = model  # what torch.compile's OptimizedModule holds
     assert trainer_state(wrapper).keys() == model.state_dict().keys()
-
-
-def test_vllm_engine_without_vllm_says_what_to_do(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError, installed or not
-    with pytest.raises(ImportError, match=r"VLLMEngine needs vLLM, which is not installed.*BuiltinEngine"):
-        VLLMEngine("some/model", TINY)
-
-
-def test_vllm_renaming_covers_every_tensor_once():
-    model = tiny_model(TINY_QWEN_MOE)
-    renamed = list(hf_named(trainer_state(model), TINY_QWEN_MOE))
-    expected = list(hf_tensors(model))
-    assert [name for name, _ in renamed] == [name for name, _ in expected]
-    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(renamed, expected, strict=True))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from titanpod.data.sft.config import FORMATS, choice
 from titanpod.data.tasks import TASKS
 from titanpod.device import DeviceConfig
+from titanpod.recipes.posttrain.rollout_config import RolloutConfig
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig
 from titanpod.recipes.recipe import OutputConfig, RecipeFile
 
@@ -19,8 +20,6 @@ MISSING_INIT_FROM = (
 
 REWARDS = ("exact", "partial")
 """The reward functions a built-in task offers (``grpo.reward``)."""
-ROLLOUT_MODES = ("local", "ray")
-"""Where rollouts run (``rollout.mode``)."""
 
 
 @dataclass(frozen=True)
@@ -85,37 +84,6 @@ class GRPOConfig:
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
-    """Where the rollouts are sampled: in the trainer's process, or by rollout workers on Ray."""
-
-    mode: str = "local"
-    """``local``: a ``BuiltinEngine`` in the trainer's process (the default). ``ray``: ``workers`` Ray actors,
-    each a ``BuiltinEngine`` in its own process; the trainer syncs its weights to all of them every step."""
-    workers: int = 1
-    """Rollout workers (``ray`` mode); a step's prompts are split evenly between them."""
-    ray_address: str | None = None
-    """The Ray cluster to join (``ray`` mode): ``None`` joins the one ``RAY_ADDRESS`` names or else starts a
-    local cluster for the run (shut down at its end); ``auto`` or ``host:port`` joins a running one."""
-    worker_cpus: float = 1.0
-    """CPUs each Ray worker reserves."""
-    worker_gpus: float = 0.0
-    """GPUs each Ray worker reserves; above 0 the worker decodes on cuda."""
-
-    def __post_init__(self) -> None:
-        choice("rollout.mode", self.mode, ROLLOUT_MODES)
-        if self.workers < 1 or self.worker_cpus < 0 or self.worker_gpus < 0:
-            raise ValueError(
-                f"rollout: workers must be >= 1 and worker_cpus, worker_gpus >= 0; got {self.workers}, "
-                f"{self.worker_cpus}, {self.worker_gpus}."
-            )
-        if self.mode == "local" and self.workers != 1:
-            raise ValueError(
-                f"rollout.workers is {self.workers}, but rollout.mode is 'local' (one engine in the trainer's "
-                "process): set --rollout.mode ray for several workers."
-            )
-
-
-@dataclass(frozen=True)
 class GRPOTrainConfig:
     """The optimizer (torch AdamW, linear warmup then a constant learning rate) and how long it runs."""
 
@@ -157,7 +125,7 @@ class GRPORecipe(RecipeFile):
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """Rollouts and the objective."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    """Where rollouts are sampled (this process, or Ray workers)."""
+    """Where rollouts are sampled (this process, Ray workers, or a vLLM engine)."""
     train: GRPOTrainConfig = field(default_factory=GRPOTrainConfig)
     """The optimizer and the number of steps."""
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -1,8 +1,9 @@
 """Rollouts for post-training (GRPO): sample completions with an inference engine, sync weights into it.
 
 ``BuiltinEngine`` runs titanpod's own ``Transformer`` with its KV cache (any lane PyTorch
-runs on); ``VLLMEngine`` adapts vLLM's offline API (optional, not run in titanpod's tests).
-Both follow ``RolloutEngine``. ``sync_weights`` copies a trainer's weights into an engine,
+runs on); ``RayRollout`` runs BuiltinEngines in Ray actors; ``VLLMEngine`` adapts vLLM's offline
+API (the ``[vllm]`` extra, a CUDA GPU). All follow ``RolloutEngine``; ``open_rollout`` builds the one
+a ``RolloutConfig`` asks for (``engines.open_rollout``). ``sync_weights`` copies a trainer's weights into an engine,
 which verifies them by checksum and refuses stale versions.
 """
 

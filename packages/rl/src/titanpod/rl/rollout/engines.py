@@ -5,19 +5,31 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from titanpod.models import Transformer
-from titanpod.recipes.posttrain.grpo_recipe import RolloutConfig
+from titanpod.recipes.posttrain.rollout_config import RolloutConfig
 from titanpod.rl.rollout.builtin import BuiltinEngine
 from titanpod.rl.rollout.ray_rollout import RayRollout
 from titanpod.rl.rollout.types import RolloutEngine
+from titanpod.rl.rollout.vllm_engine import VLLMEngine
 
 
 def open_rollout(
     config: RolloutConfig, model: Transformer, max_batch: int, say: Callable[[str], None]
 ) -> RolloutEngine:
     """The rollout engine ``config`` asks for, holding ``model``'s weights as version 0: a ``BuiltinEngine`` in
-    this process, or a ``RayRollout`` whose workers were checked to hold them. Close it with ``close_rollout``."""
+    this process, a ``RayRollout`` whose workers were checked to hold them, or a ``VLLMEngine`` whose vLLM
+    workers were. Close it with ``close_rollout``."""
     if config.mode == "local":
         return BuiltinEngine(model, max_batch=max_batch)
+    if config.mode == "vllm":
+        engine = VLLMEngine(
+            model,
+            dtype=config.vllm_dtype,
+            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+            enforce_eager=config.vllm_enforce_eager,
+            max_batch=max_batch,
+        )
+        say(engine.describe())
+        return engine
     rollout = RayRollout(
         model,
         config.workers,
@@ -32,6 +44,6 @@ def open_rollout(
 
 
 def close_rollout(engine: RolloutEngine) -> None:
-    """Stop ``engine``'s workers, if it has any."""
-    if isinstance(engine, RayRollout):
+    """Stop ``engine``'s workers, if it has any (Ray actors, or vLLM's engine)."""
+    if isinstance(engine, RayRollout | VLLMEngine):
         engine.close()

@@ -10,10 +10,15 @@ import hashlib
 import torch
 
 
-def completion_generator(seed: int, prompt_index: int, sample_index: int) -> torch.Generator:
-    """A CPU generator for one completion, seeded from (seed, prompt, sample) alone, never the global RNG."""
+def completion_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """The seed of one completion (a non-negative 63-bit int), from (seed, prompt, sample) alone."""
     key = hashlib.blake2b(f"{seed}/{prompt_index}/{sample_index}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(key, "little") & ((1 << 63) - 1))
+    return int.from_bytes(key, "little") & ((1 << 63) - 1)
+
+
+def completion_generator(seed: int, prompt_index: int, sample_index: int) -> torch.Generator:
+    """A CPU generator for one completion, seeded by ``completion_seed``, never the global RNG."""
+    return torch.Generator().manual_seed(completion_seed(seed, prompt_index, sample_index))
 
 
 def top_p_filter(probs_BV: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:

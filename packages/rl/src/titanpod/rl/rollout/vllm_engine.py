@@ -28,12 +28,11 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from titanpod.models import DecoderArgs, Transformer
-from titanpod.models.adapters import hf_config_from_args, hf_name_to_slot, hf_tensors
+from titanpod.models.adapters import DecoderAdapter
 from titanpod.rl.rollout.builtin import validate_prompts
 from titanpod.rl.rollout.sampling import completion_seed
 from titanpod.rl.rollout.sync import check_state_matches, check_version, plain_tensor, trainer_state, weights_checksum
@@ -47,7 +46,11 @@ VLLM_MISSING = (
 WORKER_EXTENSION = "titanpod.rl.rollout.vllm_worker.TitanpodWorkerExtension"
 """The import path vLLM is given as ``worker_extension_cls``."""
 
-VLLM_DTYPES: Mapping[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+VLLM_DTYPES: Mapping[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
 """The dtypes a vLLM engine may hold its weights in, by the name vLLM takes."""
 
 SEND_CHUNK_BYTES = 512 * 2**20
@@ -60,17 +63,6 @@ def hf_family(args: DecoderArgs) -> str:
     if args.moe is not None:
         return "qwen3_moe"
     return "qwen3" if args.qk_norm else "llama3"
-
-
-def hf_named(state: Mapping[str, torch.Tensor], args: DecoderArgs) -> Iterator[tuple[str, torch.Tensor]]:
-    """``state`` (titanpod names) as Hugging Face-named tensors, experts one by one (views, no copies)."""
-    with torch.device("meta"):
-        layout = Transformer(args)
-    for hf_name, _ in hf_tensors(layout):
-        slot = hf_name_to_slot(hf_name)
-        assert slot is not None, hf_name  # hf_tensors only yields names hf_name_to_slot knows
-        tensor = state[slot.name]
-        yield hf_name, tensor if slot.expert is None else tensor[slot.expert]
 
 
 def chunks(named: list[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -115,10 +107,11 @@ class VLLMEngine:
         self.args = model.args
         self.dtype = VLLM_DTYPES[dtype]
         self.weights_version = 0
+        self._adapter = DecoderAdapter(hf_family(self.args))
         self._layout = {name: torch.empty_like(t, device="meta") for name, t in trainer_state(model).items()}
-        self._specs = [(name, list(t.shape)) for name, t in hf_named(self._layout, self.args)]
+        self._specs = [[name, list(shape)] for name, shape in self._adapter.hf_shapes(self._layout, self.args).items()]
         self._folder = tempfile.TemporaryDirectory(prefix="titanpod-vllm-")
-        config = hf_config_from_args(hf_family(self.args), self.args, dtype)
+        config = self._adapter.hf_config_from_args(self.args, self.dtype)
         (Path(self._folder.name) / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         try:
             self.llm = vllm.LLM(
@@ -140,7 +133,9 @@ class VLLMEngine:
 
     def describe(self) -> str:
         """One line naming the engine."""
-        return f"vLLM {getattr(self._vllm, '__version__', '')} in this process ({str(self.dtype).removeprefix('torch.')})"
+        return (
+            f"vLLM {getattr(self._vllm, '__version__', '')} in this process ({str(self.dtype).removeprefix('torch.')})"
+        )
 
     def checksum(self) -> str:
         """``weights_checksum`` of the Hugging Face-named weights the workers hold (``RuntimeError`` if they differ)."""
@@ -196,7 +191,7 @@ class VLLMEngine:
 
     def _send_and_verify(self, state: Mapping[str, torch.Tensor], version: int) -> SyncReport:
         start = time.perf_counter()
-        named = [(name, plain_tensor(tensor).to(self.dtype)) for name, tensor in hf_named(state, self.args)]
+        named = [(name, plain_tensor(tensor).to(self.dtype)) for name, tensor in self._adapter.to_hf(state, self.args)]
         expected = weights_checksum(dict(named))
         for run in chunks(named, SEND_CHUNK_BYTES):
             names, tensors = [name for name, _ in run], [tensor for _, tensor in run]

@@ -1,0 +1,64 @@
+"""Where a GRPO run samples its rollouts (``rollout.*``): this process, Ray workers, or a vLLM engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from titanpod.data.sft.config import choice
+
+ROLLOUT_MODES = ("local", "ray", "vllm")
+"""Where rollouts run (``rollout.mode``)."""
+VLLM_DTYPES = ("bfloat16", "float16", "float32")
+"""The dtypes a vLLM rollout engine may hold its weights in (``rollout.vllm_dtype``)."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Where the rollouts are sampled: in the trainer's process, by rollout workers on Ray, or by vLLM."""
+
+    mode: str = "local"
+    """``local``: a ``BuiltinEngine`` in the trainer's process (the default). ``ray``: ``workers`` Ray actors,
+    each a ``BuiltinEngine`` in its own process; the trainer syncs its weights to all of them every step.
+    ``vllm``: one vLLM engine started by the trainer's process (needs ``titanpod-rl[vllm]`` and a CUDA GPU);
+    the trainer syncs its weights into vLLM's workers every step, and each one checks them by checksum."""
+    workers: int = 1
+    """Rollout workers (``ray`` mode); a step's prompts are split evenly between them."""
+    ray_address: str | None = None
+    """The Ray cluster to join (``ray`` mode): ``None`` joins the one ``RAY_ADDRESS`` names or else starts a
+    local cluster for the run (shut down at its end); ``auto`` or ``host:port`` joins a running one."""
+    worker_cpus: float = 1.0
+    """CPUs each Ray worker reserves."""
+    worker_gpus: float = 0.0
+    """GPUs each Ray worker reserves; above 0 the worker decodes on cuda."""
+    vllm_dtype: str = "bfloat16"
+    """The dtype vLLM holds the weights in (``vllm`` mode): ``bfloat16``, ``float16`` or ``float32``. The rollout
+    logprobs come from these weights; ``float32`` matches the trainer's fp32 logprobs most closely."""
+    vllm_gpu_memory_utilization: float = 0.5
+    """The share of the GPU's memory vLLM may take for weights, activations and KV cache (``vllm`` mode), in
+    (0, 1]; leave room for the trainer when it shares the GPU."""
+    vllm_enforce_eager: bool = False
+    """Run vLLM's model eagerly, without capturing CUDA graphs (``vllm`` mode): slower decoding, faster start."""
+
+    def __post_init__(self) -> None:
+        choice("rollout.mode", self.mode, ROLLOUT_MODES)
+        choice("rollout.vllm_dtype", self.vllm_dtype, VLLM_DTYPES)
+        if self.workers < 1 or self.worker_cpus < 0 or self.worker_gpus < 0:
+            raise ValueError(
+                f"rollout: workers must be >= 1 and worker_cpus, worker_gpus >= 0; got {self.workers}, "
+                f"{self.worker_cpus}, {self.worker_gpus}."
+            )
+        if self.mode != "ray" and self.workers != 1:
+            raise ValueError(
+                f"rollout.workers is {self.workers}, but rollout.mode is {self.mode!r} (one engine): set "
+                "--rollout.mode ray for several workers."
+            )
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"rollout.vllm_gpu_memory_utilization must lie in (0, 1], got {self.vllm_gpu_memory_utilization}."
+            )
+        changed = [f.name for f in fields(self) if f.name.startswith("vllm_") and getattr(self, f.name) != f.default]
+        if self.mode != "vllm" and changed:
+            raise ValueError(
+                f"rollout.{changed[0]} applies to rollout.mode 'vllm', but rollout.mode is {self.mode!r}: "
+                "add --rollout.mode vllm, or leave it out."
+            )

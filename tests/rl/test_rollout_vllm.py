@@ -1,0 +1,243 @@
+"""The vLLM rollout engine against a recording stand-in of the vLLM calls it makes (vLLM needs a CUDA GPU).
+
+The stand-in (``tests.rl.vllm_standin``) runs titanpod's worker extension on a real torch model laid out
+as vLLM lays out weights, so the loading and the checksum read back from the worker are real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.rl.test_rollout import TINY, TINY_QWEN_MOE, tiny_model
+from tests.rl.vllm_standin import StandInLLM, standin_vllm
+from titanpod.models.adapters import HF_ARCHITECTURES, hf_config_from_args, hf_tensors
+from titanpod.recipes.posttrain.rollout_config import RolloutConfig
+from titanpod.rl.rollout import SamplingParams, sync_weights, weights_checksum
+from titanpod.rl.rollout.engines import close_rollout, open_rollout
+from titanpod.rl.rollout.sampling import completion_seed
+from titanpod.rl.rollout.vllm_engine import VLLMEngine, hf_family
+from titanpod.rl.rollout.vllm_worker import read_back
+
+DENSE = dataclasses.replace(TINY, vocab_size=100)  # vLLM pads 100 vocabulary rows to 128
+MOE = dataclasses.replace(TINY_QWEN_MOE, vocab_size=100)
+EXTENSION = "titanpod.rl.rollout.vllm_worker.TitanpodWorkerExtension"
+
+
+@pytest.fixture
+def vllm(monkeypatch):
+    """The stand-in, installed as ``vllm`` for one test."""
+    module = standin_vllm()
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    return module
+
+
+def sent_form(model, dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
+    """``model``'s tensors as the engine must send them: Hugging Face names, in the engine's dtype."""
+    return {name: tensor.detach().to(dtype) for name, tensor in hf_tensors(model)}
+
+
+def train_a_little(model) -> None:
+    """Move every weight (the head and embeddings included)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+
+
+@pytest.mark.parametrize("args", [DENSE, MOE], ids=["llama3", "qwen3_moe"])
+def test_start_makes_exactly_these_vllm_calls_and_checks_the_workers_weights(vllm, args):
+    model = tiny_model(args)
+    engine = VLLMEngine(model, dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True, max_batch=16)
+    llm: StandInLLM = engine.llm
+    folder = Path(llm.calls[0][1]["model"])
+    assert llm.calls[0] == (
+        "LLM",
+        {
+            "model": str(folder),
+            "load_format": "dummy",
+            "skip_tokenizer_init": True,
+            "dtype": "bfloat16",
+            "gpu_memory_utilization": 0.3,
+            "enforce_eager": True,
+            "max_model_len": args.max_seq_len,
+            "max_num_seqs": 16,
+            "logprobs_mode": "raw_logprobs",
+            "worker_extension_cls": EXTENSION,
+        },
+    )
+    assert llm.config == hf_config_from_args(hf_family(args), args, "bfloat16")
+    assert llm.methods() == ["LLM", "titanpod_load_weights", "reset_prefix_cache", "titanpod_checksum"]
+
+    expected = sent_form(model)
+    _, _, (names, tensors), kwargs = llm.calls[1]
+    assert kwargs == {} and names == list(expected)
+    assert all(torch.equal(sent, expected[name]) for name, sent in zip(names, tensors, strict=True))
+    _, _, (specs,), _ = llm.calls[3]
+    assert specs == [[name, list(tensor.shape)] for name, tensor in expected.items()]
+
+    # The weights really are in the worker's model, in vLLM's layout, and its checksum is theirs.
+    for name, tensor in expected.items():
+        assert torch.equal(llm.model.hf_view(name), tensor), name
+    assert engine.checksum() == weights_checksum(expected)
+    assert engine.weights_version == 0
+    engine.close()
+    assert not folder.exists()
+
+
+def test_a_sync_changes_the_workers_weights_and_verifies_them(vllm):
+    model = tiny_model(MOE)
+    engine = VLLMEngine(model, max_batch=8)
+    llm: StandInLLM = engine.llm
+    before = {name: llm.model.hf_view(name).clone() for name in sent_form(model)}
+    train_a_little(model)
+    start = len(llm.calls)
+
+    report = sync_weights(model, engine, version=1)
+
+    expected = sent_form(model)
+    assert llm.methods()[start:] == ["titanpod_load_weights", "reset_prefix_cache", "titanpod_checksum"]
+    for name, tensor in expected.items():
+        assert torch.equal(llm.model.hf_view(name), tensor), name
+        assert not torch.equal(llm.model.hf_view(name), before[name]), name
+    assert report.checksum == weights_checksum(expected) == engine.checksum()
+    assert (report.version, engine.weights_version) == (1, 1)
+    assert report.bytes == sum(t.numel() * t.element_size() for t in expected.values())
+    assert report.extra["workers"] == 1
+    with pytest.raises(ValueError, match="not newer than the engine's version 1"):
+        sync_weights(model, engine, version=1)
+    engine.close()
+
+
+def test_a_worker_holding_other_weights_fails_the_sync(vllm, monkeypatch):
+    model = tiny_model(DENSE)
+    engine = VLLMEngine(model)
+    worker_model = engine.llm.model
+    load = worker_model.load_weights
+
+    def load_then_drift(weights):
+        loaded = load(weights)
+        with torch.no_grad():
+            worker_model.hf_view("model.layers.1.self_attn.v_proj.weight")[-1, 0] += 1
+        return loaded
+
+    monkeypatch.setattr(worker_model, "load_weights", load_then_drift)
+    train_a_little(model)
+    with pytest.raises(RuntimeError, match=r"do not hold the trainer's weights at version 1 \(sent checksum"):
+        sync_weights(model, engine, version=1)
+    assert engine.weights_version == 0
+    engine.close()
+
+
+def test_generate_sends_one_seeded_request_per_completion_and_reads_the_outputs(vllm):
+    engine = VLLMEngine(tiny_model(DENSE))
+    llm: StandInLLM = engine.llm
+    prompts = [[1, 2, 3], [9, 8, 7, 6], [42]]
+    params = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, stop_token_ids=(7,), seed=11, n=2)
+
+    completions = engine.generate(prompts, params)
+
+    kind, requests, sampling, options = llm.calls[-1]
+    assert kind == "generate" and options == {"use_tqdm": False}
+    pairs = [(i, j) for i in range(3) for j in range(2)]
+    assert requests == [{"prompt_token_ids": prompts[i]} for i, _ in pairs]
+    assert [s.kwargs for s in sampling] == [
+        {
+            "n": 1,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "max_tokens": 5,
+            "stop_token_ids": [7],
+            "seed": completion_seed(11, i, j),
+            "logprobs": 0,
+            "detokenize": False,
+        }
+        for i, j in pairs
+    ]
+    outputs = llm.generate(requests, sampling)  # the same made-up outputs again, to compare against
+    assert [(c.prompt_index, c.sample_index, c.prompt_ids) for c in completions] == [
+        (i, j, prompts[i]) for i, j in pairs
+    ]
+    for completion, output in zip(completions, outputs, strict=True):
+        choice = output.outputs[0]
+        assert completion.token_ids == choice.token_ids
+        expected_logprobs = [step[token].logprob for step, token in zip(choice.logprobs, choice.token_ids, strict=True)]
+        assert torch.equal(completion.logprobs, torch.tensor(expected_logprobs, dtype=torch.float32))
+        assert completion.finish_reason == choice.finish_reason
+        assert completion.weights_version == 0
+    assert {c.finish_reason for c in completions} == {"stop", "length"}
+    with pytest.raises(ValueError, match="Prompt 0 holds token ids outside the vocabulary"):
+        engine.generate([[100]], params)
+    engine.close()
+
+
+def test_read_back_names_a_tensor_the_model_does_not_hold():
+    params = {"model.embed_tokens.weight": torch.zeros(128, 4)}
+    assert read_back(params, [("model.embed_tokens.weight", (100, 4))])["model.embed_tokens.weight"].shape == (100, 4)
+    with pytest.raises(ValueError, match=r"no parameter model\.layers\.0\.self_attn\.qkv_proj\.weight, where .*q_proj"):
+        read_back(
+            params,
+            [("model.layers.0.self_attn.q_proj.weight", (4, 4)), ("model.layers.0.self_attn.k_proj.weight", (4, 4))],
+        )
+    with pytest.raises(ValueError, match=r"does not fit vLLM's model\.embed_tokens\.weight"):
+        read_back(params, [("model.embed_tokens.weight", (100, 8))])
+
+
+def test_rollout_mode_vllm_parses_and_opens_the_vllm_engine(vllm):
+    from titanpod.posttrain.cli import parse_command  # the app's own parsing; imported here, as it loads GRPO
+
+    command = parse_command(
+        [
+            "--recipe",
+            "grpo_debug",
+            "--rollout.mode",
+            "vllm",
+            "--rollout.vllm-dtype",
+            "float32",
+            "--rollout.vllm-gpu-memory-utilization",
+            "0.25",
+        ]
+    )
+    assert command.recipe.rollout == RolloutConfig(mode="vllm", vllm_dtype="float32", vllm_gpu_memory_utilization=0.25)
+    said = []
+    model = tiny_model(DENSE)
+    engine = open_rollout(command.recipe.rollout, model, 12, said.append)
+    assert isinstance(engine, VLLMEngine)
+    options = engine.llm.calls[0][1]
+    assert (options["dtype"], options["gpu_memory_utilization"], options["max_num_seqs"]) == ("float32", 0.25, 12)
+    assert engine.checksum() == weights_checksum(sent_form(model, torch.float32))
+    assert said == ["vLLM stand-in in this process (float32)"]
+    folder = Path(options["model"])
+    close_rollout(engine)
+    assert not folder.exists()
+
+
+def test_rollout_mode_vllm_without_vllm_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError, installed or not
+    with pytest.raises(
+        ImportError, match=r"needs vLLM, which is not installed.*CUDA GPU.*pip install 'titanpod-rl\[vllm\]'"
+    ):
+        open_rollout(RolloutConfig(mode="vllm"), tiny_model(), 4, print)
+
+
+def test_rollout_config_names_bad_vllm_settings():
+    with pytest.raises(ValueError, match=r"rollout\.vllm_dtype must be one of bfloat16, float16, float32"):
+        RolloutConfig(mode="vllm", vllm_dtype="int8")
+    with pytest.raises(ValueError, match=r"vllm_gpu_memory_utilization must lie in \(0, 1\], got 1.5"):
+        RolloutConfig(mode="vllm", vllm_gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match=r"rollout\.vllm_enforce_eager applies to rollout\.mode 'vllm'.*'local'"):
+        RolloutConfig(vllm_enforce_eager=True)
+    with pytest.raises(ValueError, match=r"rollout\.mode is 'vllm' \(one engine\)"):
+        RolloutConfig(mode="vllm", workers=2)
+
+
+def test_family_of_each_decoder_shape():
+    assert [hf_family(args) for args in (TINY, dataclasses.replace(TINY, qk_norm=True), TINY_QWEN_MOE)] == [
+        "llama3",
+        "qwen3",
+        "qwen3_moe",
+    ]
+    assert set(HF_ARCHITECTURES) == {"llama3", "qwen3", "qwen3_moe"}
