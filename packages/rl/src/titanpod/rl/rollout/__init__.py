@@ -2,9 +2,9 @@
 
 ``BuiltinEngine`` runs titanpod's own ``Transformer`` with its KV cache (any lane PyTorch
 runs on); ``RayRollout`` runs BuiltinEngines in Ray actors; ``VLLMEngine`` adapts vLLM's offline
-API (the ``[vllm]`` extra, a CUDA GPU). All follow ``RolloutEngine``; ``open_rollout`` builds the one
-a ``RolloutConfig`` asks for (``engines.open_rollout``). ``sync_weights`` copies a trainer's weights into an engine,
-which verifies them by checksum and refuses stale versions.
+API (the ``[vllm]`` extra, a CUDA GPU). All follow ``RolloutEngine``; ``engines.open_rollout`` builds
+the one a ``RolloutConfig`` asks for. ``sync_weights`` copies a trainer's weights into an engine, which
+verifies them by checksum and refuses stale versions.
 """
 
 from titanpod.rl.rollout.builtin import BuiltinEngine, validate_prompts

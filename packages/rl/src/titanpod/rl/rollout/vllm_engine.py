@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -97,6 +98,7 @@ class VLLMEngine:
         enforce_eager: bool = False,
         max_batch: int = 64,
     ) -> None:
+        """Start vLLM on a config.json of ``model``'s shape and load ``model``'s weights into it, checked."""
         if dtype not in VLLM_DTYPES:
             raise ValueError(f"VLLMEngine dtype {dtype!r} is not one of {', '.join(VLLM_DTYPES)}.")
         try:
@@ -113,6 +115,7 @@ class VLLMEngine:
         self._folder = tempfile.TemporaryDirectory(prefix="titanpod-vllm-")
         config = self._adapter.hf_config_from_args(self.args, self.dtype)
         (Path(self._folder.name) / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        self.llm: Any = None
         try:
             self.llm = vllm.LLM(
                 model=self._folder.name,
@@ -133,9 +136,7 @@ class VLLMEngine:
 
     def describe(self) -> str:
         """One line naming the engine."""
-        return (
-            f"vLLM {getattr(self._vllm, '__version__', '')} in this process ({str(self.dtype).removeprefix('torch.')})"
-        )
+        return f"vLLM {self._vllm.__version__} in this process ({str(self.dtype).removeprefix('torch.')})"
 
     def checksum(self) -> str:
         """``weights_checksum`` of the Hugging Face-named weights the workers hold (``RuntimeError`` if they differ)."""
