@@ -14,8 +14,8 @@ import torch
 from tests.rl.test_grpo_run import sft_folder, tiny  # noqa: F401  (sft_folder: a fixture)
 from tests.rl.test_rollout import tiny_model
 from titanpod.checkpoint import load_model
-from titanpod.recipes.posttrain.grpo_recipe import RolloutConfig
-from titanpod.rl.grpo_run import run_grpo
+from titanpod.recipes.posttrain.rollout_config import RolloutConfig
+from titanpod.rl.grpo.run import run_grpo
 from titanpod.rl.rollout import (
     BuiltinEngine,
     SamplingParams,
@@ -92,8 +92,8 @@ def test_one_grpo_step_with_a_ray_rollout_worker_equals_the_local_step(tmp_path,
     _, trained = load_model(ray_result.weights_path.parent)
     # The worker reported this checksum after loading version 1; it equals the trainer's saved weights.
     assert ray_result.checksum == weights_checksum(trainer_state(trained))
-    assert ray_result.history[0]["samples"] == local_result.history[0]["samples"]
-    assert ray_result.history[0]["reward_mean"] == local_result.history[0]["reward_mean"]
+    assert ray_result.history[0].samples == local_result.history[0].samples
+    assert ray_result.history[0].reward_mean == local_result.history[0].reward_mean
     _, trained_locally = load_model(local_result.weights_path.parent)
     for name, tensor in trainer_state(trained).items():
         torch.testing.assert_close(tensor, trainer_state(trained_locally)[name], rtol=0, atol=1e-5)

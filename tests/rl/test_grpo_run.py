@@ -1,5 +1,6 @@
 """GRPO runs in process on a tiny random model with the character tokenizer: the engine holds the trainer's
-weights after every step, a raising reward is counted as skipped, bad starting points are refused with the fix."""
+weights after every step, a raising reward is counted as skipped, bad starting points are refused with the fix,
+the reward rises, and a stopped run resumes exactly."""
 
 from __future__ import annotations
 
@@ -10,21 +11,19 @@ import sys
 import pytest
 import torch
 
-from titanpod.checkpoint import load_model, save_model
+from titanpod.checkpoint import CheckpointConfig, load_model, save_model
 from titanpod.data.sft.tokenizer import load_sft_tokenizer
 from titanpod.data.tasks import Example, get_task
 from titanpod.models import DecoderArgs, build_model
-from titanpod.recipes.posttrain.grpo_recipe import (
-    GRPOConfig,
-    GRPOModelConfig,
-    GRPORecipe,
-    GRPOTrainConfig,
-    RolloutConfig,
-)
+from titanpod.recipes.posttrain.grpo_recipe import GRPOConfig, GRPOModelConfig, GRPORecipe
 from titanpod.recipes.posttrain.registry import POSTTRAIN_RECIPES, grpo_debug
+from titanpod.recipes.posttrain.rollout_config import RolloutConfig
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig
 from titanpod.recipes.recipe import OutputConfig
-from titanpod.rl.grpo_run import run_grpo, sampled_accuracy, warmup_lr
+from titanpod.rl.grpo import trainer as grpo_trainer
+from titanpod.rl.grpo.held_out import sampled_accuracy
+from titanpod.rl.grpo.run import run_grpo
+from titanpod.rl.grpo.setup import check_launch
 from titanpod.rl.rollout import Completion, trainer_state, weights_checksum
 from titanpod.rl.rollout.ray_rollout import import_ray
 
@@ -42,14 +41,16 @@ def sft_folder(tmp_path_factory):
     return folder
 
 
-def tiny(tmp_path, folder, run_name: str, steps: int = 2, **grpo) -> GRPORecipe:
+def tiny(tmp_path, folder, run_name: str, steps: int = 2, train: dict | None = None, **grpo) -> GRPORecipe:
+    """A GRPO recipe for the tiny model: ``grpo`` and ``train`` override the small defaults."""
+    train = {"steps": steps, "lr": 1e-2, "warmup_steps": 0, **(train or {})}
     return dataclasses.replace(
         grpo_debug(),
         model=GRPOModelConfig(init_from=None if folder is None else str(folder)),
         grpo=GRPOConfig(**{"group_size": 3, "prompts_per_step": 2, "max_new_tokens": 4, **grpo}),
-        train=GRPOTrainConfig(steps=steps, lr=1e-2),
+        train=dataclasses.replace(grpo_debug().train, **train),
         eval=EvalConfig(examples=4, max_new_tokens=4, show=1),
-        export_hf=False,
+        checkpoint=CheckpointConfig(export_hf=False),
         output=OutputConfig(runs_dir=str(tmp_path), run_name=run_name, tensorboard=False),
     )
 
@@ -64,36 +65,36 @@ def test_a_step_trains_and_the_engine_holds_the_trainers_weights(tmp_path, sft_f
 
     result = run_grpo(tiny(tmp_path, sft_folder, "run", kl_beta=0.1, updates_per_step=2), reward=alternating)
     assert result.steps_done == 2 and len(calls) == 2 * 2 * 3
-    assert [row["weights_version"] for row in result.history] == [1, 2]
+    assert [row.weights_version for row in result.history] == [1, 2]
     assert result.weights_version == 2 and result.skipped_samples == 0
     _, saved = load_model(result.weights_path.parent)
-    assert weights_checksum(trainer_state(saved)) == result.checksum == result.history[-1]["checksum"]
+    assert weights_checksum(trainer_state(saved)) == result.checksum == result.history[-1].checksum
     _, start = load_model(sft_folder)
     assert weights_checksum(trainer_state(start)) != result.checksum  # the update changed the weights
     first = result.history[0]
-    assert first["kl"] is not None and first["kl"] >= 0 and 0 <= first["clip_fraction"] <= 1
-    assert first["reward_mean"] == 0.5 and first["samples"] == 6
+    assert first.kl is not None and first.kl >= 0 and 0 <= first.clip_fraction <= 1
+    assert first.reward_mean == 0.5 and first.samples == 6 and first.loss is not None
+    assert result.summary.losses == [row.loss for row in result.history]
     lines = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if "reward_mean" in line] == [1, 2]
     assert result.before is not None and result.after is not None
     assert result.sampled_before is not None and result.sampled_after is not None
     record = json.loads((result.run_dir / "eval.json").read_text())
     assert record["after"]["sampled_accuracy"] == result.sampled_after and record["after"]["samples_per_prompt"] == 4
-    assert (result.run_dir / "eval.json").is_file() and (result.weights_path.parent / "tokenizer.json").is_file()
+    assert (result.weights_path.parent / "tokenizer.json").is_file()
+    assert (result.run_dir / "checkpoints" / "step-000002" / "trainer.json").is_file()
 
 
 def test_engine_checksum_equals_trainer_after_each_step(tmp_path, sft_folder, monkeypatch):
-    from titanpod.recipes.posttrain import grpo_run
-
     seen = []
-    original = grpo_run.sync_weights
+    original = grpo_trainer.sync_engine
 
     def checked(model, engine, version):
         report = original(model, engine, version)
         seen.append((version, engine.weights_version, engine.checksum(), weights_checksum(trainer_state(model))))
         return report
 
-    monkeypatch.setattr(grpo_run, "sync_weights", checked)
+    monkeypatch.setattr(grpo_trainer, "sync_engine", checked)
     run_grpo(tiny(tmp_path, sft_folder, "sync"), reward=lambda p, c, a: float(len(c) % 2))
     assert [(v, ev) for v, ev, _, _ in seen] == [(1, 1), (2, 2)]
     assert all(engine == trainer for _, _, engine, trainer in seen)
@@ -111,8 +112,8 @@ def test_a_raising_reward_is_counted_as_skipped(tmp_path, sft_folder):
     result = run_grpo(tiny(tmp_path, sft_folder, "flaky", steps=1), reward=flaky)
     assert result.skipped_samples == 2  # samples 3 and 6 of 6
     row = result.history[0]
-    assert row["skipped"] == 2 and len(row["reward_errors"]) == 2
-    assert "RuntimeError: judge unavailable" in row["reward_errors"][0]
+    assert row.skipped == 2 and len(row.reward_errors) == 2
+    assert "RuntimeError: judge unavailable" in row.reward_errors[0]
 
 
 def test_every_sample_of_a_prompt_skipped_drops_the_prompt(tmp_path, sft_folder):
@@ -120,7 +121,9 @@ def test_every_sample_of_a_prompt_skipped_drops_the_prompt(tmp_path, sft_folder)
         raise KeyError("no")
 
     result = run_grpo(tiny(tmp_path, sft_folder, "broken", steps=1), reward=broken)
-    assert result.skipped_samples == 6 and result.history[0]["loss"] is None and result.weights_version == 1
+    assert result.skipped_samples == 6 and result.history[0].loss is None and result.weights_version == 1
+    _, start = load_model(sft_folder)
+    assert weights_checksum(trainer_state(start)) == result.checksum  # nothing to train on: no update
 
 
 def test_missing_or_wrong_init_from_says_to_run_sft_first(tmp_path):
@@ -138,26 +141,87 @@ def test_a_prompt_longer_than_the_context_is_refused_before_any_work(tmp_path, s
     assert not (tmp_path / "long").exists()
 
 
-def test_grpo_debug_is_registered():
+def test_prompts_that_do_not_split_into_micro_batches_are_refused_before_any_work(tmp_path, sft_folder):
+    with pytest.raises(ValueError, match=r"6 sequences .* train.grad_accum_steps=4"):
+        run_grpo(tiny(tmp_path, sft_folder, "split", train={"grad_accum_steps": 4}))
+    assert not (tmp_path / "split").exists()
+
+
+def test_a_single_controller_lane_is_refused_with_the_fix():
+    class OneController:
+        lane, single_controller = "xla", True
+
+    with pytest.raises(ValueError, match=r"the xla lane drives every device .* --device.lane"):
+        check_launch(grpo_debug(), OneController(), 1)
+
+
+def test_grpo_debug_is_registered_with_the_old_optimizer_settings():
     entry = POSTTRAIN_RECIPES["grpo_debug"]
-    assert entry.kind == "grpo" and entry.build().model.init_from is None
-    assert GRPORecipe.from_dict(entry.build().to_dict()) == entry.build()
+    recipe = entry.build()
+    assert entry.kind == "grpo" and recipe.model.init_from is None
+    assert GRPORecipe.from_dict(recipe.to_dict()) == recipe
+    train = recipe.train
+    assert (train.steps, train.lr, train.warmup_steps, train.decay) == (60, 5e-4, 10, "constant")
+    assert (train.weight_decay, train.beta2, train.grad_clip) == (0.0, 0.99, 1.0)
+    assert recipe.checkpoint.export_hf
 
 
 def test_group_of_equal_rewards_gives_no_update(tmp_path, sft_folder):
     result = run_grpo(tiny(tmp_path, sft_folder, "flat", steps=1), reward=lambda p, c, a: 1.0)
     row = result.history[0]
-    assert row["zero_signal_groups"] == 2 and row["accuracy"] == 1.0
+    assert row.zero_signal_groups == 2 and row.accuracy == 1.0
     _, start = load_model(sft_folder)
     _, end = load_model(result.weights_path.parent)
     for (name, a), (_, b) in zip(start.state_dict().items(), end.state_dict().items(), strict=True):
         assert torch.equal(a, b), name  # zero advantages: zero gradient, AdamW without weight decay leaves them
 
 
-def test_warmup_rises_linearly_then_holds():
-    train = GRPOTrainConfig(lr=1e-3, warmup_steps=4)
-    assert [warmup_lr(train, step) for step in (1, 2, 4, 5, 40)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
-    assert warmup_lr(GRPOTrainConfig(lr=1e-3, warmup_steps=0), 1) == 1e-3
+def test_the_learning_rate_follows_the_graph_schedule(tmp_path, sft_folder):
+    recipe = tiny(tmp_path, sft_folder, "warmup", steps=3, train={"lr": 1e-3, "warmup_steps": 2})
+    result = run_grpo(recipe, reward=lambda p, c, a: float(len(c) % 2))
+    assert [row.lr for row in result.history] == pytest.approx([5e-4, 1e-3, 1e-3])
+
+
+def lowercase_share(prompt, completion, answer):
+    """A dense reward a random model can learn in a few steps: the share of lowercase letters."""
+    return sum(char.islower() for char in completion) / max(len(completion), 1)
+
+
+def test_the_reward_rises_over_a_short_run(tmp_path, sft_folder):
+    recipe = tiny(tmp_path, sft_folder, "learn", steps=16, group_size=8, prompts_per_step=4, temperature=1.0)
+    recipe = dataclasses.replace(recipe, eval=dataclasses.replace(recipe.eval, enabled=False))
+    result = run_grpo(recipe, reward=lowercase_share)
+    rewards = [row.reward_mean for row in result.history]
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.3, rewards
+
+
+def test_the_captured_whole_step_trains_like_eager(tmp_path, sft_folder):
+    def reward(p, c, a):
+        return float(len(c) % 2)
+
+    eager = run_grpo(tiny(tmp_path, sft_folder, "eager", steps=3, kl_beta=0.1, updates_per_step=2), reward=reward)
+    other = tiny(tmp_path, sft_folder, "whole", steps=3, kl_beta=0.1, updates_per_step=2,
+                 train={"step_mode": "whole_step", "compiler": "none"})  # fmt: skip
+    captured = run_grpo(other, reward=reward)
+    torch.testing.assert_close(captured.summary.losses, eager.summary.losses, rtol=1e-5, atol=1e-6)
+    assert [r.reward_mean for r in captured.history] == [r.reward_mean for r in eager.history]
+
+
+def test_a_run_stopped_at_step_2_resumes_to_the_same_losses(tmp_path, sft_folder):
+    def reward(p, c, a):
+        return lowercase_share(p, c, a)
+
+    def recipe(name, **train):
+        return tiny(tmp_path, sft_folder, name, steps=4, kl_beta=0.1, updates_per_step=2, train=train)
+
+    straight = run_grpo(recipe("straight"), reward=reward)
+    first = run_grpo(recipe("split", stop_at_step=2), reward=reward)
+    assert first.steps_done == 2 and (tmp_path / "split" / "checkpoints" / "step-000002").is_dir()
+    second = run_grpo(recipe("split"), reward=reward)
+    assert second.summary.start_step == 2 and second.steps_done == 4
+    assert [r.step for r in second.history] == [3, 4]
+    assert first.summary.losses + second.summary.losses == straight.summary.losses  # bit for bit
+    assert second.checksum == straight.checksum
 
 
 def test_rollout_config_names_bad_settings():

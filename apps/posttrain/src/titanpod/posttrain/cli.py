@@ -30,7 +30,7 @@ from titanpod.recipes.posttrain.registry import (
     PosttrainRecipe,
     get_posttrain_recipe,
 )
-from titanpod.rl.grpo_run import run_grpo
+from titanpod.rl.grpo.run import run_grpo
 from titanpod.runs.pretrain import with_resume
 from titanpod.runs.sft import run_sft
 

@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 
 from titanpod.data.sft.config import FORMATS, choice
 from titanpod.data.tasks import TASKS
-from titanpod.device import DeviceConfig
+from titanpod.graph import TrainConfig
+from titanpod.parallel import ParallelConfig
 from titanpod.recipes.posttrain.rollout_config import RolloutConfig
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig
-from titanpod.recipes.recipe import OutputConfig, RecipeFile
+from titanpod.recipes.recipe import RunRecipe
 
 MISSING_INIT_FROM = (
     "GRPO starts from a fine-tuned model, and model.init_from is not set. Run SFT first, e.g. "
@@ -83,57 +84,41 @@ class GRPOConfig:
             raise ValueError("grpo: " + "; ".join(problems) + ".")
 
 
-@dataclass(frozen=True)
-class GRPOTrainConfig:
-    """The optimizer (torch AdamW, linear warmup then a constant learning rate) and how long it runs."""
+def grpo_train_config() -> TrainConfig:
+    """GRPO's default optimizer and schedule: 40 steps, AdamW at 1e-4 after 10 steps of linear warmup, then
+    constant, no weight decay, beta2 0.99, gradient norm clipped to 1, metrics printed every step.
 
-    steps: int = 40
-    """GRPO steps (rollout, update, weight sync)."""
-    lr: float = 1e-4
-    """AdamW learning rate after warmup."""
-    warmup_steps: int = 10
-    """Steps of linear warmup (step k uses ``k / warmup_steps`` of ``lr``): Adam's first updates move every
-    weight by about ``lr`` whatever the gradient's size, which on noisy policy gradients undoes the SFT."""
-    beta1: float = 0.9
-    """AdamW first-moment decay."""
-    beta2: float = 0.99
-    """AdamW second-moment decay."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this (0 disables)."""
-    seed: int = 0
-    """Seeds the prompts drawn and the sampling."""
-    log_every: int = 1
-    """Print metrics every this many steps (every step goes to metrics.jsonl)."""
-
-    def __post_init__(self) -> None:
-        if self.steps < 0 or self.lr <= 0 or self.grad_clip < 0 or self.log_every < 1 or self.warmup_steps < 0:
-            raise ValueError("train: steps and warmup_steps must be >= 0, lr > 0, grad_clip >= 0 and log_every >= 1.")
+    Warmup matters here: Adam's first updates move every weight by about ``lr`` whatever the gradient's size,
+    which on noisy policy gradients undoes the SFT.
+    """
+    return TrainConfig(
+        steps=40, lr=1e-4, warmup_steps=10, decay="constant", weight_decay=0.0, beta2=0.99, grad_clip=1.0, log_every=1
+    )
 
 
 @dataclass(frozen=True)
-class GRPORecipe(RecipeFile):
-    """A complete, reproducible description of a GRPO run."""
+class GRPORecipe(RunRecipe):
+    """A complete, reproducible description of a GRPO run.
+
+    ``train`` counts GRPO steps (rollout, ``grpo.updates_per_step`` optimizer updates, weight sync); its
+    schedule gives every update of a step that step's learning rate. ``checkpoint.every`` counts GRPO steps.
+    """
 
     name: str = "custom_grpo"
     """Recipe name, used in run directory names."""
+    train: TrainConfig = field(default_factory=grpo_train_config)
+    """The optimizer, schedule, step mode and precision of the updates, and the number of GRPO steps."""
     model: GRPOModelConfig = field(default_factory=GRPOModelConfig)
     """The SFT model it starts from."""
-    device: DeviceConfig = field(default_factory=DeviceConfig)
-    """Where the trainer runs (one process)."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """How the trainer splits over processes under torchrun (each data rank samples its share of the prompts);
+    one process ignores it."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """Rollouts and the objective."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Where rollouts are sampled (this process, Ray workers, or a vLLM engine)."""
-    train: GRPOTrainConfig = field(default_factory=GRPOTrainConfig)
-    """The optimizer and the number of steps."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Held-out greedy accuracy before and after (``eval.task`` ``None``: the GRPO task)."""
-    export_hf: bool = True
-    """Also write the final model as a Hugging Face checkpoint with its tokenizer (``<run>/hf``)."""
-    output: OutputConfig = field(default_factory=OutputConfig)
-    """What it writes."""
 
     @property
     def eval_task(self) -> str:

@@ -15,7 +15,7 @@ from titanpod.checkpoint import CheckpointConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
 from titanpod.models.registry import choose
-from titanpod.recipes.posttrain.grpo_recipe import GRPOConfig, GRPOModelConfig, GRPORecipe, GRPOTrainConfig
+from titanpod.recipes.posttrain.grpo_recipe import GRPOConfig, GRPOModelConfig, GRPORecipe
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig, SFTDataConfig, SFTModelConfig, SFTRecipe
 from titanpod.recipes.recipe import OutputConfig
 
@@ -59,8 +59,10 @@ def grpo_debug() -> GRPORecipe:
         device=DeviceConfig(lane="auto"),
         grpo=GRPOConfig(task="reverse", reward="partial", group_size=8, prompts_per_step=64, temperature=0.7,
                         max_new_tokens=12, clip_eps=0.2, kl_beta=0.0, updates_per_step=1, eval_samples=4),
-        train=GRPOTrainConfig(steps=60, lr=5e-4, warmup_steps=10, log_every=5),
+        train=TrainConfig(steps=60, lr=5e-4, warmup_steps=10, decay="constant", weight_decay=0.0, beta2=0.99,
+                          grad_clip=1.0, log_every=5),
         eval=EvalConfig(examples=400, max_new_tokens=12),
+        checkpoint=CheckpointConfig(at_end=True, export_hf=True),
         output=OutputConfig(),
     )  # fmt: skip
 

@@ -35,14 +35,19 @@ class GRPOBatch:
         """The batch on ``device``."""
         return GRPOBatch(self.tokens_NL.to(device), self.targets_NLF.to(device))
 
-    def micro_batches(self, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The rows in ``count`` equal, contiguous micro-batches, each the graph step's ``(tokens, targets)``."""
-        rows = self.tokens_NL.shape[0]
+    @staticmethod
+    def check_split(rows: int, count: int) -> None:
+        """``ValueError`` unless ``rows`` sequences split into ``count`` equal micro-batches."""
         if count < 1 or rows % count:
             raise ValueError(
                 f"A data rank's {rows} sequences (its prompts x grpo.group_size) do not split into "
                 f"train.grad_accum_steps={count} equal micro-batches: choose a divisor of {rows}."
             )
+
+    def micro_batches(self, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The rows in ``count`` equal, contiguous micro-batches, each the graph step's ``(tokens, targets)``."""
+        rows = self.tokens_NL.shape[0]
+        self.check_split(rows, count)
         size = rows // count
         return [
             (self.tokens_NL[i * size : (i + 1) * size], self.targets_NLF[i * size : (i + 1) * size])

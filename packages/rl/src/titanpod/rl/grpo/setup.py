@@ -1,0 +1,155 @@
+"""What a GRPO run loads and checks before it writes anything or starts an engine."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from titanpod.checkpoint import load_model
+from titanpod.checkpoint.model_files import MODEL_FILE
+from titanpod.data.sft.records import check_covers
+from titanpod.data.sft.tokenizer import TOKENIZER_FILE, SFTTokenizer, load_sft_tokenizer
+from titanpod.data.tasks import Example, Task, get_task
+from titanpod.data.tokenizer import check_fits
+from titanpod.device import Backend, get_backend, process_info
+from titanpod.models import Transformer
+from titanpod.parallel import DATA_AXES
+from titanpod.recipes.posttrain.grpo_recipe import MISSING_INIT_FROM, GRPORecipe
+from titanpod.rl.grpo.batches import GRPOBatch
+from titanpod.rl.grpo.prompts import PromptPlan, PromptShare, prompt_share
+from titanpod.rl.grpo.rewards import Reward
+
+
+def load_policy(recipe: GRPORecipe, device: torch.device) -> tuple[str, Transformer, SFTTokenizer]:
+    """The SFT model of ``model.init_from`` (fp32, on ``device``), its family and its tokenizer.
+
+    ``ValueError`` when ``init_from`` is unset or is not a titanpod model folder (saying how to make one).
+    """
+    if recipe.model.init_from is None:
+        raise ValueError(MISSING_INIT_FROM)
+    folder = Path(recipe.model.init_from)
+    if not (folder / MODEL_FILE).is_file():
+        raise ValueError(
+            f"model.init_from {recipe.model.init_from!r} is not a titanpod model folder (no {MODEL_FILE} in it). "
+            + MISSING_INIT_FROM.split(". ", 1)[1]
+        )
+    spec = recipe.model.tokenizer
+    if spec is None:
+        if not (folder / TOKENIZER_FILE).is_file():
+            raise ValueError(
+                f"{folder} holds no {TOKENIZER_FILE}; name the tokenizer the SFT run used with --model.tokenizer."
+            )
+        spec = str(folder)
+    family, model = load_model(folder, "cpu")
+    model = model.float().to(device)
+    return family, model, load_sft_tokenizer(spec)
+
+
+def check_launch(recipe: GRPORecipe, backend: Backend, world_size: int) -> None:
+    """``ValueError`` for a launch GRPO cannot run: a single-controller lane (xla), or several processes with
+    rollouts that are not sampled in each process."""
+    if backend.single_controller:
+        raise ValueError(
+            f"GRPO runs on lanes where each process drives its own device (cpu, cuda, tpu); the {backend.lane} "
+            "lane drives every device from one process and has no rollout engine yet: pick another --device.lane."
+        )
+    if world_size > 1 and recipe.rollout.mode != "local":
+        raise ValueError(
+            f"Under torchrun each GRPO process samples its share of the prompts with its own engine, so "
+            f"rollout.mode must be 'local', not {recipe.rollout.mode!r}: start one process for "
+            f"--rollout.mode {recipe.rollout.mode}."
+        )
+
+
+def data_ranks(recipe: GRPORecipe, world_size: int) -> int:
+    """How many data-parallel ranks the launch has (1 in one process); ``PlanError`` for degrees that do not fit."""
+    if world_size == 1:
+        return 1
+    axes = recipe.parallel.mesh_axes(world_size)
+    return math.prod(axes[axis] for axis in DATA_AXES)
+
+
+@dataclass
+class GRPOSetup:
+    """What a GRPO run has loaded and checked before it writes anything or starts an engine."""
+
+    recipe: GRPORecipe
+    """The recipe."""
+    backend: Backend
+    """The trainer's lane."""
+    device: torch.device
+    """The trainer's device."""
+    family: str
+    """The model family of ``model.init_from``."""
+    model: Transformer
+    """The policy being trained (fp32, whole until the run shards it)."""
+    tokenizer: SFTTokenizer
+    """The SFT run's tokenizer."""
+    task: Task
+    """The task whose train prompts are rolled out."""
+    reward: Reward
+    """The reward function rollouts are scored with."""
+    plan: PromptPlan
+    """Every step's prompts, each checked to fit the context."""
+    eval_task: Task
+    """The task held-out accuracy is measured on."""
+    test_examples: list[Example]
+    """The held-out prompts (none when evaluation is off)."""
+    data_ranks: int
+    """Data-parallel ranks of the launch (1 in one process)."""
+
+
+def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
+    """Load the SFT model and its tokenizer, and draw and check every step's prompts, before any work.
+
+    ``ValueError`` names what does not fit: the launch, the lane, ``init_from``, the tokenizer, a prompt, how
+    the prompts split over data ranks and micro-batches.
+    """
+    info = process_info()
+    backend = get_backend(recipe.device.lane)
+    check_launch(recipe, backend, info.world_size)
+    ranks = data_ranks(recipe, info.world_size)
+    config = recipe.grpo
+    share = prompt_share(config.prompts_per_step, 0, ranks)
+    GRPOBatch.check_split((share.stop - share.start) * config.group_size, recipe.train.grad_accum_steps)
+    device = backend.device(info.local_rank)
+    torch.manual_seed(recipe.train.seed)
+    family, model, tokenizer = load_policy(recipe, device)
+    check_fits(tokenizer.tokenizer, tokenizer.spec, model.args.vocab_size)
+    task = get_task(config.task)
+    check_covers(tokenizer, task)
+    plan = PromptPlan(
+        task,
+        tokenizer,
+        steps=recipe.train.steps,
+        prompts_per_step=config.prompts_per_step,
+        seed=recipe.train.seed,
+        prompt_format=config.format,
+        max_new_tokens=config.max_new_tokens,
+        max_seq_len=model.args.max_seq_len,
+    )
+    eval_task = get_task(recipe.eval_task)
+    check_covers(tokenizer, eval_task)
+    test_examples = eval_task.examples("test", recipe.eval.examples, recipe.eval.seed) if recipe.eval.enabled else []
+    return GRPOSetup(
+        recipe,
+        backend,
+        device,
+        family,
+        model,
+        tokenizer,
+        task,
+        reward or (task.partial_reward if config.reward == "partial" else task.reward),
+        plan,
+        eval_task,
+        test_examples,
+        ranks,
+    )
+
+
+def rank_share(setup: GRPOSetup, data_rank: int) -> PromptShare:
+    """The block of each step's prompts data rank ``data_rank`` samples and trains on."""
+    return prompt_share(setup.recipe.grpo.prompts_per_step, data_rank, setup.data_ranks)

@@ -1,0 +1,118 @@
+"""One GRPO step: rollouts of this rank's prompts, rewards and advantages, ``grpo.updates_per_step`` graph
+steps on the same rollouts, and the verified weight sync into the engine."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from titanpod.graph import StepOutput, TrainStep, lr_multiplier
+from titanpod.models import Transformer
+from titanpod.rl.grpo.batches import build_batch, token_weight
+from titanpod.rl.grpo.metrics import GRPOStepMetrics, RolloutTotals, UpdateFigures
+from titanpod.rl.grpo.objective import CLIP_FRACTION, KL, token_logprobs
+from titanpod.rl.grpo.prompts import PromptShare
+from titanpod.rl.grpo.rewards import ScoredRollouts, score_rollouts
+from titanpod.rl.grpo.setup import GRPOSetup
+from titanpod.rl.grpo.sharding import TrainerSharding, sync_engine
+from titanpod.rl.rollout import BuiltinEngine, Completion, RolloutEngine, SamplingParams
+
+SHOWN_REWARD_ERRORS = 5
+"""Reward errors a step's metrics keep in full; later ones are only counted."""
+
+
+class GRPOTrainer:
+    """Runs GRPO steps of ``setup`` with ``step`` (over the GRPO objective of ``setup.model``) and ``engine``."""
+
+    def __init__(
+        self,
+        setup: GRPOSetup,
+        engine: RolloutEngine,
+        step: TrainStep,
+        sharding: TrainerSharding,
+        share: PromptShare,
+        reference: Transformer | None = None,
+    ) -> None:
+        """``share`` is this rank's block of each step's prompts; ``reference`` the frozen starting model (KL)."""
+        if share.start and not isinstance(engine, BuiltinEngine):
+            raise ValueError("A rank sampling part of a step's prompts needs a BuiltinEngine (rollout.mode local).")
+        self.setup, self.engine, self.step, self.sharding = setup, engine, step, sharding
+        self.share, self.reference = share, reference
+
+    def sampling_params(self, step_number: int) -> SamplingParams:
+        """How step ``step_number``'s completions are sampled (its seed depends on the step alone)."""
+        config = self.setup.recipe.grpo
+        return SamplingParams(
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            stop_token_ids=self.setup.tokenizer.stop_ids,
+            seed=self.setup.plan.sampling_seed(step_number),
+            n=config.group_size,
+        )
+
+    def rollouts(self, step_number: int) -> ScoredRollouts:
+        """This rank's completions of step ``step_number``, scored (prompt indices count in the whole step)."""
+        prompts = self.setup.plan.prompts(step_number)
+        mine = prompts.prompt_ids[self.share.start : self.share.stop]
+        params = self.sampling_params(step_number)
+        completions: list[Completion]
+        if isinstance(self.engine, BuiltinEngine):
+            completions = self.engine.generate(mine, params, first_prompt_index=self.share.start)
+        else:
+            completions = self.engine.generate(mine, params)
+        texts = [self.setup.tokenizer.decode(c.token_ids) for c in completions]
+        return score_rollouts(prompts.examples, completions, texts, self.setup.reward)
+
+    def update(self, scored: ScoredRollouts, step_tokens: int, lr: float) -> UpdateFigures:
+        """``grpo.updates_per_step`` training steps on ``scored`` (``step_tokens``: kept completion tokens of the
+        whole step, every rank); nothing when no token is kept."""
+        recipe = self.setup.recipe
+        if step_tokens == 0:
+            return UpdateFigures(loss=None, kl=None, clip_fraction=0.0, grad_norm=None, skipped_updates=0)
+        micro = recipe.train.grad_accum_steps
+        weight = token_weight(step_tokens, micro, self.sharding.data_ranks)
+        device = self.setup.device
+        reference = self.reference
+        reference_logprobs = None
+        if reference is not None:
+
+            def reference_logprobs(tokens_NL: torch.Tensor) -> torch.Tensor:
+                return token_logprobs(reference, tokens_NL.to(device))
+
+        batch = build_batch(
+            scored, self.setup.plan.sequence_length, self.setup.tokenizer.pad_id, weight, reference_logprobs
+        )
+        micro_batches = batch.to(device).micro_batches(micro)
+        outputs: list[StepOutput] = [self.step(micro_batches, lr) for _ in range(recipe.grpo.updates_per_step)]
+        clip = [float(self.sharding.mean(out.metrics[CLIP_FRACTION])) / micro for out in outputs]
+        kls = [float(self.sharding.mean(out.metrics[KL])) / micro for out in outputs if KL in out.metrics]
+        return UpdateFigures(
+            loss=float(self.sharding.mean(outputs[-1].loss)),
+            kl=sum(kls) / len(kls) if kls else None,
+            clip_fraction=sum(clip) / len(clip),
+            grad_norm=float(outputs[-1].grad_norm),
+            skipped_updates=sum(not bool(out.applied) for out in outputs),
+        )
+
+    def __call__(self, step_number: int) -> GRPOStepMetrics:
+        """Run GRPO step ``step_number`` (1-based) and sync the engine to it as weights version ``step_number``."""
+        started = time.perf_counter()
+        train = self.setup.recipe.train
+        scored = self.rollouts(step_number)
+        totals = self.sharding.sum_totals(RolloutTotals.of(scored))
+        lr = train.lr * lr_multiplier(step_number, train)
+        updates = self.update(scored, totals.completion_tokens, lr)
+        sync = sync_engine(self.setup.model, self.engine, step_number)
+        return GRPOStepMetrics.build(
+            step_number,
+            totals,
+            updates,
+            lr,
+            reward_errors=tuple(scored.errors[:SHOWN_REWARD_ERRORS]),
+            sync_seconds=sync.seconds,
+            weights_version=sync.version,
+            checksum=sync.checksum,
+            step_seconds=time.perf_counter() - started,
+        )
