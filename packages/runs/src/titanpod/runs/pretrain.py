@@ -4,32 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import torch
-import torch.distributed as dist
 from rich.console import Console
 
-from titanpod.checkpoint import Checkpointer, complete_checkpoints, save_hf_checkpoint, save_model
+from titanpod.checkpoint import complete_checkpoints, save_hf_checkpoint, save_model
 from titanpod.data import TrainData, build_data, gather_data_state
 from titanpod.device import Backend, get_backend, process_info
-from titanpod.graph import (
-    JsonlWriter,
-    StepMetrics,
-    TensorBoardWriter,
-    TrainConfig,
-    TrainSummary,
-    build_step,
-    train,
-)
+from titanpod.graph import TrainConfig, TrainSummary, build_step
 from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import DATA_AXES, PLANS
-from titanpod.parallel.torch_executor import parallelize, unshard
+from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.recipe import NamedRun, Recipe
+from titanpod.runs.session import RunSession
+from titanpod.runs.session import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
 from titanpod.runs.validation import validation_loss
 
 ResumableRun = TypeVar("ResumableRun", bound=NamedRun)
@@ -52,30 +44,6 @@ class PretrainResult:
     """Parameter count of the model."""
     step_description: str = "eager"
     """How steps ran: the step mode, with the memory policy and compiler where they apply."""
-
-
-def prepare_run_dir(recipe: NamedRun) -> Path:
-    """Create the run directory and write the recipe into it; fail early if it cannot be written.
-
-    Under torchrun every rank must call it: rank 0 picks the name and the others receive it.
-    """
-    name = recipe.output.run_name or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if dist.is_initialized():
-        chosen = [name]
-        dist.broadcast_object_list(chosen, src=0)  # a timestamped name could differ by a second
-        name = chosen[0]
-    run_dir = Path(recipe.output.runs_dir) / name
-    if not process_info().is_main:
-        return run_dir
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "recipe.json").write_text(recipe.to_json(), encoding="utf-8")
-    except OSError as error:
-        raise OSError(
-            f"Cannot write the run directory {run_dir}: {error.strerror}. "
-            "Choose another with --output.runs-dir or --output.run-name."
-        ) from error
-    return run_dir
 
 
 def latest_resumable_run(recipe: NamedRun) -> str | None:
@@ -115,7 +83,7 @@ def build_initialised_model(recipe: Recipe, backend: Backend) -> Transformer:
     """Build the recipe's model on the meta device, then materialise and initialise it on the backend's device
     (on the host for the xla lane, whose step places the parameters on the JAX devices itself)."""
     model = build_model(recipe.model.family, recipe.model.args(), model_ops(recipe.kernels))
-    model.to_empty(device="cpu" if backend.lane == "xla" else backend.device(process_info().local_rank))
+    model.to_empty(device=backend.parameter_device(process_info().local_rank))
     model.init_weights(recipe.train.seed)
     return model
 
@@ -133,7 +101,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     parameters = parameter_count(model)
     sharded, xla_axes = None, None
     data_config = recipe.data
-    if backend.lane == "xla":  # one controller drives every JAX device; XLA partitions by the plan
+    if backend.single_controller:  # one controller drives every device; the compiler partitions by the plan
         xla_axes = recipe.parallel.mesh_axes(backend.device_count())
         data_rank, data_world = 0, 1
         # batch_size is per data rank: this one process loads the batch of every data rank of the mesh.
@@ -146,113 +114,68 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         data_rank, data_world = 0, 1
     data = build_data(data_config, model.args.vocab_size, recipe.train.seed, data_rank, data_world)
     batches = data.train
-    if not info.is_main:
-        console = None
-    run_dir = prepare_run_dir(recipe)
-    say = (lambda message: console.print(message, soft_wrap=True)) if console is not None else (lambda message: None)
-    checkpointer = Checkpointer(run_dir, recipe.checkpoint, recipe.to_json(), say)
-    checkpointer.remove_partial()
-    step = build_step(model, recipe.train, backend, plan=PLANS[recipe.model.family], axes=xla_axes)
-    start_step = 0
-    resume_from = checkpointer.resume_folder()
-    if resume_from is not None:
-        point = checkpointer.load(resume_from, model, step, recipe.to_dict())
-        batches.load_state_dict(point.data_state)
-        start_step = point.step
-        say(f"resumed from {resume_from}: {start_step} of {recipe.train.steps} steps done")
-        if start_step >= recipe.train.steps:
-            say("nothing left to train: raise --train.steps to continue this run")
-    every = recipe.checkpoint.every
-    validate_every = recipe.data.validation_every
     reduce = None if sharded is None else sharded.mean_over_data
-    writers: list[JsonlWriter | TensorBoardWriter] = []
+    model_device = backend.parameter_device(info.local_rank)
+    with RunSession(recipe, backend, console) as session:
+        step = build_step(model, recipe.train, backend, plan=PLANS[recipe.model.family], axes=xla_axes)
+        start_step = session.resume(model, step, batches, data_state=lambda: gather_data_state(batches))
+        validated_at: list[int] = []
 
-    validated_at: list[int] = []
-    model_device = torch.device("cpu") if backend.lane == "xla" else backend.device(info.local_rank)
+        def validate(step_number: int) -> None:
+            if data.validation is None:
+                return
+            step.finish()  # a single-controller step hands its trained weights back to the (host) model first
+            loss = validation_loss(model, data.validation, model_device, recipe.train, reduce)
+            validated_at.append(step_number)
+            session.say(f"step {step_number}: validation loss {loss:.4f} ({len(data.validation)} batches)")
+            session.write_scalars(step_number, {"validation_loss": loss})
 
-    def validate(step_number: int) -> None:
-        if data.validation is None:
-            return
-        step.finish()  # the xla step hands its trained weights back to the (host) model first
-        loss = validation_loss(model, data.validation, model_device, recipe.train, reduce)
-        validated_at.append(step_number)
-        say(f"step {step_number}: validation loss {loss:.4f} ({len(data.validation)} batches)")
-        for writer in writers:
-            writer.write_scalars(step_number, {"validation_loss": loss})
+        def after_step(step_number: int) -> None:
+            if recipe.data.validation_every and step_number % recipe.data.validation_every == 0:
+                validate(step_number)
 
-    def after_step(step_number: int) -> None:
-        if validate_every and step_number % validate_every == 0:
-            validate(step_number)
-        if every and step_number % every == 0:
-            checkpointer.save(step_number, model, step, gather_data_state(batches))
-        checkpointer.poll()
+        def at_end(summary: TrainSummary) -> None:
+            finished = summary.steps_done > start_step and not summary.interrupted and not summary.stopped_because
+            if finished and summary.steps_done not in validated_at:
+                validate(summary.steps_done)
 
-    if console is not None:
-        console.print(
+        session.say(
             f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family} {recipe.model.flavor}: "
-            f"{parameters:,} parameters; step {describe_step(recipe.train, backend.lane)}; run directory {run_dir}",
-            soft_wrap=True,
+            f"{parameters:,} parameters; step {describe_step(recipe.train, backend)}; run directory {session.run_dir}"
         )
-        console.print(data.describe(), soft_wrap=True)
-    if info.is_main:
-        writers.append(JsonlWriter(run_dir / "metrics.jsonl"))
-        if recipe.output.tensorboard:
-            writers.append(TensorBoardWriter(run_dir / "tensorboard"))
-
-    def write_report(report: StepMetrics) -> None:
-        for writer in writers:
-            writer.write(report)
-
-    try:
-        summary = train(
-            model,
+        session.say(data.describe())
+        summary = session.train(
             batches,
-            recipe.train,
-            backend,
             flops_per_token=model.flops_per_token(recipe.data.seq_len),
             data_parallel=data_world,
-            devices=backend.device_count() if backend.lane == "xla" else info.world_size,
-            reduce_loss=None if sharded is None else sharded.mean_over_data,
-            on_report=write_report,
-            console=console,
-            step=step,
-            start_step=start_step,
+            reduce_loss=reduce,
             after_step=after_step,
+            at_end=at_end,
         )
-        finished = summary.steps_done > start_step and not summary.interrupted and not summary.stopped_because
-        if finished and summary.steps_done not in validated_at:
-            validate(summary.steps_done)
-        if recipe.checkpoint.at_end and summary.steps_done > start_step:
-            checkpointer.save(summary.steps_done, model, step, gather_data_state(batches))
-    finally:
-        checkpointer.wait()  # a background save in flight is completed, whatever happened
-        for writer in writers:
-            writer.close()
-    if sharded is not None and recipe.output.save_weights:
-        unshard(model)  # every rank takes part; rank 0 writes
-    weights_path = None
-    if recipe.output.save_weights and summary.steps_done > 0 and info.is_main:
-        weights_path = save_model(
-            model,
-            recipe.model.family,
-            run_dir / "model",
-            {"step": summary.steps_done},
-            extra_files={"recipe.json": recipe.to_json()},
-        )
-        if recipe.checkpoint.export_hf:
-            hf_path = save_hf_checkpoint(model, recipe.model.family, run_dir / "hf")
-            say(f"exported the model as a Hugging Face checkpoint: {hf_path}")
-    if dist.is_initialized():
-        dist.barrier()  # no rank tears the group down while another still has collectives in flight
-        dist.destroy_process_group()
+
+        def write_weights() -> Path:
+            weights = save_model(
+                model,
+                recipe.model.family,
+                session.run_dir / "model",
+                {"step": summary.steps_done},
+                extra_files={"recipe.json": recipe.to_json()},
+            )
+            if recipe.checkpoint.export_hf:
+                hf_path = save_hf_checkpoint(model, recipe.model.family, session.run_dir / "hf")
+                session.say(f"exported the model as a Hugging Face checkpoint: {hf_path}")
+            return weights
+
+        weights_path = session.save_final_weights(summary, write_weights)
     return PretrainResult(
-        run_dir, summary, weights_path, backend.lane, parameters, describe_step(recipe.train, backend.lane)
+        session.run_dir, summary, weights_path, backend.lane, parameters, describe_step(recipe.train, backend)
     )
 
 
-def describe_step(train_config: TrainConfig, lane: str = "cpu") -> str:
-    """The step mode in words, e.g. ``whole_step (memory policy recompute, compiler auto)``."""
-    if lane == "xla":
+def describe_step(train_config: TrainConfig, backend: Backend | None = None) -> str:
+    """The step mode in words, e.g. ``whole_step (memory policy recompute, compiler auto)``; a single-controller
+    backend (the xla lane) compiles the whole step with ``jax.jit``."""
+    if backend is not None and backend.single_controller:
         return f"whole_step (jax.jit, memory policy {train_config.memory_policy})"
     if train_config.step_mode == "eager":
         return "eager"
