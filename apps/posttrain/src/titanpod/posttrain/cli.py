@@ -23,6 +23,7 @@ import tyro
 from rich.console import Console
 from rich.table import Table
 
+from titanpod.device import process_info
 from titanpod.recipes.errors import print_error
 from titanpod.recipes.posttrain.registry import (
     DEFAULT_POSTTRAIN_RECIPE,
@@ -32,6 +33,7 @@ from titanpod.recipes.posttrain.registry import (
 )
 from titanpod.rl.grpo.run import run_grpo
 from titanpod.runs.pretrain import with_resume
+from titanpod.runs.process_exit import exit_rank
 from titanpod.runs.sft import run_sft
 
 
@@ -111,14 +113,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if command is None:
         return 0
-    console.print_json(command.recipe.to_json())
+    main_process = process_info().is_main  # under torchrun only rank 0 speaks
+    if main_process:
+        console.print_json(command.recipe.to_json())
     try:
-        result = RUNNERS[command.entry.kind](command.recipe, console)
+        result = RUNNERS[command.entry.kind](command.recipe, console if main_process else None)
     # NotImplementedError is a RuntimeError; ImportError names a missing optional dependency (Ray).
     except (KeyError, ValueError, RuntimeError, OSError, ImportError) as error:
         print_error(error)
         return 1
-    print_summary(console, result)
+    if main_process:
+        print_summary(console, result)
+    if process_info().world_size > 1:
+        exit_rank(result.exit_code)  # once the run is written: see exit_rank
     return result.exit_code
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ from titanpod.recipes.errors import print_error
 from titanpod.recipes.planner.report import dry_run
 from titanpod.runs import PretrainResult, run_pretraining
 from titanpod.runs.pretrain import with_resume
+from titanpod.runs.process_exit import exit_rank
 from titanpod.runs.rehearsal import rehearse
 
 
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print_summary(console, result)
     code = 1 if result.summary.stopped_because else 130 if result.summary.interrupted else 0
     if process_info().world_size > 1:
-        exit_now(code)
+        exit_rank(code)  # once the run is written: see exit_rank
     return code
 
 
@@ -191,19 +191,6 @@ def rehearse_command(recipe: Recipe, lanes: tuple[str, ...] | None, console: Con
         print_error(RuntimeError(f"rehearsal interrupted; the runs and logs so far are in {folder}"))
         return 130
     return 0 if report.passed else 1
-
-
-def exit_now(code: int) -> None:
-    """End a torchrun rank once its work is written and its process group destroyed.
-
-    Interpreter teardown after a gloo run occasionally aborts a rank ("terminate called
-    without an active exception", a few runs in a hundred, not yet traced to its source),
-    which would turn a finished run into a failed one; every file is closed by now, so
-    the rank leaves without that teardown.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

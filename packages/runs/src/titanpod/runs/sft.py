@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from titanpod.checkpoint import (
-    Checkpointer,
     load_hf_checkpoint,
     load_model,
     resolve_source,
@@ -27,17 +26,21 @@ from titanpod.checkpoint import (
 )
 from titanpod.checkpoint.hf_files import CONFIG_FILE as HF_CONFIG_FILE
 from titanpod.checkpoint.model_files import MODEL_FILE
-from titanpod.data.sft.batches import build_sft_data, check_covers
+from titanpod.data.sft.batches import build_sft_data
+from titanpod.data.sft.records import check_covers
 from titanpod.data.sft.tokenizer import SFTTokenizer, load_sft_tokenizer
 from titanpod.data.tasks import Task, get_task
 from titanpod.data.tokenizer import check_fits
 from titanpod.device import Backend, get_backend, process_info
-from titanpod.graph import JsonlWriter, StepMetrics, TensorBoardWriter, TrainSummary, build_step, train
+from titanpod.graph import TrainSummary, build_step
 from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
+from titanpod.parallel import PLANS
+from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.evaluation import Evaluation, evaluate
-from titanpod.runs.pretrain import build_initialised_model, describe_step, prepare_run_dir
+from titanpod.runs.pretrain import build_initialised_model, describe_step
+from titanpod.runs.session import RunSession
 
 MODEL_FOLDER, HF_FOLDER, EVAL_FILE = "model", "hf", "eval.json"
 
@@ -155,7 +158,7 @@ def build_sft_model(recipe: SFTRecipe, backend: Backend) -> tuple[Transformer, s
             f"{recipe.model.family!r}: set --model.family {family}."
         )
     model = build_model(family, loaded.args, model_ops(recipe.kernels))
-    model.to_empty(device=backend.device(process_info().local_rank))
+    model.to_empty(device=backend.parameter_device(process_info().local_rank))
     model.load_state_dict({name: tensor.float() for name, tensor in loaded.state_dict().items()}, strict=True)
     return model, f"{recipe.model.init_from} ({family})"
 
@@ -171,14 +174,19 @@ def eval_task_and_examples(recipe: SFTRecipe, tokenizer: SFTTokenizer) -> tuple[
 
 
 def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
-    """Fine-tune the recipe's model on its data; score held-out accuracy before and after; write the run."""
-    info = process_info()
-    if info.world_size > 1:
-        raise ValueError("SFT runs in one process for now: start it without torchrun.")
+    """Fine-tune the recipe's model on its data; score held-out accuracy before and after; write the run.
+
+    Under torchrun the model is sharded by its family's plan and ``recipe.parallel``, each data rank
+    reads its own share of every global batch, and the reported loss is the mean over data ranks.
+    Held-out accuracy runs on every rank (the sharded forward is a collective); rank 0 alone prints
+    and writes, and the final model is gathered whole and written by rank 0.
+    """
     backend = get_backend(recipe.device.lane)
-    if backend.lane == "xla":
-        raise ValueError("SFT runs on the cpu, cuda or tpu lanes; the xla lane is not available for it yet.")
-    say = (lambda message: console.print(message, soft_wrap=True)) if console is not None else (lambda message: None)
+    if backend.single_controller:
+        raise ValueError(
+            f"SFT runs on lanes where each process drives one device (cpu, cuda, tpu); the {backend.lane} lane "
+            "is not available for it yet: choose another with --device.lane."
+        )
     torch.manual_seed(recipe.train.seed)
     tokenizer = load_sft_tokenizer(recipe.data.tokenizer)
     model, started_from = build_sft_model(recipe, backend)
@@ -187,114 +195,91 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
         raise ValueError(
             f"data.seq_len {recipe.data.seq_len} is longer than the model's max_seq_len {model.args.max_seq_len}."
         )
-    data = build_sft_data(recipe.data, tokenizer, recipe.train.seed)
-    task, test_examples = eval_task_and_examples(recipe, tokenizer)
     parameters = parameter_count(model)
-    run_dir = prepare_run_dir(recipe)
-    tokenizer.save(run_dir)
-    checkpointer = Checkpointer(run_dir, recipe.checkpoint, recipe.to_json(), say)
-    checkpointer.remove_partial()
-    step = build_step(model, recipe.train, backend)
-    start_step = 0
-    resume_from = checkpointer.resume_folder()
-    if resume_from is not None:
-        point = checkpointer.load(resume_from, model, step, recipe.to_dict())
-        data.train.load_state_dict(point.data_state)
-        start_step = point.step
-        say(f"resumed from {resume_from}: {start_step} of {recipe.train.steps} steps done")
-        if start_step >= recipe.train.steps:
-            say("nothing left to train: raise --train.steps to continue this run")
-    say(
-        f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family}: {parameters:,} parameters from "
-        f"{escape(started_from)}; step {describe_step(recipe.train, backend.lane)}; run directory {run_dir}"
-    )
-    say(data.describe())
-    writers: list[JsonlWriter | TensorBoardWriter] = [JsonlWriter(run_dir / "metrics.jsonl")]
-    if recipe.output.tensorboard:
-        writers.append(TensorBoardWriter(run_dir / "tensorboard"))
-    evaluations: dict[str, tuple[int, Evaluation]] = {}
-
-    def score(label: str, step_number: int) -> Evaluation | None:
-        if task is None:
-            return None
-        step.finish()
-        evaluation = evaluate(
-            model,
-            tokenizer,
-            task,
-            test_examples,
-            recipe.eval.max_new_tokens,
-            format=recipe.data.format,
-            batch_size=recipe.eval.batch_size,
+    sharded = None
+    if process_info().world_size > 1:
+        sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend)
+    data_rank, data_world = (sharded.data_rank, sharded.data_world) if sharded is not None else (0, 1)
+    data = build_sft_data(recipe.data, tokenizer, recipe.train.seed, data_rank, data_world)
+    task, test_examples = eval_task_and_examples(recipe, tokenizer)
+    with RunSession(recipe, backend, console) as session:
+        if session.is_main:
+            tokenizer.save(session.run_dir)
+        step = build_step(model, recipe.train, backend)
+        start_step = session.resume(model, step, data.train)
+        session.say(
+            f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family}: {parameters:,} parameters "
+            f"from {escape(started_from)}; step {describe_step(recipe.train, backend)}; "
+            f"run directory {session.run_dir}"
         )
-        evaluations[label] = (step_number, evaluation)
-        say(evaluation.accuracy_line(step_number, f"{label} training", task.name))
-        for writer in writers:
-            writer.write_scalars(step_number, {"eval_accuracy": evaluation.accuracy})
-        return evaluation
+        session.say(data.describe())
+        evaluations: dict[str, tuple[int, Evaluation]] = {}
 
-    def write_report(report: StepMetrics) -> None:
-        for writer in writers:
-            writer.write(report)
+        def score(label: str, step_number: int) -> None:
+            if task is None:
+                return
+            step.finish()
+            evaluation = evaluate(
+                model,
+                tokenizer,
+                task,
+                test_examples,
+                recipe.eval.max_new_tokens,
+                format=recipe.data.format,
+                batch_size=recipe.eval.batch_size,
+            )
+            evaluations[label] = (step_number, evaluation)
+            session.say(evaluation.accuracy_line(step_number, f"{label} training", task.name))
+            session.write_scalars(step_number, {"eval_accuracy": evaluation.accuracy})
 
-    def after_step(step_number: int) -> None:
-        if recipe.checkpoint.every and step_number % recipe.checkpoint.every == 0:
-            checkpointer.save(step_number, model, step, data.train.state_dict())
-        checkpointer.poll()
-
-    try:
         if recipe.eval.before:
             score("before", start_step)
-        summary = train(
-            model,
+        summary = session.train(
             data.train,
-            recipe.train,
-            backend,
             flops_per_token=model.flops_per_token(recipe.data.seq_len),
-            on_report=write_report,
-            console=console,
-            step=step,
-            start_step=start_step,
-            after_step=after_step,
+            data_parallel=data_world,
+            reduce_loss=sharded.mean_over_data if sharded is not None else None,
+            at_end=lambda summary: score("after", summary.steps_done),
         )
-        score("after", summary.steps_done)
-        if recipe.checkpoint.at_end and summary.steps_done > start_step:
-            checkpointer.save(summary.steps_done, model, step, data.train.state_dict())
-    finally:
-        checkpointer.wait()
-        for writer in writers:
-            writer.close()
-    result = SFTResult(
-        run_dir,
-        summary,
-        backend.lane,
-        parameters,
-        describe_step(recipe.train, backend.lane),
-        started_from,
-        eval_task=task.name if task is not None else None,
-        eval_examples=len(test_examples),
-        before=score_of(evaluations, "before"),
-        after=score_of(evaluations, "after"),
-        skipped_examples=len(data.skipped),
-    )
-    if "after" in evaluations:
-        final = evaluations["after"][1]
-        shown = range(min(recipe.eval.show, len(final.examples)))
-        result.samples = [(final.examples[i].prompt, final.completions[i], final.examples[i].answer) for i in shown]
-        if task is not None:
-            for line in final.shown(task, recipe.eval.show):
-                say(line)
-    if evaluations:
-        write_eval_file(run_dir / EVAL_FILE, result.eval_task, evaluations)
-    if recipe.output.save_weights and summary.steps_done > 0:
-        extra = {"recipe.json": recipe.to_json(), **tokenizer.files()}
-        result.weights_path = save_model(
-            model, recipe.model.family, run_dir / MODEL_FOLDER, {"step": summary.steps_done}, extra_files=extra
+        result = SFTResult(
+            session.run_dir,
+            summary,
+            backend.lane,
+            parameters,
+            describe_step(recipe.train, backend),
+            started_from,
+            eval_task=task.name if task is not None else None,
+            eval_examples=len(test_examples),
+            before=score_of(evaluations, "before"),
+            after=score_of(evaluations, "after"),
+            skipped_examples=len(data.skipped),
         )
-        if recipe.checkpoint.export_hf:
-            result.hf_path = save_hf_checkpoint(model, recipe.model.family, run_dir / HF_FOLDER)
-            tokenizer.save(result.hf_path)
-            say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
+        if "after" in evaluations:
+            final = evaluations["after"][1]
+            shown = range(min(recipe.eval.show, len(final.examples)))
+            result.samples = [(final.examples[i].prompt, final.completions[i], final.examples[i].answer) for i in shown]
+            if task is not None:
+                for line in final.shown(task, recipe.eval.show):
+                    session.say(line)
+        if evaluations and session.is_main:
+            write_eval_file(session.run_dir / EVAL_FILE, result.eval_task, evaluations)
+
+        def write_weights() -> Path:
+            extra = {"recipe.json": recipe.to_json(), **tokenizer.files()}
+            weights = save_model(
+                model,
+                recipe.model.family,
+                session.run_dir / MODEL_FOLDER,
+                {"step": summary.steps_done},
+                extra_files=extra,
+            )
+            if recipe.checkpoint.export_hf:
+                result.hf_path = save_hf_checkpoint(model, recipe.model.family, session.run_dir / HF_FOLDER)
+                tokenizer.save(result.hf_path)
+                session.say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
+            return weights
+
+        result.weights_path = session.save_final_weights(summary, write_weights)
     return result
 
 

@@ -9,6 +9,7 @@ from titanpod.data.tasks import TASKS
 from titanpod.kernels import KernelConfig
 from titanpod.models.common.args import DecoderArgs
 from titanpod.models.registry import get_flavor
+from titanpod.parallel import ParallelConfig
 from titanpod.recipes.recipe import RunRecipe
 
 
@@ -67,6 +68,8 @@ class SFTRecipe(RunRecipe):
     """Recipe name, used in run directory names."""
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
     """The model and its starting weights."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """How it splits over processes (under torchrun); one process ignores it."""
     kernels: KernelConfig = field(default_factory=KernelConfig)
     """Which implementation fills each of the model's op slots (references by default)."""
     data: SFTDataConfig = field(default_factory=SFTDataConfig)

@@ -7,7 +7,6 @@ devices for the xla lane). Rank 0 prints; the exit code says whether the run fin
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from titanpod.device import process_info
 from titanpod.recipes.errors import print_error
 from titanpod.recipes.recipe import Recipe
 from titanpod.runs.pretrain import run_pretraining
+from titanpod.runs.process_exit import exit_rank
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,9 +37,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # A gloo rank's interpreter teardown occasionally aborts after a finished run (see titanpod-pretrain's
-    # exit_now); every file is closed by now, so leave without it.
-    os._exit(code)
+    exit_rank(main())  # a gloo rank's interpreter teardown occasionally aborts after a finished run
