@@ -46,6 +46,30 @@ VALIDATION_BATCHES = 1
 (qwen3_32b: 4 per data rank x 8 xla devices x 256 tokens)."""
 
 
+@dataclass(frozen=True)
+class RehearsalLane:
+    """How one lane is rehearsed on this machine: the processes started and the devices each drives."""
+
+    executor: str
+    """The executor in words, as the rehearsal table shows it."""
+    processes: int
+    """Processes of one run (torch.distributed.run starts them when there are several)."""
+    host_devices: int
+    """Devices each process drives: XLA host devices of one controller when more than one."""
+
+    @property
+    def devices(self) -> int:
+        """Devices of the whole run, over which the parallel degrees are scaled."""
+        return self.processes * self.host_devices
+
+
+REHEARSAL_LANES = {
+    "cpu": RehearsalLane("torch executor, gloo processes", processes=TORCH_PROCESSES, host_devices=1),
+    "xla": RehearsalLane("XLA SPMD, host devices", processes=1, host_devices=XLA_DEVICES),
+}
+"""The lanes a rehearsal can run on this machine, and how each is run."""
+
+
 PALLAS_CHOICES = ("splash", "pallas", "gmm")
 """Kernel choices that are Pallas kernels: interpret mode off a TPU."""
 
@@ -118,7 +142,7 @@ def rehearsal_lanes(recipe: Recipe) -> tuple[str, ...]:
     lane = recipe.device.lane
     if lane in ("auto", "tpu"):
         return ("cpu", "xla")
-    if lane in ("cpu", "xla"):
+    if lane in REHEARSAL_LANES:
         return (lane,)
     raise RehearsalError(
         f"device.lane {lane!r} cannot be rehearsed on this machine (it has no such device); "
@@ -206,9 +230,8 @@ NOTES = {
 
 def settings_rows(recipe: Recipe, scaled: Recipe, args: DecoderArgs, lane: str) -> list[Setting]:
     """Every setting of ``recipe`` beside its value in ``scaled`` (none left out), model sizes and features first."""
-    executor = "torch executor, gloo processes" if lane == "cpu" else "XLA SPMD, host devices"
-    devices = TORCH_PROCESSES if lane == "cpu" else XLA_DEVICES
-    axes = scaled.parallel.mesh_axes(devices)
+    executor = REHEARSAL_LANES[lane].executor
+    axes = scaled.parallel.mesh_axes(REHEARSAL_LANES[lane].devices)
     rows = _model_rows(args, scaled.model.shape)
     old, new = _leaves(recipe.to_dict()), _leaves(scaled.to_dict())
     for path, value in old.items():

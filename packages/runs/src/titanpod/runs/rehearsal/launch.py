@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from titanpod.recipes.rehearsal.scaling import TORCH_PROCESSES, XLA_DEVICES
+from titanpod.recipes.rehearsal.scaling import REHEARSAL_LANES
 
 TIMEOUT_SECONDS = 30 * 60
 """A run that takes longer than this is stopped and named (a hung collective would otherwise wait forever)."""
@@ -43,10 +43,12 @@ def _free_port() -> int:
 
 
 def launch_command(lane: str, recipe_file: Path) -> list[str]:
-    """The command that trains ``recipe_file`` on ``lane``: 4 gloo processes (cpu) or one process (xla)."""
+    """The command that trains ``recipe_file`` on ``lane`` (see ``REHEARSAL_LANES``): torch.distributed.run
+    with the lane's processes (gloo on the cpu lane), or one process driving the lane's host devices (xla)."""
     worker = ["-m", "titanpod.runs.rehearsal.worker", str(recipe_file)]
-    if lane == "cpu":
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(TORCH_PROCESSES),
+    processes = REHEARSAL_LANES[lane].processes
+    if processes > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
                 "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *worker]  # fmt: skip
     return [sys.executable, *worker]
 
@@ -54,12 +56,13 @@ def launch_command(lane: str, recipe_file: Path) -> list[str]:
 def launch_environment(lane: str) -> dict[str, str]:
     """This process's environment, with what a rehearsal run of ``lane`` needs on this machine."""
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    if lane == "cpu":
+    spec = REHEARSAL_LANES[lane]
+    if spec.processes > 1:
         # Several ranks share this machine's cores: one thread each unless the user chose otherwise.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // TORCH_PROCESSES)))
-    else:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.processes)))
+    if spec.host_devices > 1:  # one controller drives this many JAX devices on the host's CPU
         env["JAX_PLATFORMS"] = "cpu"
-        flag = f"--xla_force_host_platform_device_count={XLA_DEVICES}"
+        flag = f"--xla_force_host_platform_device_count={spec.host_devices}"
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
     return env
 
