@@ -3,29 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.parallel.test_torchrun import free_port
+from tests.cli_runs import run_cli
 from titanpod.checkpoint import load_model
 
 RUN = ["--train.steps", "4", "--train.warmup-steps", "1", "--train.log-every", "2", "--data.seq-len", "32"]
 
 
 def pretrain(cwd, *args: str, processes: int = 1) -> subprocess.CompletedProcess[str]:
-    launcher = [sys.executable]
-    if processes > 1:
-        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(processes),
-                     "--master-addr", "127.0.0.1", "--master-port", str(free_port())]  # fmt: skip
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    return subprocess.run(
-        [*launcher, "-m", "titanpod.pretrain.cli", *RUN, *args],
-        capture_output=True, text=True, cwd=cwd, env=env, timeout=600, check=False,
-    )  # fmt: skip
+    return run_cli("titanpod.pretrain.cli", [*RUN, *args], cwd, processes)
 
 
 @pytest.mark.slow

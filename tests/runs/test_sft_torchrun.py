@@ -8,13 +8,11 @@ the same global batch as two accumulated micro-batches: the rows rank 0 and rank
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-from tests.parallel.test_torchrun import free_port
+from tests.cli_runs import run_cli
 from titanpod.checkpoint import load_model
 
 STEPS = 5
@@ -27,15 +25,7 @@ RUN = [
 
 
 def posttrain(cwd, *args: str, processes: int = 1) -> subprocess.CompletedProcess[str]:
-    launcher = [sys.executable]
-    if processes > 1:
-        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(processes),
-                     "--master-addr", "127.0.0.1", "--master-port", str(free_port())]  # fmt: skip
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    return subprocess.run(
-        [*launcher, "-m", "titanpod.posttrain.cli", *RUN, *args],
-        capture_output=True, text=True, cwd=cwd, env=env, timeout=600, check=False,
-    )  # fmt: skip
+    return run_cli("titanpod.posttrain.cli", [*RUN, *args], cwd, processes)
 
 
 @pytest.mark.slow
