@@ -50,8 +50,8 @@ from titanpod.runs.pretrain import describe_step
 from titanpod.runs.session import RunSession
 from titanpod.runs.sft import HF_FOLDER, MODEL_FOLDER
 
-SHOWN_REWARD_ERRORS = 5
-"""Reward errors printed in full; later ones are only counted."""
+PRINTED_REWARD_ERRORS = 5
+"""Reward errors a run prints in full; later ones are only counted (and kept in metrics.jsonl)."""
 
 
 def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Reward | None = None) -> GRPOResult:
@@ -165,7 +165,7 @@ def run_steps(
                 if step_number == start + 1:
                     first_done = time.perf_counter()
                 for message in metrics.reward_errors:
-                    if shown_errors < SHOWN_REWARD_ERRORS:
+                    if shown_errors < PRINTED_REWARD_ERRORS:
                         shown_errors += 1
                         say(f"[yellow]step {step_number}: {escape(message)}; sample skipped[/]")
                 result.history.append(metrics)
