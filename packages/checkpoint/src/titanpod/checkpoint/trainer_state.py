@@ -175,6 +175,7 @@ class Checkpointer:
         """
         if step_number == self._last_saved_step:
             return
+        state_format = _check_format(step, "torch", "jax")
         self._last_saved_step = step_number
         self.wait()  # one save in flight at a time
         final = self.folder / f"step-{step_number:06d}"
@@ -185,7 +186,7 @@ class Checkpointer:
             staging.mkdir(parents=True)
         if dist.is_initialized():
             dist.barrier()
-        if _check_format(step, "torch", "jax") == "jax":
+        if state_format == "jax":
             from titanpod.checkpoint.orbax_state import save_orbax_state
 
             save_orbax_state(staging / ORBAX_FOLDER, step.state_dict())
