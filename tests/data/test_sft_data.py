@@ -8,8 +8,8 @@ import torch
 
 from titanpod.data import DataError
 from titanpod.data.sft.batches import SFTBatches, build_sft_data, pack_examples
-from titanpod.data.sft.records import BadExample, SFTExample, encode_record, example_from_segments
 from titanpod.data.sft.config import SFTDataConfig
+from titanpod.data.sft.records import BadExample, SFTExample, encode_record, example_from_segments
 from titanpod.data.sft.tokenizer import CHARS, load_sft_tokenizer
 from titanpod.models import IGNORE_INDEX
 
