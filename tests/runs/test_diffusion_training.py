@@ -24,7 +24,7 @@ def small_recipe(**model):
 
 def batches_of(recipe, models, cache):
     data = build_image_data(recipe.data, 0, 0, 1)
-    return FlowMatchingBatches(data, models, cache, recipe.model.guidance, seed=0, rank=0, device=CPU)
+    return FlowMatchingBatches(data, models, cache, recipe.model.guidance, seed=0, device=CPU)
 
 
 def test_flow_matching_batches_resume_exactly():

@@ -28,6 +28,7 @@ from titanpod.recipes.diffusion import (
 )
 from titanpod.recipes.errors import print_error
 from titanpod.runs.diffusion.run import DiffusionResult, run_diffusion
+from titanpod.runs.process_exit import exit_rank
 
 
 def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, str] | None:
@@ -138,13 +139,16 @@ def main(argv: list[str] | None = None) -> int:
             plan = plan_flux(recipe, target_chip(recipe.target.chip), recipe.target.chips, recipe.target.mfu)
             console.print(flux_plan_table(plan))
             return 0 if plan.fits else 1
-        console.print_json(recipe.to_json())
-        result = run_diffusion(recipe, console)
+        result = run_diffusion(recipe, console)  # prints the recipe first; under torchrun rank 0 alone speaks
     except (KeyError, ValueError, RuntimeError, OSError) as error:
         print_error(error)
         return 2 if isinstance(error, (KeyError, ValueError)) else 1
-    print_summary(console, result)
-    return 130 if result.summary.interrupted else 0
+    if result.is_main:
+        print_summary(console, result)
+    code = 130 if result.summary.interrupted else 0
+    if result.processes > 1:
+        exit_rank(code)  # once the run is written: see exit_rank
+    return code
 
 
 if __name__ == "__main__":

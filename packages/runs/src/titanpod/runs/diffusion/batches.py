@@ -7,13 +7,14 @@ T text tokens, D text width.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from titanpod.data.images.pipeline import ImageData
+from titanpod.data.images.pipeline import ImageData, gather_image_state
 from titanpod.models.flux.flow_matching import (
     image_position_ids,
     pack_latents,
@@ -57,7 +58,7 @@ class EncodingCache:
         tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
         self.memory[key] = tensors
         if self.folder is not None:
-            partial = self.folder / f".{key}.partial"
+            partial = self.folder / f".{key}.{os.getpid()}.partial"  # ranks sharing the folder may write one key
             save_file(tensors, partial)
             partial.replace(self.folder / f"{key}.safetensors")
 
@@ -65,16 +66,19 @@ class EncodingCache:
 class FlowMatchingBatches:
     """Endless batches for ``FlowMatchingModel.loss(**batch)``, resumable through ``state_dict``.
 
-    Noise and timesteps of batch ``i`` come from a generator seeded by (seed, rank, i), so a
-    resumed run draws what the uninterrupted one would have.
+    This process's share of every global batch comes from ``data`` (its rank of its data world).
+    The noise and timestep of each sample come from a generator seeded by (seed, the sample's
+    position in the run's stream of global batches) alone, so a resumed run draws what the
+    uninterrupted one would have, and a global batch gets the same noise however many data ranks
+    share it (one process accumulating the same micro-batches included).
     """
 
     def __init__(
         self, data: ImageData, models: DiffusionModels, cache: EncodingCache, guidance: float | None, seed: int,
-        rank: int, device: torch.device,
+        device: torch.device,
     ) -> None:  # fmt: skip
         self.data, self.models, self.cache = data, models, cache
-        self.guidance, self.seed, self.rank, self.device = guidance, seed, rank, device
+        self.guidance, self.seed, self.device = guidance, seed, device
         self.index = 0
 
     def encode_images(self, images_BCHW: torch.Tensor) -> torch.Tensor:
@@ -103,6 +107,24 @@ class FlowMatchingBatches:
             pooled.append(found["pooled"])
         return torch.stack(text).to(self.device), torch.stack(pooled).to(self.device)
 
+    def sample_positions(self, batch_size: int) -> range:
+        """Positions in the run's stream of global batches of this rank's next ``batch_size`` samples: global
+        batch ``i`` holds the samples of data rank 0, then rank 1, and so on."""
+        train = self.data.train
+        start = (self.index * train.world_size + train.rank) * batch_size
+        return range(start, start + batch_size)
+
+    def draw_noise(self, shape_BLP: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+        """Noise [B, L, P] and timesteps [B] of this rank's next batch, each sample's from its own position."""
+        _, L, P = shape_BLP
+        noise, timesteps = [], []
+        for position in self.sample_positions(shape_BLP[0]):
+            digest = hashlib.blake2b(f"flow/{self.seed}/{position}".encode(), digest_size=8).digest()
+            generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+            noise.append(torch.randn(L, P, generator=generator))
+            timesteps.append(sample_timesteps(1, L, generator))
+        return torch.stack(noise).to(self.device), torch.cat(timesteps).to(self.device)
+
     def __iter__(self) -> FlowMatchingBatches:
         return self
 
@@ -112,10 +134,7 @@ class FlowMatchingBatches:
         _, _, H, W = latents_BCHW.shape
         x0_BLP = pack_latents(latents_BCHW)
         text_BTD, pooled_BD = self.encode_captions(captions)
-        digest = hashlib.blake2b(f"flow/{self.seed}/{self.rank}/{self.index}".encode(), digest_size=8).digest()
-        generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
-        noise_BLP = torch.randn(x0_BLP.shape, generator=generator).to(self.device)
-        timesteps_B = sample_timesteps(x0_BLP.shape[0], x0_BLP.shape[1], generator).to(self.device)
+        noise_BLP, timesteps_B = self.draw_noise(x0_BLP.shape)
         self.index += 1
         batch = {
             "latents": x0_BLP,
@@ -134,7 +153,12 @@ class FlowMatchingBatches:
         """The image loader's position and this iterator's batch count (JSON-able)."""
         return {"images": self.data.train.state_dict(), "index": self.index, "seed": self.seed}
 
+    def gather_state(self) -> dict[str, Any]:
+        """``state_dict`` with every data rank's position of a streamed source (``gather_image_state``): what a
+        checkpoint saves. A collective under torch.distributed: call it on every rank."""
+        return {**self.state_dict(), "images": gather_image_state(self.data.train)}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state_dict`` output."""
+        """Continue from ``state_dict`` or ``gather_state`` output."""
         self.data.train.load_state_dict(state["images"])
         self.index, self.seed = state["index"], state["seed"]

@@ -10,10 +10,12 @@ from rich.console import Console
 
 from titanpod.checkpoint.flux_files import save_flux_transformer
 from titanpod.data.images import build_image_data, fixed_prompts, save_image_grid
-from titanpod.device import get_backend
+from titanpod.device import get_backend, process_info
 from titanpod.graph import TrainSummary, build_step
 from titanpod.models import parameter_count
 from titanpod.models.flux.flow_matching import FlowMatchingModel
+from titanpod.parallel import PLANS
+from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.runs.diffusion.batches import EncodingCache, FlowMatchingBatches
 from titanpod.runs.diffusion.components import DiffusionModels, build_diffusion_models
@@ -40,17 +42,32 @@ class DiffusionResult:
     """Transformer parameters."""
     samples_per_second: float
     """Training images per second after the first step."""
+    is_main: bool = True
+    """Whether this process is rank 0 (the one that prints and writes)."""
+    processes: int = 1
+    """Processes in the job (more than one under torchrun)."""
 
 
-def write_samples(models: DiffusionModels, recipe: DiffusionRecipe, path: Path) -> Path:
-    """Draw the fixed prompts and write them as one PNG grid with their captions."""
+def write_samples(models: DiffusionModels, recipe: DiffusionRecipe, path: Path, write: bool = True) -> Path:
+    """Draw the fixed prompts and, with ``write``, save them as one PNG grid with their captions at ``path``.
+
+    A sharded transformer's forward is a collective: every rank draws, one (``write``) saves.
+    """
     prompts = fixed_prompts(recipe.samples.prompts)
     images = generate(models, prompts, recipe.data.resolution, recipe.samples, recipe.model.guidance)
-    return save_image_grid(images, path, captions=prompts)
+    return save_image_grid(images, path, captions=prompts) if write else path
 
 
 def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> DiffusionResult:
-    """Train the recipe's FLUX transformer by flow matching; write metrics, sample grids and weights."""
+    """Train the recipe's FLUX transformer by flow matching; print the recipe, write metrics, sample grids and weights.
+
+    Under torchrun the transformer is sharded by the FLUX plan and ``recipe.parallel`` (FSDP, HSDP with
+    ``parallel.dp_replicate``); the frozen text encoders and autoencoder are whole on every rank. Each data
+    rank trains on its share of every global batch (``data.batch_size`` images per rank), the noise and
+    timesteps of a sample follow from its place in the global batch (not from the rank split) and the
+    reported loss is the mean over data ranks. Sample grids are drawn by every rank (the sharded forward is
+    a collective) and written by rank 0; the final transformer is gathered whole and written by rank 0.
+    """
     if recipe.train.step_mode == "whole_step":
         raise ValueError("Diffusion runs take train.step_mode eager or per_block; whole_step is not available yet.")
     backend = get_backend(recipe.device.lane)
@@ -59,19 +76,26 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
             f"Diffusion runs on lanes where each process drives one device (cpu, cuda, tpu); the {backend.lane} "
             "lane is not available for them yet: choose another with --device.lane."
         )
-    device = backend.device()
+    info = process_info()
+    if console is not None and info.is_main:
+        console.print_json(recipe.to_json())
+    device = backend.device(info.local_rank)
     torch.manual_seed(recipe.train.seed)
     models = build_diffusion_models(recipe, device)
-    data = build_image_data(recipe.data, recipe.train.seed, 0, 1)
-    cache = EncodingCache(Path(recipe.model.encodings_cache) if recipe.model.encodings_cache else None)
-    guidance = recipe.model.guidance if models.transformer.args.guidance_embed else None
-    batches = FlowMatchingBatches(data, models, cache, guidance, recipe.train.seed, 0, device)
-    objective = FlowMatchingModel(models.transformer)
     side = recipe.data.resolution // models.codec.downsample
     image_tokens = (side // 2) ** 2
     text_tokens = models.text_encoders.t5_max_length
     flops_per_token = models.transformer.flops_per_sample(image_tokens, text_tokens) / image_tokens
     parameters = parameter_count(models.transformer)
+    sharded = None
+    if info.world_size > 1:  # only the trained transformer is sharded: the frozen encoders stay whole on every rank
+        sharded = parallelize(models.transformer, PLANS["flux"], recipe.parallel, backend)
+    data_rank, data_world = (sharded.data_rank, sharded.data_world) if sharded is not None else (0, 1)
+    data = build_image_data(recipe.data, recipe.train.seed, data_rank, data_world)
+    cache = EncodingCache(Path(recipe.model.encodings_cache) if recipe.model.encodings_cache else None)
+    guidance = recipe.model.guidance if models.transformer.args.guidance_embed else None
+    batches = FlowMatchingBatches(data, models, cache, guidance, recipe.train.seed, device)
+    objective = FlowMatchingModel(models.transformer)
     with RunSession(recipe, backend, console) as session:
         session.say(
             f"lane [bold]{backend.lane}[/] on {device}, FLUX {recipe.model.flavor}: {parameters:,} parameters; "
@@ -83,7 +107,8 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
         samples: list[Path] = []
 
         def sample(step_number: int) -> None:
-            samples.append(write_samples(models, recipe, samples_dir / f"step-{step_number:06d}.png"))
+            path = samples_dir / f"step-{step_number:06d}.png"
+            samples.append(write_samples(models, recipe, path, write=session.is_main))
             session.say(f"samples: {samples[-1]}")
 
         def after_step(step_number: int) -> None:
@@ -91,10 +116,12 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
                 sample(step_number)
 
         step = build_step(objective, recipe.train, backend)
-        start_step = session.resume(objective, step, batches)
+        start_step = session.resume(objective, step, batches, data_state=batches.gather_state)
         summary = session.train(
             batches,
             flops_per_token=flops_per_token,
+            data_parallel=data_world,
+            reduce_loss=sharded.mean_over_data if sharded is not None else None,
             after_step=after_step,
             count_tokens=lambda batch: batch["latents"].shape[0] * batch["latents"].shape[1],
         )
@@ -106,5 +133,12 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
                 summary, lambda: save_flux_transformer(models.transformer, session.run_dir / TRANSFORMER_FOLDER)
             )
     return DiffusionResult(
-        session.run_dir, summary, samples, transformer_path, parameters, summary.tokens_per_second / image_tokens
+        session.run_dir,
+        summary,
+        samples,
+        transformer_path,
+        parameters,
+        summary.tokens_per_second / image_tokens,
+        info.is_main,
+        info.world_size,
     )
