@@ -8,6 +8,7 @@ matmul); the defaults are PyTorch references.
 
 from titanpod.models.common.args import DecoderArgs, MoEArgs
 from titanpod.models.common.counting import decoder_flops_per_token, parameter_count
+from titanpod.models.common.init import ParamInit, Region, RegionValues, region_initializer
 from titanpod.models.common.ops import (
     IGNORE_INDEX,
     ModelOps,
@@ -33,6 +34,9 @@ __all__ = [
     "MoEArgs",
     "ModelFamily",
     "ModelOps",
+    "ParamInit",
+    "Region",
+    "RegionValues",
     "Transformer",
     "batched_expert_matmul",
     "build_model",
@@ -41,5 +45,6 @@ __all__ = [
     "get_flavor",
     "linear_cross_entropy",
     "parameter_count",
+    "region_initializer",
     "sdpa_attention",
 ]

@@ -20,6 +20,7 @@ from titanpod.models.common.args import DecoderArgs
 from titanpod.models.common.attention import Attention
 from titanpod.models.common.counting import decoder_flops_per_token, parameter_count
 from titanpod.models.common.feed_forward import FeedForward
+from titanpod.models.common.init import ParamInit, init_parameters_
 from titanpod.models.common.kv_cache import KVCache, cache_positions
 from titanpod.models.common.moe import MoE, load_balancing_loss
 from titanpod.models.common.norms import RMSNorm
@@ -248,24 +249,27 @@ class Transformer(nn.Module):
         """
         return self.loss_and_metrics(tokens_BS, labels_BS, document_ids_BS)[0]
 
-    @torch.no_grad()
+    def parameter_init(self, name: str) -> ParamInit:
+        """The law parameter ``name`` starts from (``titanpod.models.common.init``).
+
+        Embeddings, projections, routers and experts: a normal of std 0.02 truncated at 3 std;
+        the projections into the residual stream (``wo``, ``w2``) shrunk by ``1/sqrt(2 x n_layers)``;
+        norm scales: one.
+        """
+        if name.endswith("norm.weight"):
+            return ParamInit("ones")
+        if name.endswith(("wo.weight", "w2.weight", "experts.w2")):
+            return ParamInit("normal", std=0.02 / math.sqrt(2 * self.args.n_layers))
+        return ParamInit("normal", std=0.02)
+
     def init_weights(self, seed: int = 0) -> None:
         """Initialise every parameter in place from ``seed``, on whatever device it lives.
 
-        Embeddings, projections, routers and experts get a normal of std 0.02 truncated at
-        3 std; the projections into the residual stream (``wo``, ``w2``) are shrunk by
-        ``1/sqrt(2 x n_layers)``; norm scales are one. Values are drawn on the CPU, so the
-        same seed gives the same weights on every device type.
+        Each parameter's law is ``parameter_init``'s; values are drawn tile by tile on the CPU
+        (``titanpod.models.common.init``), so the same seed gives the same weights on every
+        device type, and ranks that initialise only their own shards get the same values too.
         """
-        generator = torch.Generator().manual_seed(seed)
-        residual_std = 0.02 / math.sqrt(2 * self.args.n_layers)
-        for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-                continue
-            std = residual_std if name.endswith(("wo.weight", "w2.weight", "experts.w2")) else 0.02
-            values = torch.empty(param.shape).normal_(0.0, std, generator=generator)
-            param.copy_(values.clamp_(-3 * std, 3 * std))
+        init_parameters_(self, seed)
 
     def active_parameter_count(self) -> int:
         """Parameters one token uses: all of them, less the experts its router does not choose."""

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titanpod.models.common.init import ParamInit, init_parameters_
 from titanpod.models.common.norms import RMSNorm
 from titanpod.models.flux.args import FLUX_FLAVORS, FluxArgs
 from titanpod.models.flux.counting import flux_flops_per_sample
@@ -35,6 +36,9 @@ from titanpod.models.flux.layers import (
     timestep_embedding,
 )
 from titanpod.models.flux.ops import FluxOps, FullAttentionOp
+
+_ZERO_STARTS = ("img_mod.", "txt_mod.", "modulation.", "final_layer.linear.")
+"""Parameters (by part of their name) that start at zero: the adaLN modulations and the final projection."""
 
 
 def _joint_attention(
@@ -262,27 +266,28 @@ class FluxTransformer(nn.Module):
             x_BSM = block(x_BSM, vec_BM, cos_SD2, sin_SD2)
         return self.final_layer(x_BSM[:, T:], vec_BM)
 
-    @torch.no_grad()
-    def init_weights(self, seed: int = 0) -> None:
-        """Initialise every parameter in place from ``seed``, on whatever device it lives.
+    def parameter_init(self, name: str) -> ParamInit:
+        """The law parameter ``name`` starts from (``titanpod.models.common.init``).
 
         adaLN-Zero, as DiT and torchtitan's FLUX: every modulation linear and the final
         projection start at zero, so each block starts as the identity and the output as
-        zero. Other linear weights get a normal of std 0.02 truncated at 3 std; biases are
-        zero; q/k norm scales are one. Values are drawn on the CPU, so the same seed gives
-        the same weights on every device type.
+        zero. Other linear weights: a normal of std 0.02 truncated at 3 std; biases: zero;
+        q/k norm scales: one.
         """
-        generator = torch.Generator().manual_seed(seed)
-        std = 0.02
-        zero = ("img_mod.", "txt_mod.", "modulation.", "final_layer.linear.")
-        for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            elif name.endswith(".bias") or any(part in name for part in zero):
-                param.zero_()
-            else:
-                values = torch.empty(param.shape).normal_(0.0, std, generator=generator)
-                param.copy_(values.clamp_(-3 * std, 3 * std))
+        if name.endswith("norm.weight"):
+            return ParamInit("ones")
+        if name.endswith(".bias") or any(part in name for part in _ZERO_STARTS):
+            return ParamInit("zeros")
+        return ParamInit("normal", std=0.02)
+
+    def init_weights(self, seed: int = 0) -> None:
+        """Initialise every parameter in place from ``seed``, on whatever device it lives.
+
+        Each parameter's law is ``parameter_init``'s; values are drawn tile by tile on the CPU
+        (``titanpod.models.common.init``), so the same seed gives the same weights on every
+        device type, and ranks that initialise only their own shards get the same values too.
+        """
+        init_parameters_(self, seed)
 
     def flops_per_sample(self, image_tokens: int, text_tokens: int) -> float:
         """Training FLOPs for one sample; see ``titanpod.models.flux.counting`` for the convention."""
