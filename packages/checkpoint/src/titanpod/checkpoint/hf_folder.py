@@ -15,13 +15,14 @@ import torch
 from torch import nn
 
 from titanpod.checkpoint.atomic import atomic_directory
+from titanpod.checkpoint.model_tensors import ModelTensors, is_sharded, writes_here
 from titanpod.checkpoint.safetensors_io import (
     Progress,
     SafetensorsFiles,
     WeightFileNames,
     check_writable_dtype,
     widest_float_dtype,
-    write_safetensors,
+    write_streamed,
 )
 from titanpod.models.adapters import StateDictAdapter, UnsupportedConfigError
 
@@ -85,18 +86,27 @@ def save_adapted(
     max_shard_bytes: int | str,
     dtype: torch.dtype,
     progress: Progress | None = None,
+    writer: bool | None = None,
 ) -> Path:
     """Write ``model`` in ``adapter``'s form: config.json and safetensors in ``dtype``, sharded past
     ``max_shard_bytes`` (an int or e.g. ``5GB``) under ``names``.
 
     The config is made before anything is written, so args the format cannot represent fail
-    first. The folder appears only when complete.
+    first. The folder appears only when complete. A sharded model (``DTensor`` parameters) is
+    gathered one parameter at a time, every process of its mesh taking part (all must call this),
+    and streamed into the files by the writer (``writer``; default rank 0, see
+    ``model_tensors.writes_here``); no process holds the whole model.
     """
     check_writable_dtype(dtype)
     config = adapter.hf_config_from_args(model.args, dtype)
-    tensors = adapter.to_hf(dict(model.named_parameters()), model.args)
+    params = dict(model.named_parameters())
+    source = ModelTensors(adapter.hf_layout(model.args), params, dtype)
     directory = Path(directory)
+    if not writes_here(writer):
+        if is_sharded(params):  # take part in every gather
+            write_streamed(None, source.entries, source.fetch, names, max_shard_bytes)
+        return directory
     with atomic_directory(directory) as staging:
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        write_safetensors(staging, tensors, names, max_shard_bytes, dtype, progress=progress)
+        write_streamed(staging, source.entries, source.fetch, names, max_shard_bytes, progress=progress)
     return directory

@@ -5,7 +5,9 @@ reads part of one). Before any data is read, ``SafetensorsFiles.check`` holds ev
 name and shape against what a model expects, from the headers alone: a missing, unexpected
 or mis-shaped tensor is a ``CheckpointMismatchError`` that names it and its file.
 Writing groups tensors, in order, into shards of at most a given size, with the index the
-way transformers and diffusers write it. Only safetensors: pickles are never read.
+way transformers and diffusers write it; each file's header is written first and then one tensor
+at a time (``safetensors_stream``), which may be gathered from many processes just before its turn.
+Only safetensors: pickles are never read.
 """
 
 from __future__ import annotations
@@ -13,16 +15,16 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from titanpod.checkpoint.errors import CheckpointMismatchError
+from titanpod.checkpoint.safetensors_stream import StreamedFile, TensorEntry, data_order
 
 SAFETENSORS_DTYPES: Mapping[str, torch.dtype] = {
     "F64": torch.float64,
@@ -235,21 +237,17 @@ class SafetensorsFiles:
                     )
 
 
-def plan_shards(
-    tensors: Iterable[tuple[str, torch.Tensor]], max_shard_bytes: int | None, dtype: torch.dtype | None = None
-) -> list[list[tuple[str, torch.Tensor]]]:
-    """Group named tensors, in order, into shards of at most ``max_shard_bytes`` as stored in ``dtype``
-    (default: each tensor's own); a larger tensor gets a shard of its own; ``None``: one shard."""
-    itemsize = None if dtype is None else torch.empty((), dtype=dtype).element_size()
-    shards: list[list[tuple[str, torch.Tensor]]] = [[]]
+def plan_shards(entries: Iterable[TensorEntry], max_shard_bytes: int | None) -> list[list[TensorEntry]]:
+    """Group ``entries``, in order, into shards of at most ``max_shard_bytes`` as stored; a larger tensor
+    gets a shard of its own; ``None``: one shard."""
+    shards: list[list[TensorEntry]] = [[]]
     size = 0
-    for name, tensor in tensors:
-        nbytes = tensor.numel() * (itemsize or tensor.element_size())
-        if max_shard_bytes is not None and shards[-1] and size + nbytes > max_shard_bytes:
+    for entry in entries:
+        if max_shard_bytes is not None and shards[-1] and size + entry.nbytes > max_shard_bytes:
             shards.append([])
             size = 0
-        shards[-1].append((name, tensor))
-        size += nbytes
+        shards[-1].append(entry)
+        size += entry.nbytes
     return shards
 
 
@@ -266,24 +264,49 @@ def write_safetensors(
 
     One ``names.single`` when everything fits in ``max_shard_bytes`` (an int or e.g. ``5GB``;
     ``None``: no limit), else shards ``names.shard(k, n)`` and ``names.index`` (total size and a
-    sorted weight map). Tensors are stored in ``dtype`` (default: their own); each shard is copied
-    to the CPU, written and dropped before the next. Every header holds ``format: pt`` and ``metadata``.
+    sorted weight map). Tensors are stored in ``dtype`` (default: their own), each copied to the CPU,
+    written and dropped before the next. Every header holds ``format: pt`` and ``metadata``.
+    """
+    listed = list(tensors)
+    by_name = dict(listed)
+    entries = [TensorEntry(name, tuple(tensor.shape), dtype or tensor.dtype) for name, tensor in listed]
+    return write_streamed(directory, entries, by_name.__getitem__, names, max_shard_bytes, metadata, progress)
+
+
+def write_streamed(
+    directory: Path | None,
+    entries: Sequence[TensorEntry],
+    fetch: Callable[[str], torch.Tensor],
+    names: WeightFileNames = TRANSFORMERS_FILES,
+    max_shard_bytes: int | str | None = None,
+    metadata: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+) -> list[str]:
+    """Write the tensors ``entries`` describe into ``directory``, asking ``fetch(name)`` for each as its turn
+    comes; return the file names written.
+
+    Files are laid out as by ``write_safetensors`` (shards in ``entries``' order, then the index), each
+    header written before any data, so one tensor at a time is in memory. ``fetch`` is called once per
+    tensor, in an order fixed by ``entries`` alone: with ``directory=None`` the same calls happen and
+    nothing is written, so every process of a job can take part in gathering each tensor while one writes.
     """
     limit = None if max_shard_bytes is None else parse_size(max_shard_bytes)
-    shards = plan_shards(tensors, limit, dtype)
+    shards = plan_shards(entries, limit)
     header = {"format": "pt", **(metadata or {})}
-    weight_map: dict[str, str] = {}
-    total = 0
-    for number, shard in enumerate(shards, 1):
-        file = names.single if len(shards) == 1 else names.shard(number, len(shards))
-        on_cpu = {name: tensor.detach().to("cpu", dtype).contiguous() for name, tensor in shard}
-        save_file(on_cpu, str(directory / file), metadata=header)
-        total += sum(t.numel() * t.element_size() for t in on_cpu.values())
-        weight_map.update(dict.fromkeys(on_cpu, file))
-        del on_cpu
+    files = [names.single] if len(shards) == 1 else [names.shard(k, len(shards)) for k in range(1, len(shards) + 1)]
+    for number, (file, shard) in enumerate(zip(files, shards, strict=True), 1):
+        if directory is None:
+            for entry in data_order(shard):
+                fetch(entry.name)
+            continue
+        with StreamedFile(directory / file, shard, header) as stream:
+            for entry in stream.order:
+                stream.append(fetch(entry.name))
         if progress is not None:
             progress(f"wrote {file} ({number}/{len(shards)})")
-    if len(shards) > 1:
+    if len(shards) > 1 and directory is not None:
+        weight_map = {entry.name: file for file, shard in zip(files, shards, strict=True) for entry in shard}
+        total = sum(entry.nbytes for entry in entries)
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (directory / names.index).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    return sorted(set(weight_map.values()))
+    return sorted(set(files))

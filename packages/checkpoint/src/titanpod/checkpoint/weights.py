@@ -10,11 +10,12 @@ import torch
 from torch import nn
 
 from titanpod.checkpoint.atomic import atomic_directory
+from titanpod.checkpoint.model_tensors import ModelTensors, identity_layout, is_sharded, writes_here
 from titanpod.checkpoint.safetensors_io import (
     TRANSFORMERS_FILES,
     SafetensorsFiles,
     widest_float_dtype,
-    write_safetensors,
+    write_streamed,
 )
 
 WEIGHTS_FILE = TRANSFORMERS_FILES.single
@@ -40,16 +41,28 @@ def save_weights(
     directory: Path,
     metadata: Mapping[str, object] | None = None,
     extra_files: Mapping[str, str] | None = None,
+    writer: bool | None = None,
 ) -> Path:
     """Write ``model``'s weights to ``directory/model.safetensors``, atomically; return the file.
 
     ``metadata`` is stored as JSON strings in the safetensors header; ``extra_files`` maps
     file names to text written beside the weights (a recipe, a config). The directory
     appears only when everything in it is complete.
+
+    A sharded model (``DTensor`` parameters) is written without any process holding it whole:
+    every process of its mesh must call this, each tensor is gathered in turn and the writer
+    (``writer``; default rank 0, see ``model_tensors.writes_here``) streams it into the file.
+    Other processes write nothing and get the same path back.
     """
     header = {key: json.dumps(value) for key, value in (metadata or {}).items()}
+    tensors = _distinct_tensors(model)
+    source = ModelTensors(identity_layout(list(tensors)), tensors)
+    if not writes_here(writer):
+        if is_sharded(tensors):  # take part in every gather
+            write_streamed(None, source.entries, source.fetch, TRANSFORMERS_FILES, metadata=header)
+        return Path(directory) / WEIGHTS_FILE
     with atomic_directory(Path(directory)) as staging:
-        write_safetensors(staging, _distinct_tensors(model).items(), TRANSFORMERS_FILES, metadata=header)
+        write_streamed(staging, source.entries, source.fetch, TRANSFORMERS_FILES, metadata=header)
         for name, text in (extra_files or {}).items():
             (staging / name).write_text(text, encoding="utf-8")
     return Path(directory) / WEIGHTS_FILE

@@ -13,7 +13,8 @@ The session owns the run directory (rank 0 writes ``recipe.json``; under torchru
 the name and the others receive it), the console (rank 0 only), the metrics writers (rank 0:
 ``metrics.jsonl`` and ``tensorboard/``), the trainer-state checkpoints (partial saves removed,
 resume, a save every ``checkpoint.every`` steps and at the end, a background save completed
-whatever happened), the final weights (gathered whole when sharded, written by rank 0) and,
+whatever happened), the final weights (a sharded model gathered one tensor at a time and streamed
+into its files by rank 0) and,
 on a clean exit, the process group's teardown. Ctrl-C is handled by ``titanpod.graph.train``:
 the step in flight finishes and the summary comes back marked ``interrupted``.
 """
@@ -35,7 +36,6 @@ from titanpod.checkpoint import Checkpointer
 from titanpod.device import Backend, ensure_process_group, process_info
 from titanpod.graph import JsonlWriter, StepMetrics, TensorBoardWriter, TrainStep, TrainSummary, train
 from titanpod.graph.steps import Batch
-from titanpod.parallel.torch_executor import unshard
 from titanpod.recipes.recipe import NamedRun, RunRecipe
 
 Written = TypeVar("Written")
@@ -243,17 +243,18 @@ class RunSession:
     def save_final_weights(self, summary: TrainSummary, write: Callable[[], Written]) -> Written | None:
         """The final weights, when ``output.save_weights`` is on and the run has trained a step.
 
-        A sharded model is first gathered whole on every rank (a collective: every rank must call
-        this), so it is no longer fit for sharded steps; then rank 0 calls ``write()`` (which saves
-        the registered model where and how the trainer wants) and returns what it returns. Other
-        ranks, and runs that save nothing, get ``None``.
+        Every rank calls ``write()`` (so every rank must call this), which saves the registered model
+        where and how the trainer wants with titanpod.checkpoint's savers: a sharded model is gathered
+        one tensor at a time, every rank taking part, and rank 0 streams each into the files, so no
+        rank ever holds the whole model and the model stays sharded. Whatever else ``write`` writes
+        it must write on rank 0 only. Returns what ``write()`` returns on rank 0; other ranks, and
+        runs that save nothing, get ``None``.
         """
-        model, _ = self._registered()
+        self._registered()
         if not self.recipe.output.save_weights or summary.steps_done == 0:
             return None
-        if dist.is_initialized() and self.info.world_size > 1:
-            unshard(model)  # every rank takes part; rank 0 writes
-        return write() if self.is_main else None
+        written = write()
+        return written if self.is_main else None
 
     def __enter__(self) -> RunSession:
         return self

@@ -179,7 +179,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
     Under torchrun the model is sharded by its family's plan and ``recipe.parallel``, each data rank
     reads its own share of every global batch, and the reported loss is the mean over data ranks.
     Held-out accuracy runs on every rank (the sharded forward is a collective); rank 0 alone prints
-    and writes, and the final model is gathered whole and written by rank 0.
+    and writes, and the final model is gathered one tensor at a time and streamed into its files by rank 0.
     """
     backend = get_backend(recipe.device.lane)
     if backend.single_controller:
@@ -275,7 +275,8 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
             )
             if recipe.checkpoint.export_hf:
                 result.hf_path = save_hf_checkpoint(model, recipe.model.family, session.run_dir / HF_FOLDER)
-                tokenizer.save(result.hf_path)
+                if session.is_main:
+                    tokenizer.save(result.hf_path)
                 session.say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
             return weights
 

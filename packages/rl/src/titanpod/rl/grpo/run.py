@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from titanpod.checkpoint import save_hf_checkpoint, save_model
+from titanpod.device import process_info
 from titanpod.graph import JsonlWriter, TrainSummary, build_step, mfu
 from titanpod.graph.interrupt import stop_after_step
 from titanpod.models import Transformer, parameter_count
@@ -216,8 +217,9 @@ def run_steps(
 
 
 def write_model(setup: GRPOSetup, result: GRPOResult, say: Callable[[str], None]) -> Path:
-    """Write the trained policy (whole) to ``<run>/model`` with the recipe and tokenizer; with
-    ``checkpoint.export_hf`` also as a Hugging Face checkpoint in ``<run>/hf``. Returns the weights file."""
+    """Write the trained policy to ``<run>/model`` with the recipe and tokenizer; with ``checkpoint.export_hf``
+    also as a Hugging Face checkpoint in ``<run>/hf``. Every rank calls it: a sharded policy is gathered one
+    tensor at a time and rank 0 writes. Returns the weights file."""
     recipe, tokenizer, run_dir = setup.recipe, setup.tokenizer, result.run_dir
     extra = {"recipe.json": recipe.to_json(), **tokenizer.files()}
     path = save_model(
@@ -225,6 +227,7 @@ def write_model(setup: GRPOSetup, result: GRPOResult, say: Callable[[str], None]
     )
     if recipe.checkpoint.export_hf:
         result.hf_path = save_hf_checkpoint(setup.model, setup.family, run_dir / HF_FOLDER)
-        tokenizer.save(result.hf_path)
+        if process_info().is_main:
+            tokenizer.save(result.hf_path)
         say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
     return path

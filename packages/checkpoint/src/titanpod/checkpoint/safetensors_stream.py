@@ -1,0 +1,136 @@
+"""One safetensors file written tensor by tensor: the header first, from names, dtypes and shapes alone,
+then each tensor's bytes as it arrives, so no more than one tensor need be in memory.
+
+The bytes are those ``safetensors.torch.save_file`` writes: the header is compact JSON of
+``__metadata__`` then every tensor's dtype, shape and data offsets, padded with spaces to a multiple
+of 8 bytes; the data is ordered by dtype (widest first, in safetensors' own order of dtypes), then by
+name. One difference: ``save_file`` lists the metadata in an order that changes from run to run, here
+it is the order given, so the same weights always give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+# safetensors' dtype codes in the order of its Rust ``Dtype`` enum: its files store the data of later
+# codes first.
+_CODE_ORDER = (
+    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
+    "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64",
+)  # fmt: skip
+_CODES: Mapping[torch.dtype, str] = {
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.int16: "I16",
+    torch.uint16: "U16",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int32: "I32",
+    torch.uint32: "U32",
+    torch.float32: "F32",
+    torch.complex64: "C64",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.uint64: "U64",
+}
+
+
+def safetensors_code(dtype: torch.dtype) -> str:
+    """The safetensors dtype code of ``dtype`` (``F32`` for ``torch.float32``); ``ValueError`` if it has none."""
+    if dtype not in _CODES:
+        raise ValueError(f"safetensors cannot store {dtype}; convert the tensor to a supported dtype first.")
+    return _CODES[dtype]
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a file to be written, described before its data exists."""
+
+    name: str
+    """The tensor's name in the file."""
+    shape: tuple[int, ...]
+    """Its shape."""
+    dtype: torch.dtype
+    """The dtype it is stored in."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its data in the file."""
+        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+
+
+def data_order(entries: Sequence[TensorEntry]) -> list[TensorEntry]:
+    """``entries`` in the order a safetensors file stores their data: widest dtype code first, then by name."""
+    return sorted(entries, key=lambda entry: (-_CODE_ORDER.index(safetensors_code(entry.dtype)), entry.name))
+
+
+def safetensors_header(entries: Sequence[TensorEntry], metadata: Mapping[str, str] | None = None) -> bytes:
+    """The first bytes of a safetensors file holding ``entries`` (any order): the header's length (8 bytes,
+    little-endian) and the header itself, space-padded to a multiple of 8 bytes."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    for entry in data_order(entries):
+        header[entry.name] = {
+            "dtype": safetensors_code(entry.dtype),
+            "shape": list(entry.shape),
+            "data_offsets": [offset, offset + entry.nbytes],
+        }
+        offset += entry.nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text
+
+
+class StreamedFile:
+    """A safetensors file being written: its header at once, then ``append`` each tensor in ``order``.
+
+    Use it with ``with``; leaving the block before every tensor arrived is an error that names the
+    first missing one (the file is then incomplete: write it inside an atomic folder).
+    """
+
+    def __init__(self, path: Path, entries: Sequence[TensorEntry], metadata: Mapping[str, str] | None = None) -> None:
+        """Describe the file at ``path``; nothing is written before ``with``."""
+        self.path = path
+        """Where the file is written."""
+        self.order = data_order(entries)
+        """The entries in the order their tensors must be appended."""
+        self._header = safetensors_header(entries, metadata)
+        self._next = 0
+        self._handle: BinaryIO | None = None
+
+    def __enter__(self) -> StreamedFile:
+        self._handle = self.path.open("wb")
+        self._handle.write(self._header)
+        return self
+
+    def append(self, tensor: torch.Tensor) -> None:
+        """Write the data of the next entry of ``order``; ``tensor`` is converted to its dtype on the CPU."""
+        if self._handle is None or self._next >= len(self.order):
+            raise RuntimeError(f"{self.path}: append called outside `with` or after every tensor was written.")
+        entry = self.order[self._next]
+        if tuple(tensor.shape) != entry.shape:
+            raise ValueError(
+                f"{self.path}: {entry.name} has shape {tuple(tensor.shape)}, its header says {entry.shape}."
+            )
+        data = tensor.detach().to("cpu", entry.dtype).contiguous().reshape(-1)
+        if data.numel():
+            self._handle.write(memoryview(data.view(torch.uint8).numpy()))
+        self._next += 1
+
+    def __exit__(self, kind: object, error: object, traceback: object) -> None:
+        assert self._handle is not None
+        self._handle.close()
+        if kind is None and self._next < len(self.order):
+            raise RuntimeError(f"{self.path} is incomplete: {self.order[self._next].name} was never written.")

@@ -1,0 +1,97 @@
+"""Safetensors written header first, tensor by tensor: the same bytes as ``safetensors.torch.save_file``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from titanpod.checkpoint.safetensors_io import DIFFUSERS_FILES, SafetensorsFiles, write_safetensors, write_streamed
+from titanpod.checkpoint.safetensors_stream import StreamedFile, TensorEntry
+
+
+def mixed_tensors() -> dict[str, torch.Tensor]:
+    """Names whose sorted order differs from their insertion order, every dtype titanpod writes, and odd shapes."""
+    generator = torch.Generator().manual_seed(0)
+    tensors = {
+        "layers.2.w": torch.randn(3, 5, generator=generator),
+        "layers.10.w": torch.randn(7, generator=generator).to(torch.bfloat16),
+        "layers.1.w": torch.randn(2, 2, 2, generator=generator).to(torch.float16),
+        "layers.1.scale": torch.randn((), generator=generator),
+        "empty": torch.zeros(0, 4),
+        "steps": torch.arange(3, dtype=torch.int64),
+        "mask": torch.tensor([True, False, True]),
+        "wide": torch.randn(5, generator=generator, dtype=torch.float64),
+    }
+    return tensors
+
+
+def stream(path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    entries = [TensorEntry(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
+    with StreamedFile(path, entries, metadata) as file:
+        for entry in file.order:
+            file.append(tensors[entry.name])
+
+
+def test_a_streamed_file_has_the_bytes_save_file_writes(tmp_path):
+    tensors = mixed_tensors()
+    save_file(tensors, str(tmp_path / "reference.safetensors"), metadata={"format": "pt"})
+    stream(tmp_path / "streamed.safetensors", tensors, {"format": "pt"})
+    assert (tmp_path / "streamed.safetensors").read_bytes() == (tmp_path / "reference.safetensors").read_bytes()
+
+
+def test_metadata_keeps_its_order_so_the_same_weights_give_the_same_bytes(tmp_path):
+    tensors = mixed_tensors()
+    metadata = {"format": "pt", "step": "5", "source": "x"}
+    save_file(tensors, str(tmp_path / "reference.safetensors"), metadata=metadata)  # lists metadata in any order
+    stream(tmp_path / "streamed.safetensors", tensors, metadata)
+    reference, streamed = ((tmp_path / name).read_bytes() for name in ("reference.safetensors", "streamed.safetensors"))
+    length = int.from_bytes(streamed[:8], "little")
+    header = json.loads(streamed[8 : 8 + length])
+    assert list(header["__metadata__"]) == ["format", "step", "source"]
+    assert header == json.loads(reference[8 : 8 + length])
+    assert streamed[8 + length :] == reference[8 + length :]
+    loaded = load_file(str(tmp_path / "streamed.safetensors"))
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors.items())
+
+
+def test_a_file_left_before_every_tensor_arrived_is_an_error_naming_the_missing_one(tmp_path):
+    tensors = mixed_tensors()
+    entries = [TensorEntry(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
+    incomplete = pytest.raises(RuntimeError, match=r"incomplete: layers\.1\.scale was never written")
+    with incomplete, StreamedFile(tmp_path / "part.safetensors", entries) as file:
+        for entry in file.order[:3]:
+            file.append(tensors[entry.name])
+    mis_shaped = pytest.raises(ValueError, match=r"steps has shape \(4,\), its header says \(3,\)")
+    with mis_shaped, StreamedFile(tmp_path / "part.safetensors", entries) as file:
+        file.append(torch.zeros(4, dtype=torch.int64))  # the widest dtype comes first
+
+
+def test_shards_equal_save_file_of_each_group_and_a_silent_rank_fetches_in_the_same_order(tmp_path):
+    generator = torch.Generator().manual_seed(1)
+    tensors = {f"block.{i}.weight": torch.randn(8, 4, generator=generator) for i in (0, 1, 2, 10, 11)}
+    written = write_safetensors(tmp_path, tensors.items(), DIFFUSERS_FILES, max_shard_bytes=300, dtype=torch.bfloat16)
+    index = json.loads((tmp_path / DIFFUSERS_FILES.index).read_text())
+    assert index["metadata"]["total_size"] == 5 * 8 * 4 * 2
+    for file in written:
+        group = {name: tensors[name].to(torch.bfloat16) for name, owner in index["weight_map"].items() if owner == file}
+        save_file(group, str(tmp_path / "reference.safetensors"), metadata={"format": "pt"})
+        assert (tmp_path / file).read_bytes() == (tmp_path / "reference.safetensors").read_bytes(), file
+    assert dict(SafetensorsFiles.find(tmp_path, DIFFUSERS_FILES).tensors()).keys() == tensors.keys()
+
+    entries = [TensorEntry(name, tuple(t.shape), torch.bfloat16) for name, t in tensors.items()]
+    orders: dict[str, list[str]] = {"writer": [], "silent": []}
+    for role, directory in (("writer", tmp_path / "again"), ("silent", None)):
+        if directory is not None:
+            directory.mkdir()
+
+        def fetch(name: str, role: str = role) -> torch.Tensor:
+            orders[role].append(name)
+            return tensors[name]
+
+        write_streamed(directory, entries, fetch, DIFFUSERS_FILES, max_shard_bytes=300)
+    assert orders["writer"] == orders["silent"] and sorted(orders["writer"]) == sorted(tensors)
+    for file in written:
+        assert (tmp_path / "again" / file).read_bytes() == (tmp_path / file).read_bytes()
