@@ -83,7 +83,7 @@ def test_a_setting_that_cannot_be_honoured_stops_the_rehearsal_before_any_run(tm
 def test_flux_rehearsal_names_the_parallel_plan_it_cannot_run(capsys):
     assert diffusion_main(["--recipe", "flux1_12b", "--rehearse"]) == 2
     err = capsys.readouterr().err
-    assert "parallel" in err and "does not shard" in err and "Nothing was run" in err
+    assert "parallel" in err and "cannot be rehearsed yet" in err and "Nothing was run" in err and "torchrun" in err
 
 
 def test_a_missing_or_broken_recipe_file_is_named(tmp_path, capsys):
