@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import Placement
 
 from titanpod.device import Backend, ensure_process_group
 from titanpod.parallel.config import DATA_AXES, MESH_AXES, ParallelConfig
@@ -16,6 +18,7 @@ from titanpod.parallel.errors import PlanError
 from titanpod.parallel.plan import ShardingPlan
 from titanpod.parallel.torch_executor.collectives import mean_over
 from titanpod.parallel.torch_executor.expert_parallel import make_expert_parallel
+from titanpod.parallel.torch_executor.materialize import RegionValues, check_materializable, sharded_parameter
 from titanpod.parallel.torch_executor.simple_fsdp import layout_for, shard_module_params, unshard_module_params
 from titanpod.parallel.torch_executor.tensor_parallel import apply_tensor_parallel
 
@@ -49,6 +52,18 @@ class ParallelModel:
         return mean_over(value, self.data_group)
 
 
+def _create(
+    prefix: str,
+    mesh: Any,
+    values: RegionValues,
+    device: torch.device,
+    name: str,
+    meta: torch.Tensor,
+    placements: tuple[Placement, ...],
+) -> nn.Parameter:
+    return sharded_parameter(prefix + name, meta, mesh, placements, values, device)
+
+
 def unshard(model: nn.Module) -> nn.Module:
     """Gather every sharded parameter whole and remove the parallel wrappers' classes, in place.
 
@@ -60,17 +75,27 @@ def unshard(model: nn.Module) -> nn.Module:
     return model
 
 
-def parallelize(model: nn.Module, plan: ShardingPlan, config: ParallelConfig, backend: Backend) -> ParallelModel:
-    """Shard ``model`` (built and initialised identically on every rank) by ``plan`` over all processes.
+def parallelize(
+    model: nn.Module,
+    plan: ShardingPlan,
+    config: ParallelConfig,
+    backend: Backend,
+    initial_values: RegionValues | None = None,
+) -> ParallelModel:
+    """Shard ``model`` by ``plan`` over all processes.
 
-    Checks the plan against the model and the mesh first: a dimension that does not divide,
-    a parameter no rule covers or an unsupported combination is a ``PlanError`` before any
-    tensor is moved.
+    ``model`` is built and initialised identically on every rank, or left on the meta device:
+    then each rank creates only its own shard of each parameter, on the backend's device, from
+    ``initial_values(name, region)`` (e.g. ``titanpod.models.region_initializer(model, seed)``),
+    and nothing whole is ever made. Checks the plan against the model and the mesh first: a
+    dimension that does not divide, a parameter no rule covers, an unsupported combination or a
+    meta model without ``initial_values`` is a ``PlanError`` before any tensor is moved or made.
     """
     info = ensure_process_group(backend)
     axes = config.mesh_axes(info.world_size)
     named = dict(model.named_parameters())
     plan.check(named, axes)
+    check_materializable(model, initial_values)
     has_experts = any(plan.rule_for(name).ep_dim is not None for name in named)
     if axes["ep"] > 1 and not has_experts:
         raise PlanError(f"ep={axes['ep']} but the model has no experts; use ep=1.")
@@ -80,6 +105,7 @@ def parallelize(model: nn.Module, plan: ShardingPlan, config: ParallelConfig, ba
     mesh_axes = tuple(axis for axis in MESH_AXES if axes[axis] > 1) or ("fsdp",)
     mesh = backend.build_mesh({axis: axes[axis] for axis in mesh_axes})
     param_dtype, reduce_dtype = _DTYPES[config.param_dtype], _DTYPES[config.reduce_dtype]
+    device = backend.parameter_device(info.local_rank)
     sequence_parallel = config.sequence_parallel and axes["tp"] > 1
     if axes["tp"] > 1:
         apply_tensor_parallel(model, plan, mesh["tp"], sequence_parallel)
@@ -90,7 +116,10 @@ def parallelize(model: nn.Module, plan: ShardingPlan, config: ParallelConfig, ba
         prefix = f"{module_name}." if module_name else ""
         layouts = {name: layout_for(plan.rule_for(prefix + name), axes, mesh_axes, sequence_parallel) for name in own}
         expert = any(plan.rule_for(prefix + name).ep_dim is not None for name in own)
-        shard_module_params(module, layouts, mesh, param_dtype, reduce_dtype)
+        create = None
+        if initial_values is not None:
+            create = functools.partial(_create, prefix, mesh, initial_values, device)
+        shard_module_params(module, layouts, mesh, param_dtype, reduce_dtype, create)
         if expert and axes["ep"] > 1:
             make_expert_parallel(module, mesh["ep"])
     coordinate = dict(zip(mesh_axes, mesh.get_coordinate() or [0] * len(mesh_axes), strict=True))

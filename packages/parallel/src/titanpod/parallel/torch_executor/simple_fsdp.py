@@ -88,13 +88,21 @@ def shard_module_params(
     mesh: DeviceMesh,
     param_dtype: torch.dtype,
     reduce_dtype: torch.dtype,
+    create: Callable[[str, torch.Tensor, tuple[Placement, ...]], nn.Parameter] | None = None,
 ) -> None:
-    """Replace ``module``'s own parameters by sharded DTensors and make reads of them gather."""
+    """Replace ``module``'s own parameters by sharded DTensors and make reads of them gather.
+
+    A parameter on the meta device is made by ``create(name, meta_param, stored_placements)`` (each rank
+    creating only its own shard, ``titanpod.parallel.torch_executor.materialize``); any other is split.
+    """
     names = tuple(layouts)
     for name in names:
         param = module._parameters[name]
         assert param is not None
-        module._parameters[name] = nn.Parameter(distribute_tensor(param.data, mesh, layouts[name].stored))
+        if param.is_meta and create is not None:
+            module._parameters[name] = create(name, param, layouts[name].stored)
+        else:
+            module._parameters[name] = nn.Parameter(distribute_tensor(param.data, mesh, layouts[name].stored))
     module._titanpod_gather = {  # type: ignore[assignment]
         name: make_gather(layouts[name], param_dtype, reduce_dtype) for name in names
     }
