@@ -33,6 +33,22 @@ def test_v7_splits_the_chip_into_two_devices():
 
 
 @pytest.mark.parametrize(
+    ("name", "chips", "memory"),
+    [("v5e", 4, 192 * GB), ("v5p", 4, 448 * GB), ("v6e", 4, 720 * GB), ("v7", 4, 960 * GB)],
+)
+def test_published_worker_vm_figures(name, chips, memory):
+    chip = CHIPS[name]
+    assert (chip.chips_per_host, chip.host_vm_bytes, chip.auto_lane) == (chips, memory, "tpu")
+
+
+@pytest.mark.parametrize("name", ["v4", "h100", "h200", "b200"])
+def test_worker_vm_figures_without_a_published_source_are_unknown(name):
+    chip = CHIPS[name]
+    assert chip.chips_per_host is None and chip.host_vm_bytes is None
+    assert chip.auto_lane == ("tpu" if name == "v4" else "cuda")
+
+
+@pytest.mark.parametrize(
     ("spelling", "canonical"),
     [
         ("v5p-128", "v5p"),
@@ -58,7 +74,7 @@ def test_unknown_chip_lists_the_known_ones():
 
 def test_cpu_probe_measures_a_positive_matmul_rate():
     chip = measure_cpu_peak(size=256, seconds=0.05)
-    assert chip.measured and chip.name == "cpu"
+    assert chip.measured and chip.name == "cpu" and chip.auto_lane == "cpu"
     assert 1e8 < chip.peak_flops < 1e14  # between a toaster and a rack of GPUs
     assert chip.memory_bytes > 0
 

@@ -1,9 +1,15 @@
-"""Peak dense bf16 FLOP/s and memory per device, for MFU and for the planner.
+"""Peak dense bf16 FLOP/s and memory per device, and the worker VMs (hosts) chips sit in, for MFU and
+for the planner.
 
 Figures are the vendors' published dense (not sparse) bf16 peaks:
 Google Cloud TPU system-architecture pages for v4, v5e, v5p, v6e (Trillium) and
 v7 (Ironwood); NVIDIA's H100 SXM, H200 and B200 datasheets. A TPU v7 chip exposes two
 devices, so its per-device figures are half the per-chip ones.
+
+Host figures are those of the worker VM a multi-host slice is built from, as the Cloud TPU
+documentation publishes them (the source of each is beside it). Where no published figure is
+known the field is ``None``, and the planner says it cannot check host memory rather than guess.
+A GPU's host is whatever server it is in, so the GPUs have none.
 
 A CPU has no published peak that means anything for PyTorch, so the cpu lane measures
 one with a short matmul probe (``measure_cpu_peak``).
@@ -35,21 +41,51 @@ class ChipSpec:
     """How many devices (ranks) one physical chip exposes."""
     measured: bool = False
     """True when ``peak_flops`` was measured here rather than taken from a datasheet."""
+    auto_lane: str = "cpu"
+    """The lane ``auto`` picks where this chip is attached (``tpu``, ``cuda`` or ``cpu``)."""
+    chips_per_host: int | None = None
+    """Chips one worker VM (host) of a multi-host slice holds; ``None`` when no published figure is known."""
+    host_vm_bytes: int | None = None
+    """Memory (RAM) of that worker VM in bytes; ``None`` when no published figure is known."""
 
 
-def _per_device(name: str, chip_flops: float, chip_bytes: int, devices: int = 1) -> ChipSpec:
-    return ChipSpec(name, chip_flops / devices, chip_bytes // devices, devices)
+def _per_device(
+    name: str,
+    chip_flops: float,
+    chip_bytes: int,
+    devices: int = 1,
+    *,
+    lane: str = "tpu",
+    chips_per_host: int | None = None,
+    host_bytes: int | None = None,
+) -> ChipSpec:
+    return ChipSpec(
+        name,
+        chip_flops / devices,
+        chip_bytes // devices,
+        devices,
+        auto_lane=lane,
+        chips_per_host=chips_per_host,
+        host_vm_bytes=host_bytes,
+    )
 
 
 CHIPS: dict[str, ChipSpec] = {
+    # v4: no published figure for the worker VM's chips or memory is known here.
     "v4": _per_device("v4", 275 * TFLOPS, 32 * GiB),
-    "v5e": _per_device("v5e", 197 * TFLOPS, 16 * GiB),
-    "v5p": _per_device("v5p", 459 * TFLOPS, 95 * GiB),
-    "v6e": _per_device("v6e", 918 * TFLOPS, 32 * GiB),
-    "v7": _per_device("v7", 2307 * TFLOPS, 192 * GB, devices=2),
-    "h100": _per_device("h100", 989 * TFLOPS, 80 * GB),
-    "h200": _per_device("h200", 989 * TFLOPS, 141 * GB),
-    "b200": _per_device("b200", 2250 * TFLOPS, 180 * GB),
+    # v5e: https://cloud.google.com/tpu/docs/v5e, "VM types": the 4-chip VM (ct5lp-hightpu-4t), which
+    # multi-host slices use, has 192 GB (the 8-chip VM has 384 GB: the same 48 GB per chip).
+    "v5e": _per_device("v5e", 197 * TFLOPS, 16 * GiB, chips_per_host=4, host_bytes=192 * GB),
+    # v5p: https://cloud.google.com/tpu/docs/v5p, "VM, host and slice properties": 4 chips, 448 GB RAM.
+    "v5p": _per_device("v5p", 459 * TFLOPS, 95 * GiB, chips_per_host=4, host_bytes=448 * GB),
+    # v6e: https://cloud.google.com/tpu/docs/v6e, multi-host slices are ct6e-standard-4t VMs of 4 chips;
+    # https://cloud.google.com/tpu/docs/tpu7x, "RAM (GB) (4-chip VM)": 720 for v6e.
+    "v6e": _per_device("v6e", 918 * TFLOPS, 32 * GiB, chips_per_host=4, host_bytes=720 * GB),
+    # v7: https://cloud.google.com/tpu/docs/tpu7x, "RAM (GB) (4-chip VM)": 960 (each VM holds 4 chips).
+    "v7": _per_device("v7", 2307 * TFLOPS, 192 * GB, devices=2, chips_per_host=4, host_bytes=960 * GB),
+    "h100": _per_device("h100", 989 * TFLOPS, 80 * GB, lane="cuda"),
+    "h200": _per_device("h200", 989 * TFLOPS, 141 * GB, lane="cuda"),
+    "b200": _per_device("b200", 2250 * TFLOPS, 180 * GB, lane="cuda"),
 }
 """Per-device figures by canonical name."""
 
