@@ -1,6 +1,7 @@
 """The dry-run planner: published parameter totals, memory accounting, advice, and the prediction
 against measured peak memory of real CPU training steps."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from titanpod.device import chip_by_name
+from titanpod.device.chips import GB
 from titanpod.pretrain.cli import main
 from titanpod.recipes import RECIPES, get_recipe
 from titanpod.recipes.planner import plan_run
@@ -113,3 +115,118 @@ def test_memory_prediction_is_within_15_percent_of_measured_cpu_runs(repo_root):
     assert [r["case"] for r in results] == cases
     for result in results:
         assert 0.85 <= result["ratio"] <= 1.15, result
+
+
+def recorded_console() -> Console:
+    return Console(file=open(os.devnull, "w"), width=200, record=True)
+
+
+def test_llama3_405b_dry_run_states_host_memory_per_worker_vm_and_fits(capsys):
+    assert main(["--recipe", "llama3_405b", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "host memory per v5p VM (tpu lane)" in out and "(448 GB)" in out
+    assert "4 processes per v5p VM, one per device" in out
+    console = recorded_console()
+    plan = dry_run(get_recipe("llama3_405b"), console)
+    assert plan.host is not None and plan.host.fits is True
+    assert plan.host.processes_per_host == 4 and plan.host.host_bytes == 448 * GB
+    # the peak: four processes each staging its shard of weights and two moments for the async checkpoint
+    assert plan.host.per_host.peak == ("checkpoint", 4 * 3 * plan.memory.parameters)
+    peak = plan.host.per_host.peak[1]
+    assert f"trainer-state checkpoint: {peak / 1024**3:,.2f} GiB of 417.23 GiB (448 GB)" in console.export_text()
+
+
+def test_a_worker_vm_too_small_says_so_naming_host_memory_and_the_fix():
+    small = dataclasses.replace(chip_by_name("v5p"), host_vm_bytes=40 * GB)  # made up: v5p VMs have 448 GB
+    console = recorded_console()
+    plan = dry_run(get_recipe("llama3_405b"), console, chip=small)  # async checkpoints stage 38 GiB per VM
+    text = console.export_text()
+    assert not plan.fits and plan.device_fits and plan.host.fits is False
+    assert "does not fit: host memory: a v5p worker VM needs 38.01 GiB at its trainer-state checkpoint" in text
+    assert "Fix: --checkpoint.async-save False writes one tensor at a time" in text
+    row = next(line for line in text.splitlines() if line.startswith("│ --checkpoint.async-save False"))
+    assert "yes" in row  # without async saves the peak is the final save's 16 GiB
+
+
+def test_host_memory_of_a_chip_without_published_vm_figures_is_not_checked():
+    console = recorded_console()
+    plan = dry_run(with_changes(get_recipe("llama3_8b"), target={"chip": "v4"}), console)
+    assert plan.host.fits is None and plan.fits  # unknown is said, not counted as a failure
+    assert "host memory of v4 VMs unknown: not checked" in console.export_text()
+
+
+def _debug_local_numels(args, fsdp: int, tp: int) -> tuple[dict[str, int], dict[str, int]]:
+    """Full and per-rank elements of each parameter of a Llama debug model, written out from the plan's
+    rules: embedding and output split their width over fsdp; wq, wk, wv, w1, w3 split rows over tp and
+    columns over fsdp; wo, w2 split rows over fsdp and columns over tp; norms split over fsdp."""
+    M, F, V = args.dim, args.ffn_dim, args.vocab_size
+    q, kv = args.n_heads * args.dim // args.n_heads, args.n_kv_heads * args.dim // args.n_heads
+    full, local = {}, {}
+    for name, (rows, cols, row_split, col_split) in {
+        "tok_embeddings.weight": (V, M, 1, fsdp),
+        "output.weight": (V, M, 1, fsdp),
+        "norm.weight": (M, 1, fsdp, 1),
+    }.items():
+        full[name], local[name] = rows * cols, (rows // row_split) * (cols // col_split)
+    for layer in range(args.n_layers):
+        for name, (rows, cols, row_split, col_split) in {
+            "attention_norm.weight": (M, 1, fsdp, 1),
+            "ffn_norm.weight": (M, 1, fsdp, 1),
+            "attention.wq.weight": (q, M, tp, fsdp),
+            "attention.wk.weight": (kv, M, tp, fsdp),
+            "attention.wv.weight": (kv, M, tp, fsdp),
+            "attention.wo.weight": (M, q, fsdp, tp),
+            "feed_forward.w1.weight": (F, M, tp, fsdp),
+            "feed_forward.w3.weight": (F, M, tp, fsdp),
+            "feed_forward.w2.weight": (M, F, fsdp, tp),
+        }.items():
+            key = f"layers.{layer}.{name}"
+            full[key], local[key] = rows * cols, (rows // row_split) * (cols // col_split)
+    return full, local
+
+
+@pytest.mark.parametrize("lane", ["tpu", "xla"])
+def test_host_memory_follows_from_the_parameter_shapes_and_the_mesh(lane):
+    recipe = with_changes(
+        get_recipe("llama3_debug"), parallel={"tp": 2}, checkpoint={"async_save": True}, device={"lane": lane}
+    )
+    plan = plan_run(recipe, chip_by_name("v5p"), 8, 0.4)  # 2 VMs of 4 chips; fsdp 4 x tp 2
+    assert plan.mesh == {"dp_replicate": 1, "fsdp": 4, "ep": 1, "tp": 2}
+    full, local = _debug_local_numels(recipe.model.args(), fsdp=4, tp=2)
+    assert sum(full.values()) == plan.parameters  # the written-out shapes are the model's
+    largest_local, largest_full, local_total = max(local.values()), max(full.values()), sum(local.values())
+    host = plan.host
+    if lane == "tpu":  # 4 processes per VM, parameters made on the devices
+        resident, devices, send = 0, 1, 4 * largest_local
+        assert host.processes_per_host == 4
+    else:  # one process per VM holding its 4 devices' shards
+        resident, devices, send = 4 * 4 * local_total, 4, 0
+        assert host.processes_per_host == 1
+    assert host.rank0.init == host.other.init == resident + 4 * largest_local
+    assert host.rank0.load == resident + 2 * 4 * devices * largest_local
+    assert host.rank0.train == resident  # no offload
+    assert host.rank0.checkpoint == resident + devices * 3 * 4 * local_total
+    assert host.rank0.save == resident + 2 * 4 * largest_full
+    assert host.other.save == resident + send
+    processes = host.processes_per_host
+    assert host.per_host.checkpoint == processes * host.rank0.checkpoint
+    assert host.per_host.save == host.rank0.save + (processes - 1) * host.other.save
+    assert host.host_bytes == 448 * GB
+    assert host.fits
+
+
+def test_a_slice_smaller_than_a_vm_gets_its_share_of_the_vm():
+    recipe = with_changes(get_recipe("llama3_debug"), device={"lane": "tpu"})
+    host = plan_run(recipe, chip_by_name("v5p"), 2, 0.4).host
+    assert host.processes_per_host == 2 and host.host_bytes == 224 * GB
+
+
+def test_flux_plan_counts_the_frozen_encoders_each_process_loads_on_its_host():
+    from titanpod.recipes.diffusion.registry import get_diffusion_recipe
+    from titanpod.recipes.planner.flux import plan_flux
+
+    plan = plan_flux(get_diffusion_recipe("flux1_12b"), chip_by_name("v5p"), 8, 0.4)  # 2 VMs of 4 chips
+    assert plan.frozen_encoders > 0 and plan.host.processes_per_host == 4
+    assert plan.host.rank0.load == plan.frozen_encoders  # T5, CLIP and the autoencoder whole, in bf16
+    assert plan.host.per_host.peak == ("load", 4 * plan.frozen_encoders)
+    assert plan.fits

@@ -134,10 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             rehearse_diffusion(recipe)
         if action == "dry_run":
             from titanpod.recipes.planner.flux import flux_plan_table, plan_flux
+            from titanpod.recipes.planner.host_table import print_host
             from titanpod.recipes.planner.report import target_chip
 
             plan = plan_flux(recipe, target_chip(recipe.target.chip), recipe.target.chips, recipe.target.mfu)
             console.print(flux_plan_table(plan))
+            print_host(console, recipe.name, plan.host)
             return 0 if plan.fits else 1
         result = run_diffusion(recipe, console)  # prints the recipe first; under torchrun rank 0 alone speaks
     except (KeyError, ValueError, RuntimeError, OSError) as error:

@@ -25,6 +25,8 @@ from titanpod.models.registry import choose
 from titanpod.parallel import PLANS
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.recipes.planner.activations import flash_attention_stand_in, measure_saved_bytes
+from titanpod.recipes.planner.host import HostMemoryPlan, plan_host_memory, planned_lane
+from titanpod.recipes.planner.host_table import add_host_row
 from titanpod.recipes.planner.plan import FIT_FRACTION, MemoryPlan
 
 FROZEN_ENCODER_PARAMETERS = {"t5": 4_762_310_656, "clip": 123_060_480, "autoencoder": 83_819_683}
@@ -63,6 +65,8 @@ class FluxRunPlan:
     """Bytes of the frozen encoders on each device (0 with an encodings cache)."""
     target_mfu: float
     """MFU the step time is worked out for."""
+    host: HostMemoryPlan | None = None
+    """Predicted host memory per process and per worker VM (``None`` on the cpu lane)."""
 
     @property
     def total_bytes(self) -> int:
@@ -70,9 +74,14 @@ class FluxRunPlan:
         return self.memory.total + self.frozen_encoders
 
     @property
-    def fits(self) -> bool:
+    def device_fits(self) -> bool:
         """Whether the plan leaves the runtime its share of device memory."""
         return self.total_bytes <= FIT_FRACTION * self.chip.memory_bytes
+
+    @property
+    def fits(self) -> bool:
+        """Whether the device fits and the worker VM does too (where its memory is known)."""
+        return self.device_fits and (self.host is None or self.host.fits is not False)
 
     @property
     def step_seconds(self) -> float:
@@ -130,6 +139,17 @@ def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: f
         if recipe.model.encodings_cache or recipe.model.text_encoders == "random"
         else 2 * sum(FROZEN_ENCODER_PARAMETERS.values())
     )
+    host = plan_host_memory(
+        {name: tuple(p.shape) for name, p in named.items()},
+        plan,
+        mesh,
+        chip,
+        chips,
+        planned_lane(recipe.device.lane, chip),
+        async_checkpoint=recipe.checkpoint.async_save,
+        final_save=recipe.output.save_weights or recipe.checkpoint.export_hf,
+        whole_read_bytes=encoders,  # each process reads the frozen encoders whole, then moves them to its device
+    )
     return FluxRunPlan(
         recipe=recipe.name,
         flavor=recipe.model.flavor,
@@ -143,6 +163,7 @@ def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: f
         memory=memory,
         frozen_encoders=encoders,
         target_mfu=target_mfu,
+        host=host,
     )
 
 
@@ -165,11 +186,12 @@ def flux_plan_table(plan: FluxRunPlan) -> Table:
     table.add_row("  activations", f"{memory.activations / gib:,.2f} GiB")
     table.add_row("  working memory (backward, gathers)", f"{memory.transient / gib:,.2f} GiB")
     table.add_row("  frozen encoders (bf16)", f"{plan.frozen_encoders / gib:,.2f} GiB")
-    verdict = "[green]fits[/]" if plan.fits else "[bold red]does not fit[/]"
+    verdict = "[green]fits[/]" if plan.device_fits else "[bold red]does not fit[/]"
     table.add_row(
         "  total",
         f"{plan.total_bytes / gib:,.2f} of {plan.chip.memory_bytes / gib:.1f} GiB "
         f"(plans may use {FIT_FRACTION:.0%}): {verdict}",
     )
     table.add_row(f"step time at {plan.target_mfu:.0%} MFU", f"{plan.step_seconds:.3g} s")
+    add_host_row(table, plan.host)
     return table

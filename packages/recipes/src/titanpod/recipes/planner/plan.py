@@ -34,11 +34,11 @@ from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import DATA_AXES, PLANS, ShardingPlan
 from titanpod.recipes.planner.activations import SavedBytes, block_saved_bytes, head_saved_bytes
+from titanpod.recipes.planner.host import HostMemoryPlan, plan_host_memory, planned_lane
+from titanpod.recipes.planner.limits import FIT_FRACTION
 from titanpod.recipes.recipe import Recipe
 
-FIT_FRACTION = 0.9
-"""Share of a device's memory a plan may use; the rest is left to the runtime, compiler
-scratch space and fragmentation."""
+__all__ = ["FIT_FRACTION", "MemoryPlan", "RunPlan", "plan_run", "with_changes"]
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -104,6 +104,8 @@ class RunPlan:
     """Predicted bytes per device."""
     target_mfu: float
     """MFU the step time is worked out for."""
+    host: HostMemoryPlan | None = None
+    """Predicted host memory per process and per worker VM (``None`` on the cpu lane)."""
 
     def chips_text(self) -> str:
         """The slice in words, e.g. ``512 x v5p`` or ``2 x v7 (4 devices)``."""
@@ -111,9 +113,14 @@ class RunPlan:
         return text + (f" ({self.devices} devices)" if self.devices != self.chips else "")
 
     @property
-    def fits(self) -> bool:
+    def device_fits(self) -> bool:
         """Whether the predicted peak leaves the runtime its share of the device's memory."""
         return self.memory.total <= FIT_FRACTION * self.chip.memory_bytes
+
+    @property
+    def fits(self) -> bool:
+        """Whether the device fits and the worker VM does too (where its memory is known)."""
+        return self.device_fits and (self.host is None or self.host.fits is not False)
 
     @property
     def step_seconds(self) -> float:
@@ -150,6 +157,17 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
         gathered = 2 * _gathered_block_numel(plan, model, mesh) * _BYTES[recipe.parallel.param_dtype]
     memory = _memory(local, block, head, model.args.n_layers, train.memory_policy, gathered)
     data_ranks = math.prod(mesh[axis] for axis in DATA_AXES)
+    host = plan_host_memory(
+        {name: tuple(p.shape) for name, p in named.items()},
+        plan,
+        mesh,
+        chip,
+        chips,
+        planned_lane(recipe.device.lane, chip),
+        offload_per_device=memory.host_offload,
+        async_checkpoint=recipe.checkpoint.async_save,
+        final_save=recipe.output.save_weights or recipe.checkpoint.export_hf,
+    )
     return RunPlan(
         recipe=recipe.name,
         model=f"{recipe.model.family} {recipe.model.flavor}",
@@ -168,6 +186,7 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
         precision=train.precision,
         memory=memory,
         target_mfu=target_mfu,
+        host=host,
     )
 
 

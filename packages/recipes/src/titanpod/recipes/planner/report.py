@@ -9,6 +9,7 @@ from rich.table import Table
 
 from titanpod.device import ChipSpec, chip_by_name, measure_cpu_peak
 from titanpod.parallel import PlanError
+from titanpod.recipes.planner.host_table import add_host_row, print_host
 from titanpod.recipes.planner.plan import FIT_FRACTION, RunPlan, plan_run, with_changes
 from titanpod.recipes.recipe import Recipe
 
@@ -17,7 +18,7 @@ GiB = 1024**3
 
 @dataclass(frozen=True)
 class Suggestion:
-    """One change to a recipe that lowers memory per device, with the plan it gives."""
+    """One change to a recipe that lowers memory per device (or per worker VM), with the plan it gives."""
 
     flags: str
     """The command-line flags that make the change."""
@@ -26,7 +27,7 @@ class Suggestion:
 
 
 def plan_table(plan: RunPlan) -> Table:
-    """The plan as a two-column table: parameters, FLOPs, memory per device and step time."""
+    """The plan as a two-column table: parameters, FLOPs, memory per device and per host, step time."""
     memory = plan.memory
     table = Table(title=f"dry run: {plan.recipe} on {plan.chips_text()}", show_header=False)
     table.add_row("model", plan.model)
@@ -50,7 +51,7 @@ def plan_table(plan: RunPlan) -> Table:
     table.add_row("  working memory (backward, gathers)", _gib(memory.transient))
     if memory.host_offload:
         table.add_row("  offloaded to host (not in total)", _gib(memory.host_offload))
-    verdict = "[green]fits[/]" if plan.fits else "[bold red]does not fit[/]"
+    verdict = "[green]fits[/]" if plan.device_fits else "[bold red]does not fit[/]"
     table.add_row(
         "  total",
         f"{_gib(memory.total)} of {plan.chip.memory_bytes / GiB:.1f} GiB "
@@ -61,6 +62,7 @@ def plan_table(plan: RunPlan) -> Table:
         f"{plan.step_seconds:.3g} s ({plan.tokens_per_second_per_device:,.0f} tokens/s per device, "
         f"peak {plan.chip.peak_flops / 1e12:,.0f} TFLOP/s per device)",
     )
+    add_host_row(table, plan.host)
     return table
 
 
@@ -92,6 +94,38 @@ def suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float, l
     return found[:limit]
 
 
+def host_suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> list[Suggestion]:
+    """Changes that lower host memory per worker VM, each planned, the ones that fit first."""
+    plan = plan_run(recipe, chip, chips, target_mfu)
+    candidates: list[tuple[str, Recipe, int]] = []
+    if recipe.checkpoint.async_save:
+        changed = with_changes(recipe, checkpoint={"async_save": False})
+        candidates.append(("--checkpoint.async-save False", changed, chips))
+    if recipe.train.memory_policy == "offload":
+        changed = with_changes(recipe, train={"memory_policy": "recompute"})
+        candidates.append(("--train.memory-policy recompute", changed, chips))
+    if plan.host is not None and plan.host.lane == "xla" and chip.auto_lane != "cpu":
+        changed = with_changes(recipe, device={"lane": chip.auto_lane})
+        candidates.append((f"--device.lane {chip.auto_lane}", changed, chips))
+    if recipe.output.save_weights and not recipe.checkpoint.export_hf:
+        changed = with_changes(recipe, output={"save_weights": False})
+        candidates.append(("--output.save-weights False", changed, chips))
+    candidates.append((f"--chips {chips * 2}", recipe, chips * 2))
+    found = []
+    for flags, changed, count in candidates:
+        try:
+            found.append(Suggestion(flags, plan_run(changed, chip, count, target_mfu)))
+        except (PlanError, ValueError):
+            continue
+    found = [s for s in found if s.plan.host is not None and s.plan.host.per_host is not None]
+    found.sort(key=lambda s: (not s.plan.fits, _host_peak(s.plan)))
+    return found
+
+
+def _host_peak(plan: RunPlan) -> int:
+    return plan.host.per_host.peak[1] if plan.host is not None and plan.host.per_host is not None else 0
+
+
 def _gib(size: int) -> str:
     return f"{size / GiB:,.2f} GiB"
 
@@ -103,13 +137,26 @@ def target_chip(name: str) -> ChipSpec:
     return chip_by_name(name)
 
 
-def dry_run(recipe: Recipe, console: Console) -> RunPlan:
-    """Plan ``recipe`` on its target slice, print the table and, when it does not fit, what to change."""
+def dry_run(recipe: Recipe, console: Console, chip: ChipSpec | None = None) -> RunPlan:
+    """Plan ``recipe`` on its target slice (of ``chip``, default the target's), print the table and,
+    when it does not fit its devices or its hosts, what to change."""
     target = recipe.target
-    chip = target_chip(target.chip)
+    chip = chip or target_chip(target.chip)
     plan = plan_run(recipe, chip, target.chips, target.mfu)
     console.print(plan_table(plan))
-    if not plan.fits:
+    print_host(console, recipe.name, plan.host)
+    if plan.host is not None and plan.host.fits is False:
+        console.print("Changes that lower host memory:")
+        table = Table("change", "peak per worker VM", "fits", "step time")
+        for suggestion in host_suggestions(recipe, chip, target.chips, target.mfu):
+            table.add_row(
+                suggestion.flags,
+                _gib(_host_peak(suggestion.plan)),
+                "yes" if suggestion.plan.fits else "no",
+                f"{suggestion.plan.step_seconds:.3g} s",
+            )
+        console.print(table)
+    if not plan.device_fits:
         console.print(
             f"[bold red]{recipe.name} needs {_gib(plan.memory.total)} per device; "
             f"{plan.chip.name} has {plan.chip.memory_bytes / GiB:.1f} GiB.[/] Changes that lower it:",
