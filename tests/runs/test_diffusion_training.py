@@ -22,8 +22,8 @@ def small_recipe(**model):
     return dataclasses.replace(recipe, data=data, model=dataclasses.replace(recipe.model, **model))
 
 
-def batches_of(recipe, models, cache):
-    data = build_image_data(recipe.data, 0, 0, 1)
+def batches_of(recipe, models, cache, rank=0, world_size=1):
+    data = build_image_data(recipe.data, 0, rank, world_size)
     return FlowMatchingBatches(data, models, cache, recipe.model.guidance, seed=0, device=CPU)
 
 
@@ -43,6 +43,21 @@ def test_flow_matching_batches_resume_exactly():
         assert got.keys() == want.keys()
         for name in want:
             assert got[name].equal(want[name]), name
+
+
+def test_a_global_batch_is_the_same_however_many_data_ranks_share_it():
+    recipe = small_recipe()  # 4 images per rank
+    models = build_diffusion_models(recipe, CPU)
+    one = batches_of(recipe, models, EncodingCache(None))
+    ranks = [batches_of(recipe, models, EncodingCache(None), rank, 2) for rank in range(2)]
+    for step in range(3):  # one process's micro-batches 2s and 2s + 1 are ranks 0 and 1 of global batch s
+        halves = [next(one), next(one)]
+        for rank, batches in enumerate(ranks):
+            got = next(batches)
+            for name, tensor in halves[rank].items():
+                assert got[name].equal(tensor), f"step {step} rank {rank} {name}"
+    noise = next(one)["noise"]
+    assert not noise[0].equal(noise[1])  # each sample draws its own
 
 
 def test_encodings_cache_on_disk_is_reused_and_gives_the_same_batches(tmp_path):
