@@ -34,6 +34,11 @@ class ModelConfig:
     """Mixture-of-experts models: rows each expert takes per batch, as a multiple of its fair share
     (``MoEArgs.capacity_factor``: choices past it are dropped and reported as ``dropped_tokens``);
     ``None`` keeps the flavor's, which for every shipped flavor is no capacity limit (nothing drops)."""
+    init_from: str | None = None
+    """Start from these weights instead of the seed's: a titanpod model folder (model.json + model.safetensors,
+    e.g. ``<run>/model``), a Hugging Face checkpoint folder (config.json + safetensors) or a Hub model id. Its
+    model must be this family and shape (a field that differs is an error naming it); under torchrun each
+    rank reads only the slices of the tensors it holds. ``None``: initialise from ``train.seed``."""
 
     def args(self) -> DecoderArgs:
         """The decoder's shape: the flavor's with ``shape`` and ``capacity_factor`` applied; ``KeyError`` names an

@@ -20,6 +20,7 @@ from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import DATA_AXES, PLANS
 from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.recipe import NamedRun, Recipe
+from titanpod.runs.init_from import load_pretrained, pretrained_for
 from titanpod.runs.session import RunSession
 from titanpod.runs.session import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
 from titanpod.runs.validation import validation_loss
@@ -97,6 +98,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     info = process_info()
     backend = get_backend(recipe.device.lane)
     torch.manual_seed(recipe.train.seed)
+    pretrained = pretrained_for(recipe)  # a folder that does not fit fails before anything is built
     model = build_initialised_model(recipe, backend)
     parameters = parameter_count(model)
     sharded, xla_axes = None, None
@@ -112,6 +114,8 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         data_rank, data_world = sharded.data_rank, sharded.data_world
     else:
         data_rank, data_world = 0, 1
+    if pretrained is not None:  # each rank reads the slices it holds (a whole model reads everything)
+        load_pretrained(model, pretrained, console)
     data = build_data(data_config, model.args.vocab_size, recipe.train.seed, data_rank, data_world)
     batches = data.train
     reduce = None if sharded is None else sharded.mean_over_data
@@ -141,7 +145,9 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
 
         session.say(
             f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family} {recipe.model.flavor}: "
-            f"{parameters:,} parameters; step {describe_step(recipe.train, backend)}; run directory {session.run_dir}"
+            f"{parameters:,} parameters"
+            + (f" from {recipe.model.init_from}" if pretrained is not None else "")
+            + f"; step {describe_step(recipe.train, backend)}; run directory {session.run_dir}"
         )
         session.say(data.describe())
         summary = session.train(

@@ -17,15 +17,8 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 
-from titanpod.checkpoint import (
-    load_hf_checkpoint,
-    load_model,
-    resolve_source,
-    save_hf_checkpoint,
-    save_model,
-)
-from titanpod.checkpoint.hf_files import CONFIG_FILE as HF_CONFIG_FILE
-from titanpod.checkpoint.model_files import MODEL_FILE
+from titanpod.checkpoint import save_hf_checkpoint, save_model
+from titanpod.checkpoint.pretrained import PretrainedFolder, open_pretrained
 from titanpod.data.sft.batches import build_sft_data
 from titanpod.data.sft.records import check_covers
 from titanpod.data.sft.tokenizer import SFTTokenizer, load_sft_tokenizer
@@ -132,35 +125,26 @@ class SFTResult:
         return rows
 
 
-def build_sft_model(recipe: SFTRecipe, backend: Backend) -> tuple[Transformer, str]:
-    """The model to fine-tune on the backend's device, and where its weights came from.
+def build_sft_model(recipe: SFTRecipe, backend: Backend) -> tuple[Transformer, str, PretrainedFolder | None]:
+    """The model to fine-tune on the backend's device, where its weights come from, and the folder to fill it from.
 
-    Without ``model.init_from`` it is the recipe's family and flavor initialised from ``train.seed``;
-    with it, the folder's model (titanpod model.json, or Hugging Face config.json) with its weights,
-    in fp32 and with the recipe's kernels in its slots.
+    Without ``model.init_from`` it is the recipe's family and flavor initialised from ``train.seed`` (and the
+    folder is ``None``); with it, the folder's model (titanpod model.json, or Hugging Face config.json) with the
+    recipe's kernels in its slots, materialised but not yet filled: ``PretrainedFolder.load_into`` fills it (in
+    fp32) once it is sharded, so under torchrun each rank reads only its own slices.
     """
     if recipe.model.init_from is None:
-        return build_initialised_model(recipe, backend), f"seed {recipe.train.seed} ({recipe.model.flavor})"  # type: ignore[arg-type]
-    folder = resolve_source(recipe.model.init_from)
-    if (folder / MODEL_FILE).is_file():
-        family, loaded = load_model(folder, "cpu")
-    elif (folder / HF_CONFIG_FILE).is_file():
-        checkpoint = load_hf_checkpoint(folder, "cpu", torch.float32)
-        family, loaded = checkpoint.family, checkpoint.model
-    else:
-        raise FileNotFoundError(
-            f"model.init_from {recipe.model.init_from!r} holds neither {MODEL_FILE} (a titanpod model folder such as "
-            f"<run>/{MODEL_FOLDER}) nor {HF_CONFIG_FILE} (a Hugging Face checkpoint)."
-        )
-    if family != recipe.model.family:
+        seeded = build_initialised_model(recipe, backend)  # type: ignore[arg-type]
+        return seeded, f"seed {recipe.train.seed} ({recipe.model.flavor})", None
+    folder = open_pretrained(recipe.model.init_from)
+    if folder.family != recipe.model.family:
         raise ValueError(
-            f"model.init_from {recipe.model.init_from!r} holds a {family} model, but model.family is "
-            f"{recipe.model.family!r}: set --model.family {family}."
+            f"model.init_from {recipe.model.init_from!r} holds a {folder.family} model, but model.family is "
+            f"{recipe.model.family!r}: set --model.family {folder.family}."
         )
-    model = build_model(family, loaded.args, model_ops(recipe.kernels))
+    model = build_model(folder.family, folder.args, model_ops(recipe.kernels))
     model.to_empty(device=backend.parameter_device(process_info().local_rank))
-    model.load_state_dict({name: tensor.float() for name, tensor in loaded.state_dict().items()}, strict=True)
-    return model, f"{recipe.model.init_from} ({family})"
+    return model, f"{recipe.model.init_from} ({folder.family})", folder
 
 
 def eval_task_and_examples(recipe: SFTRecipe, tokenizer: SFTTokenizer) -> tuple[Task | None, list]:
@@ -189,7 +173,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
         )
     torch.manual_seed(recipe.train.seed)
     tokenizer = load_sft_tokenizer(recipe.data.tokenizer)
-    model, started_from = build_sft_model(recipe, backend)
+    model, started_from, pretrained = build_sft_model(recipe, backend)
     check_fits(tokenizer.tokenizer, tokenizer.spec, model.args.vocab_size)
     if recipe.data.seq_len > model.args.max_seq_len:
         raise ValueError(
@@ -199,6 +183,8 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
     sharded = None
     if process_info().world_size > 1:
         sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend)
+    if pretrained is not None:  # each rank reads the slices it holds (a whole model reads everything)
+        pretrained.load_into(model, console.print if console is not None and process_info().is_main else None)
     data_rank, data_world = (sharded.data_rank, sharded.data_world) if sharded is not None else (0, 1)
     data = build_sft_data(recipe.data, tokenizer, recipe.train.seed, data_rank, data_world)
     task, test_examples = eval_task_and_examples(recipe, tokenizer)

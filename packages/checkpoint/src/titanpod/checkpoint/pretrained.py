@@ -1,0 +1,140 @@
+"""Weights a run starts from (``model.init_from``): a titanpod model folder or a Hugging Face checkpoint,
+read region by region so each process reads only the part of each parameter it holds."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from titanpod.checkpoint.hf_folder import CONFIG_FILE, config_errors_named, read_hf_config
+from titanpod.checkpoint.hub import resolve_source
+from titanpod.checkpoint.model_files import MODEL_FILE, read_model_description
+from titanpod.checkpoint.model_tensors import identity_layout
+from titanpod.checkpoint.region_reader import RegionReader, read_into_model
+from titanpod.checkpoint.safetensors_io import TRANSFORMERS_FILES, Progress, SafetensorsFiles
+from titanpod.checkpoint.weights import WEIGHTS_FILE
+from titanpod.models import DecoderArgs, build_model
+from titanpod.models.adapters import DecoderAdapter, HFSlot, family_of_hf_config
+from titanpod.models.common.args import args_from_dict
+
+NOT_THE_SHAPE = frozenset({"max_seq_len", "moe.capacity_factor", "moe.aux_loss_coef"})
+"""Args a run may choose whatever the weights: the planned sequence length and the routing and loss
+settings of training. Every other field fixes the parameters or the arithmetic they were trained in."""
+
+
+def args_differences(found: DecoderArgs, wanted: DecoderArgs, ignore: frozenset[str] = NOT_THE_SHAPE) -> list[str]:
+    """Each field (dotted for nested ones, e.g. ``moe.n_experts``) whose value differs, with both values:
+    ``n_layers: 2 in the folder, 4 in the recipe``. Fields in ``ignore`` are skipped."""
+
+    def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for field in dataclasses.fields(value):
+            inner = getattr(value, field.name)
+            if dataclasses.is_dataclass(inner):
+                out.update(flatten(inner, f"{prefix}{field.name}."))
+            else:
+                out[prefix + field.name] = inner
+        return out
+
+    theirs, ours = flatten(found), flatten(wanted)
+    names = [name for name in dict.fromkeys([*theirs, *ours]) if name not in ignore]
+    return [
+        f"{name}: {theirs.get(name)!r} in the folder, {ours.get(name)!r} in the recipe"
+        for name in names
+        if theirs.get(name) != ours.get(name)
+    ]
+
+
+@dataclass(frozen=True)
+class PretrainedFolder:
+    """A folder of weights to start from, described from its small files: nothing large is read yet."""
+
+    source: str
+    """What the user gave (a folder, or a Hub id)."""
+    directory: Path
+    """The local folder."""
+    kind: str
+    """``titanpod`` (model.json + model.safetensors, titanpod names) or ``huggingface`` (config.json + safetensors)."""
+    family: str
+    """The titanpod model family the folder holds."""
+    args: DecoderArgs
+    """The shape the folder's weights have."""
+    files: SafetensorsFiles
+    """Its safetensors."""
+
+    def layout(self) -> dict[str, HFSlot]:
+        """Stored tensor name -> the titanpod parameter (or expert of it) it fills."""
+        if self.kind == "huggingface":
+            return dict(DecoderAdapter(self.family).hf_layout(self.args))
+        return identity_layout([name for name, _ in build_model(self.family, self.args).named_parameters()])
+
+    def check_fits(self, family: str, args: DecoderArgs, fix: str = "") -> None:
+        """``ValueError`` unless the folder holds a ``family`` model of shape ``args``, naming every field that
+        differs (and ``fix``, what to do about it)."""
+        if family != self.family:
+            raise ValueError(
+                f"model.init_from {self.source!r} holds a {self.family} model, but model.family is {family!r}: "
+                f"set --model.family {self.family}."
+            )
+        differences = args_differences(self.args, args)
+        if differences:
+            listing = "\n  ".join(differences)
+            raise ValueError(
+                f"model.init_from {self.source!r} does not fit the recipe's model ({len(differences)} fields "
+                f"differ):\n  {listing}" + (f"\n{fix}" if fix else "")
+            )
+
+    def reader(self, model: nn.Module, dtype: torch.dtype | None = None) -> RegionReader:
+        """A reader of any region of ``model``'s parameters from this folder, after every stored name and shape
+        has been checked against the model (``CheckpointMismatchError`` names what is missing, unexpected or
+        mis-shaped). ``model`` may be on the meta device, whole or sharded: only its (global) shapes are read."""
+        layout = self.layout()
+        params = {name: torch.empty(param.shape, device="meta") for name, param in model.named_parameters()}
+        expected = {name: tuple(slot.view(params[slot.name]).shape) for name, slot in layout.items()}
+        sources = {name: f"titanpod {slot.describe()}" for name, slot in layout.items()}
+        self.files.check(expected, f"{self.directory} does not fit the {self.family} model it describes", sources)
+        return RegionReader(self.files, layout, dtype)
+
+    def load_into(self, model: nn.Module, progress: Progress | None = None) -> None:
+        """Fill ``model`` (materialised: whole, or sharded with ``DTensor`` parameters) from the folder: each process
+        reads only the slices of the stored tensors that fall in the parts of the parameters it holds (a whole
+        model reads everything). Names and shapes are checked before any data is read."""
+        read_into_model(model, self.reader(model), progress)
+
+
+def open_pretrained(source: str) -> PretrainedFolder:
+    """The folder ``source`` names (a local folder, or a Hub id pulled into the cache), described.
+
+    ``FileNotFoundError`` when it holds neither model.json nor config.json; an ``UnsupportedConfigError``
+    names the config.json field titanpod cannot represent.
+    """
+    directory = resolve_source(source)
+    if (directory / MODEL_FILE).is_file():
+        family, args = read_model_description(directory)
+        if not (directory / WEIGHTS_FILE).is_file():
+            raise FileNotFoundError(f"{directory} has {MODEL_FILE} but no {WEIGHTS_FILE}: the folder is incomplete.")
+        return PretrainedFolder(
+            source,
+            directory,
+            "titanpod",
+            family,
+            args_from_dict(args),
+            SafetensorsFiles.single(directory / WEIGHTS_FILE),
+        )
+    if (directory / CONFIG_FILE).is_file():
+        path, config = read_hf_config(directory)
+        with config_errors_named(path):
+            family = family_of_hf_config(config)
+            args = DecoderAdapter(family).args_from_hf_config(config)
+        return PretrainedFolder(
+            source, directory, "huggingface", family, args, SafetensorsFiles.find(directory, TRANSFORMERS_FILES)
+        )
+    raise FileNotFoundError(
+        f"model.init_from {source!r} holds neither {MODEL_FILE} (a titanpod model folder such as <run>/model) nor "
+        f"{CONFIG_FILE} (a Hugging Face checkpoint)."
+    )
