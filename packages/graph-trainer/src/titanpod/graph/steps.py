@@ -9,6 +9,7 @@ AdamW of ``titanpod.graph.optimizer``), so their losses and parameters agree to 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -134,19 +135,27 @@ def _shape_key(tokens_ABS: torch.Tensor, document_ids_ABS: torch.Tensor | None) 
 
 
 def build_step(
-    model: nn.Module, config: TrainConfig, backend: Backend, *, plan: Any = None, axes: dict[str, int] | None = None
+    model: nn.Module,
+    config: TrainConfig,
+    backend: Backend,
+    *,
+    plan: Any = None,
+    axes: dict[str, int] | None = None,
+    initial_values: Callable[[str, tuple[slice, ...]], torch.Tensor] | None = None,
 ) -> TrainStep:
     """The step for ``config.step_mode`` on ``backend``'s lane.
 
     On a single-controller backend (the xla lane: one process drives every device) every mode
     runs as the whole step under ``jax.jit`` (``titanpod.graph.xla.XlaStep``), sharded by ``plan``
     (a ``titanpod.parallel.ShardingPlan``) over the mesh axes ``axes``; without them it is
-    replicated on one device. Other lanes ignore ``plan`` and ``axes``.
+    replicated on one device. There the model may be left on the meta device, its parameters
+    created sharded on the devices from ``initial_values(name, region)``. Other lanes ignore
+    ``plan``, ``axes`` and ``initial_values`` (their model is materialised already).
     """
     if backend.single_controller:
         from titanpod.graph.xla.step import XlaStep  # imported here: only that lane needs it
 
-        return XlaStep(model, config, backend, plan=plan, axes=axes)
+        return XlaStep(model, config, backend, plan=plan, axes=axes, initial_values=initial_values)
     if config.step_mode == "whole_step":
         return WholeStep(model, config, backend)
     return EagerStep(model, config, backend, compile_blocks=config.step_mode == "per_block")

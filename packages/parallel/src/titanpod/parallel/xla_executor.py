@@ -1,13 +1,15 @@
 """The XLA executor: a sharding plan as ``NamedSharding``s, for XLA's SPMD partitioner.
 
 Parameters are placed on a ``jax.sharding.Mesh`` (from ``titanpod.device``'s xla lane)
-by the same rules the torch executor uses; a ``jax.jit``-ed step over them then gets its
-all-gathers and gradient reductions from the partitioner. Imports jax only when called.
+by the same rules the torch executor uses (``place_params``), or made there already sharded,
+each device's shard from a function giving any region's values (``create_params``); a
+``jax.jit``-ed step over them then gets its all-gathers and gradient reductions from the
+partitioner. Imports jax only when called.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from titanpod.parallel.config import DATA_AXES
@@ -46,12 +48,45 @@ def batch_partition_spec(axes: Mapping[str, int], ndim: int = 2) -> Any:
 def place_params(params: Mapping[str, Any], plan: ShardingPlan, mesh: Any, axes: Mapping[str, int]) -> dict[str, Any]:
     """Put each parameter (a CPU torch tensor or array) on ``mesh`` with the plan's sharding; returns jax arrays."""
     import jax
-    import numpy as np
     from jax.sharding import NamedSharding
 
     placed = {}
     for name, value in params.items():
-        array = np.asarray(value.detach().cpu()) if hasattr(value, "detach") else np.asarray(value)
+        array = _as_array(value)
         spec = param_partition_spec(plan, name, array.ndim, axes)
         placed[name] = jax.device_put(array, NamedSharding(mesh, spec))
     return placed
+
+
+def create_params(
+    shapes: Mapping[str, tuple[int, ...]],
+    values: Callable[[str, tuple[slice, ...]], Any],
+    mesh: Any,
+    plan: ShardingPlan | None = None,
+    axes: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """Make each parameter of ``shapes`` (name -> full shape) on ``mesh`` already sharded: with the plan's
+    sharding, or replicated without a plan. Each device's shard is filled from ``values(name, region)``
+    (a CPU torch tensor or array of that region, e.g. ``titanpod.models.region_initializer(model, seed)``),
+    so no parameter is ever whole on the host; returns jax arrays in the dtype ``values`` gives."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    created = {}
+    for name, shape in shapes.items():
+        shape = tuple(int(size) for size in shape)
+        spec = PartitionSpec() if plan is None else param_partition_spec(plan, name, len(shape), axes or {})
+
+        def shard(index: tuple[slice, ...] | None, name: str = name, shape: tuple[int, ...] = shape) -> Any:
+            pieces = index if index is not None else tuple(slice(None) for _ in shape)
+            region = tuple(slice(*piece.indices(size)[:2]) for piece, size in zip(pieces, shape, strict=True))
+            return _as_array(values(name, region))
+
+        created[name] = jax.make_array_from_callback(shape, NamedSharding(mesh, spec), shard)
+    return created
+
+
+def _as_array(value: Any) -> Any:
+    import numpy as np
+
+    return np.asarray(value.detach().cpu()) if hasattr(value, "detach") else np.asarray(value)

@@ -10,7 +10,7 @@ The xla step uses no random state: its tree has no "rng" entry, and one given to
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,11 +20,38 @@ from titanpod.graph.optimizer import AdamWState
 from titanpod.graph.step_state import check_tree_matches, flatten_tree
 from titanpod.graph.xla.mesh import replicated
 
+RegionValues = Callable[[str, tuple[slice, ...]], torch.Tensor]
+"""``values(name, region)``: the values of parameter ``name`` over ``region`` (one slice per dimension), on the CPU."""
 
-def place_params(named: list[tuple[str, torch.Tensor]], plan: Any, mesh: Any, axes: Mapping[str, int]) -> list:
-    """The parameters as jax arrays on ``mesh``: sharded by ``plan`` (``place_params``), or replicated without one."""
+
+def place_params(
+    named: list[tuple[str, torch.Tensor]],
+    plan: Any,
+    mesh: Any,
+    axes: Mapping[str, int],
+    initial_values: RegionValues | None = None,
+) -> list:
+    """The parameters as jax arrays on ``mesh``: sharded by ``plan`` (``place_params``), or replicated without one.
+
+    Parameters on the meta device are made there already sharded, each device's shard from
+    ``initial_values(name, region)`` (``titanpod.parallel.xla_executor.create_params``): never whole on the host.
+    """
     import jax
 
+    on_meta = [name for name, p in named if p.is_meta]
+    if on_meta:
+        if initial_values is None:
+            raise ValueError(
+                f"{len(on_meta)} parameters are on the meta device (e.g. {on_meta[0]}) and the xla step was given no "
+                "initial_values: pass initial_values (e.g. titanpod.models.region_initializer(model, seed)) to create "
+                "them sharded on the devices, or materialise the model first (to_empty, then init_weights)."
+            )
+        if len(on_meta) != len(named):
+            raise ValueError(f"Only some parameters are on the meta device (e.g. {on_meta[0]}): all or none may be.")
+        from titanpod.parallel.xla_executor import create_params
+
+        created = create_params({name: tuple(p.shape) for name, p in named}, initial_values, mesh, plan, axes)
+        return [created[name] for name, _ in named]
     if plan is None:
         whole = replicated(mesh)
         return [jax.device_put(np.asarray(p.detach().cpu()), whole) for _, p in named]

@@ -32,7 +32,7 @@ from titanpod.graph.step_base import Batch, StateFormat, StepOutput, TrainStep, 
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
 from titanpod.graph.xla.precision import bf16_autocast
 from titanpod.graph.xla.remat import remat_policy, rematerialised_blocks
-from titanpod.graph.xla.state import load_state_tree, place_params, zero_adamw_state
+from titanpod.graph.xla.state import RegionValues, load_state_tree, place_params, zero_adamw_state
 
 
 class XlaStep(TrainStep):
@@ -44,6 +44,10 @@ class XlaStep(TrainStep):
     on the first call and again only when the batch shape changes. The torch model's
     parameters are not updated while training: ``finish()`` copies the trained values back.
     ``state`` holds the AdamW moments and step count as jax arrays, sharded like the parameters.
+
+    A model left on the meta device is never made whole on the host to start: each device's shard of
+    each parameter is created from ``initial_values(name, region)`` (e.g.
+    ``titanpod.models.region_initializer(model, seed)``); ``finish()`` then materialises the torch model.
     """
 
     state_format: ClassVar[StateFormat] = "jax"
@@ -57,10 +61,11 @@ class XlaStep(TrainStep):
         plan: Any = None,
         axes: Mapping[str, int] | None = None,
         mesh: Any = None,
+        initial_values: RegionValues | None = None,
     ) -> None:
         self.axes = dict(axes or {})
         self.policy = remat_policy(config.memory_policy)
-        self._plan, self._mesh = plan, mesh
+        self._plan, self._mesh, self._initial_values = plan, mesh, initial_values
         super().__init__(model, config, backend)  # calls initial_state: parameters and moments on the mesh
         self.program = self.jitted_step()
         """The ``jax.jit`` of the step; it compiles on the first call, and again only for a new batch shape."""
@@ -70,7 +75,8 @@ class XlaStep(TrainStep):
         with self.backend.runtime():
             self.mesh = self._mesh if self._mesh is not None else default_mesh(self.backend, self.axes)
             named = list(zip(self.names, self.params, strict=True))
-            self.jax_params = place_params(named, self._plan, self.mesh, self.axes)
+            self.jax_params = place_params(named, self._plan, self.mesh, self.axes, self._initial_values)
+            self._initial_values = None  # used once: the step's own arrays hold the parameters from here on
             self.param_shardings = [array.sharding for array in self.jax_params]
             return zero_adamw_state(self.jax_params, self.mesh)
 
@@ -220,7 +226,11 @@ class XlaStep(TrainStep):
             self.jax_params, self.state = load_state_tree(self.names, self.state_dict(), state)
 
     def finish(self) -> None:
-        """Copy the trained parameters from the JAX devices into the torch model (waits for the device)."""
+        """Copy the trained parameters from the JAX devices into the torch model (waits for the device); a model
+        left on the meta device is first materialised on the host."""
+        if any(param.is_meta for param in self.params):
+            self.model.to_empty(device="cpu")  # new parameter objects: read them again
+            self.params = [param for _, param in self.model.named_parameters()]
         with torch.no_grad():
             for param, array in zip(self.params, self.jax_params, strict=True):
                 param.data.copy_(torch.from_numpy(np.array(array)))  # np.array: a writable host copy
