@@ -3,10 +3,12 @@
     torchrun --nproc-per-node 2 tests/checkpoint/sharded_weights_worker.py \
         --checkpoint llama3=DIR --checkpoint qwen3=DIR --ids ids.safetensors --out OUT
 
-For each checkpoint, each rank reads only its slices (``PretrainedFolder.reader`` + ``read_into_model``), the
-sharded model runs ``ids``, and both of its folders are written sharded: OUT/<family>/logits.safetensors
-(rank 0), OUT/<family>/model (``save_model``), OUT/<family>/hf (``save_hf_checkpoint``, 60KB shards) and
-OUT/<family>/rank<k>.json (the bytes rank k read and the bytes of parameters it holds).
+For each checkpoint, each rank creates only its shards from the slices it reads (``parallelize`` of a meta
+model with ``initial_values=PretrainedFolder.reader``, as the runners do; a model made whole, sharded and then
+filled by ``read_into_model`` must hold the same shards), the sharded model runs ``ids``, and both of its
+folders are written sharded: OUT/<family>/logits.safetensors (rank 0), OUT/<family>/model (``save_model``),
+OUT/<family>/hf (``save_hf_checkpoint``, 60KB shards) and OUT/<family>/rank<k>.json (the bytes rank k read,
+the bytes of parameters it holds, and whether both ways gave the same shards).
 """
 
 from __future__ import annotations
@@ -51,16 +53,23 @@ def main() -> None:
         out = args.out / family
         out.mkdir(parents=True, exist_ok=True)
         pretrained = open_pretrained(folder)
-        model = build_model(pretrained.family, pretrained.args)
-        model.to_empty(device="cpu")
-        parallelize(model, PLANS[family], ParallelConfig(fsdp=2), backend)
+        model = build_model(pretrained.family, pretrained.args)  # on the meta device: created shard by shard
         reader = pretrained.reader(model)
-        read_into_model(model, reader)
+        parallelize(model, PLANS[family], ParallelConfig(fsdp=2), backend, initial_values=reader)
+        filled = build_model(pretrained.family, pretrained.args, device="cpu")  # made whole, sharded, then filled
+        parallelize(filled, PLANS[family], ParallelConfig(fsdp=2), backend)
+        read_into_model(filled, pretrained.reader(filled))
+        same = all(
+            torch.equal(a.to_local(), b.to_local())
+            for a, b in zip(model.parameters(), filled.parameters(), strict=True)
+        )
         with torch.no_grad():
             logits = model(ids)
         save_model(model, family, out / "model", METADATA, extra_files=EXTRA_FILES)
         save_hf_checkpoint(model, family, out / "hf", max_shard_size=HF_SHARD_SIZE)
-        (out / f"rank{rank}.json").write_text(json.dumps({"read": reader.bytes_read, "held": held_bytes(model)}))
+        (out / f"rank{rank}.json").write_text(
+            json.dumps({"read": reader.bytes_read, "held": held_bytes(model), "same": same})
+        )
         if rank == 0:
             save_file({"logits": logits.contiguous()}, str(out / "logits.safetensors"))
     dist.barrier()

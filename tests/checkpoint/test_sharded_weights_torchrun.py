@@ -56,6 +56,7 @@ def test_fsdp2_loads_only_its_slices_matches_transformers_and_saves_the_same_byt
         for rank in (0, 1):
             counts = json.loads((sharded / f"rank{rank}.json").read_text())
             assert counts["read"] == counts["held"], (family, rank)  # read exactly what it holds
+            assert counts["same"], (family, rank)  # created from the files or filled after: the same shards
             assert counts["read"] < 0.55 * stored, (family, rank)  # about half: no rank reads the whole model
 
         whole = load_hf_checkpoint(folder, dtype=torch.float32).model  # one process, the same weights

@@ -89,22 +89,29 @@ class PretrainedFolder:
                 f"differ):\n  {listing}" + (f"\n{fix}" if fix else "")
             )
 
-    def reader(self, model: nn.Module, dtype: torch.dtype | None = None) -> RegionReader:
-        """A reader of any region of ``model``'s parameters from this folder, after every stored name and shape
-        has been checked against the model (``CheckpointMismatchError`` names what is missing, unexpected or
-        mis-shaped). ``model`` may be on the meta device, whole or sharded: only its (global) shapes are read."""
+    def describe(self) -> str:
+        """The folder in words, e.g. ``org/name (huggingface folder, 4 safetensors files)``."""
+        return f"{self.source} ({self.kind} folder, {len(self.files.files)} safetensors files)"
+
+    def reader(
+        self, model: nn.Module, dtype: torch.dtype | None = None, progress: Progress | None = None
+    ) -> RegionReader:
+        """A reader of any region of ``model``'s parameters from this folder (``titanpod.parallel``'s
+        ``initial_values``), after every stored name and shape has been checked against the model
+        (``CheckpointMismatchError`` names what is missing, unexpected or mis-shaped). ``model`` may be on the
+        meta device, whole or sharded: only its (global) shapes are read. ``progress`` hears how far it is."""
         layout = self.layout()
         params = {name: torch.empty(param.shape, device="meta") for name, param in model.named_parameters()}
         expected = {name: tuple(slot.view(params[slot.name]).shape) for name, slot in layout.items()}
         sources = {name: f"titanpod {slot.describe()}" for name, slot in layout.items()}
         self.files.check(expected, f"{self.directory} does not fit the {self.family} model it describes", sources)
-        return RegionReader(self.files, layout, dtype)
+        return RegionReader(self.files, layout, dtype, progress)
 
     def load_into(self, model: nn.Module, progress: Progress | None = None) -> None:
         """Fill ``model`` (materialised: whole, or sharded with ``DTensor`` parameters) from the folder: each process
         reads only the slices of the stored tensors that fall in the parts of the parameters it holds (a whole
         model reads everything). Names and shapes are checked before any data is read."""
-        read_into_model(model, self.reader(model), progress)
+        read_into_model(model, self.reader(model, progress=progress))
 
 
 def open_pretrained(source: str) -> PretrainedFolder:

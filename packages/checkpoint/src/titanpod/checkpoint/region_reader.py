@@ -18,10 +18,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from titanpod.checkpoint.safetensors_io import SAFETENSORS_DTYPES, Progress, SafetensorsFiles, open_safetensors
+from titanpod.models import Region
 from titanpod.models.adapters import HFSlot
-
-Region = tuple[slice, ...]
-"""One ``slice(start, stop)`` per dimension of a parameter."""
 
 
 def whole_region(shape: tuple[int, ...] | torch.Size) -> Region:
@@ -67,15 +65,25 @@ class RegionReader:
     only their part inside it is read. Check the files' names and shapes first (``SafetensorsFiles.check``).
     """
 
-    def __init__(self, files: SafetensorsFiles, layout: Mapping[str, HFSlot], dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        files: SafetensorsFiles,
+        layout: Mapping[str, HFSlot],
+        dtype: torch.dtype | None = None,
+        progress: Progress | None = None,
+    ) -> None:
         """``layout``: stored name -> slot of a titanpod parameter; ``dtype``: what ``reader(name, region)``
-        returns (default: the stored tensor's own)."""
+        returns (default: the stored tensor's own); ``progress`` hears every 50 parameters and the last."""
         self.files = files
         """Where the tensors are stored."""
         self.dtype = dtype
         """The dtype of tensors ``__call__`` returns (``None``: as stored)."""
+        self.progress = progress
+        """Called with a line of progress text, or ``None``."""
         self.bytes_read = 0
         """Bytes of stored data read so far."""
+        self.parameters_read = 0
+        """Parameter regions read so far."""
         self._slots: dict[str, list[tuple[str, HFSlot]]] = {}
         for stored, slot in layout.items():
             self._slots.setdefault(slot.name, []).append((stored, slot))
@@ -104,6 +112,12 @@ class RegionReader:
                 self.bytes_read += values.numel() * values.element_size()
                 target = out[into]
                 target.copy_(values.view(target.shape))
+        self.parameters_read += 1
+        if self.progress is not None and (self.parameters_read % 50 == 0 or self.parameters_read == len(self._slots)):
+            self.progress(
+                f"read {self.parameters_read}/{len(self._slots)} parameters "
+                f"({self.bytes_read / 1e6:,.1f} MB: this process's part)"
+            )
 
     def close(self) -> None:
         """Let go of the open files."""
@@ -120,15 +134,10 @@ class RegionReader:
         return self._handle(stored).get_slice(stored)
 
 
-def read_into_model(model: nn.Module, reader: RegionReader, progress: Progress | None = None) -> None:
+def read_into_model(model: nn.Module, reader: RegionReader) -> None:
     """Fill every parameter of ``model`` (materialised; plain or ``DTensor``) with what ``reader`` reads of the
-    part this process holds, parameter by parameter; ``progress`` hears how much was read."""
-    params = list(model.named_parameters())
-    for number, (name, param) in enumerate(params, 1):
+    part this process holds, parameter by parameter."""
+    for name, param in model.named_parameters():
         held, region = held_region(param)
         reader.read_into(name, region, held)
-        if progress is not None and (number % 50 == 0 or number == len(params)):
-            progress(
-                f"read {number}/{len(params)} parameters ({reader.bytes_read / 1e6:,.1f} MB of this process's part)"
-            )
     reader.close()

@@ -1,13 +1,15 @@
 """``--model.init-from`` for pretraining: the folder of weights a run starts from, checked against the recipe
-before anything is built, and read into the model once it is sharded."""
+before anything is built, and the model created from it, sharded or whole."""
 
 from __future__ import annotations
 
 from rich.console import Console
-from torch import nn
 
 from titanpod.checkpoint.pretrained import PretrainedFolder, open_pretrained
-from titanpod.device import process_info
+from titanpod.checkpoint.region_reader import RegionReader, read_into_model
+from titanpod.device import Backend, process_info
+from titanpod.kernels import model_ops
+from titanpod.models import Transformer, build_model
 from titanpod.recipes.recipe import Recipe
 
 SHAPE_FIX = (
@@ -27,10 +29,24 @@ def pretrained_for(recipe: Recipe) -> PretrainedFolder | None:
     return folder
 
 
-def load_pretrained(model: nn.Module, folder: PretrainedFolder, console: Console | None = None) -> None:
-    """Fill ``model`` (whole, or sharded with ``DTensor`` parameters) from ``folder``, each process reading only
-    the slices of the tensors it holds; rank 0 prints progress on ``console``."""
+def build_pretrained_model(
+    recipe: Recipe, backend: Backend, folder: PretrainedFolder, console: Console | None = None
+) -> tuple[Transformer, RegionReader | None]:
+    """The recipe's model with ``folder``'s weights, and what to create it from when it is still to be sharded.
+
+    Under torchrun on a lane where each process drives one device, the model stays on the meta device and the
+    reader comes back: pass it to ``parallelize(..., initial_values=reader)``, which makes each rank's shards
+    alone, reading only the slices of the stored tensors they hold. Otherwise (one process, or the xla lane's
+    host model) the model is materialised on the backend's parameter device and read whole; the reader is
+    ``None``. Names and shapes are checked against the files first; rank 0 prints progress on ``console``.
+    """
     say = console.print if console is not None and process_info().is_main else None
+    model = build_model(recipe.model.family, recipe.model.args(), model_ops(recipe.kernels))
+    reader = folder.reader(model, progress=say)
     if say is not None:
-        say(f"reading the weights of {folder.source} ({folder.kind} folder, {len(folder.files.files)} files)")
-    folder.load_into(model, say)
+        say(f"reading the weights of {folder.describe()}")
+    if process_info().world_size > 1 and not backend.single_controller:
+        return model, reader
+    model.to_empty(device=backend.parameter_device(process_info().local_rank))
+    read_into_model(model, reader)
+    return model, None

@@ -20,7 +20,7 @@ from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import DATA_AXES, PLANS
 from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.recipe import NamedRun, Recipe
-from titanpod.runs.init_from import load_pretrained, pretrained_for
+from titanpod.runs.init_from import build_pretrained_model, pretrained_for
 from titanpod.runs.session import RunSession
 from titanpod.runs.session import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
 from titanpod.runs.validation import validation_loss
@@ -99,7 +99,10 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     backend = get_backend(recipe.device.lane)
     torch.manual_seed(recipe.train.seed)
     pretrained = pretrained_for(recipe)  # a folder that does not fit fails before anything is built
-    model = build_initialised_model(recipe, backend)
+    if pretrained is None:
+        model, initial_values = build_initialised_model(recipe, backend), None
+    else:  # under torchrun: still on the meta device, each rank's shards read from the folder by parallelize
+        model, initial_values = build_pretrained_model(recipe, backend, pretrained, console)
     parameters = parameter_count(model)
     sharded, xla_axes = None, None
     data_config = recipe.data
@@ -110,12 +113,10 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         data_degree = math.prod(xla_axes[axis] for axis in DATA_AXES)
         data_config = dataclasses.replace(recipe.data, batch_size=recipe.data.batch_size * data_degree)
     elif info.world_size > 1:
-        sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend)
+        sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend, initial_values)
         data_rank, data_world = sharded.data_rank, sharded.data_world
     else:
         data_rank, data_world = 0, 1
-    if pretrained is not None:  # each rank reads the slices it holds (a whole model reads everything)
-        load_pretrained(model, pretrained, console)
     data = build_data(data_config, model.args.vocab_size, recipe.train.seed, data_rank, data_world)
     batches = data.train
     reduce = None if sharded is None else sharded.mean_over_data

@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from titanpod.checkpoint import save_hf_checkpoint, save_model
 from titanpod.checkpoint.pretrained import PretrainedFolder, open_pretrained
+from titanpod.checkpoint.region_reader import read_into_model
 from titanpod.data.sft.batches import build_sft_data
 from titanpod.data.sft.records import check_covers
 from titanpod.data.sft.tokenizer import SFTTokenizer, load_sft_tokenizer
@@ -29,7 +30,7 @@ from titanpod.graph import TrainSummary, build_step
 from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import PLANS
-from titanpod.parallel.torch_executor import parallelize
+from titanpod.parallel.torch_executor import ParallelModel, parallelize
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.evaluation import Evaluation, evaluate
 from titanpod.runs.pretrain import build_initialised_model, describe_step
@@ -126,12 +127,12 @@ class SFTResult:
 
 
 def build_sft_model(recipe: SFTRecipe, backend: Backend) -> tuple[Transformer, str, PretrainedFolder | None]:
-    """The model to fine-tune on the backend's device, where its weights come from, and the folder to fill it from.
+    """The model to fine-tune, where its weights come from, and the folder to fill it from.
 
-    Without ``model.init_from`` it is the recipe's family and flavor initialised from ``train.seed`` (and the
-    folder is ``None``); with it, the folder's model (titanpod model.json, or Hugging Face config.json) with the
-    recipe's kernels in its slots, materialised but not yet filled: ``PretrainedFolder.load_into`` fills it (in
-    fp32) once it is sharded, so under torchrun each rank reads only its own slices.
+    Without ``model.init_from`` it is the recipe's family and flavor initialised from ``train.seed`` on the
+    backend's device (and the folder is ``None``); with it, the folder's model (titanpod model.json, or Hugging
+    Face config.json) with the recipe's kernels in its slots, on the meta device: ``place_sft_model`` creates
+    it from the folder, sharded or whole.
     """
     if recipe.model.init_from is None:
         seeded = build_initialised_model(recipe, backend)  # type: ignore[arg-type]
@@ -142,9 +143,33 @@ def build_sft_model(recipe: SFTRecipe, backend: Backend) -> tuple[Transformer, s
             f"model.init_from {recipe.model.init_from!r} holds a {folder.family} model, but model.family is "
             f"{recipe.model.family!r}: set --model.family {folder.family}."
         )
-    model = build_model(folder.family, folder.args, model_ops(recipe.kernels))
-    model.to_empty(device=backend.parameter_device(process_info().local_rank))
-    return model, f"{recipe.model.init_from} ({folder.family})", folder
+    return (
+        build_model(folder.family, folder.args, model_ops(recipe.kernels)),
+        f"{recipe.model.init_from} ({folder.family})",
+        folder,
+    )
+
+
+def place_sft_model(
+    model: Transformer,
+    recipe: SFTRecipe,
+    backend: Backend,
+    pretrained: PretrainedFolder | None,
+    console: Console | None,
+) -> ParallelModel | None:
+    """Shard ``model`` under torchrun (``None`` for one process) and, when it starts from ``pretrained``, create
+    its parameters from the folder (in fp32): each rank makes and reads only its own shard of each parameter,
+    so no rank holds the whole model; one process reads it whole. Names and shapes are checked first."""
+    say = console.print if console is not None and process_info().is_main else None
+    reader = None if pretrained is None else pretrained.reader(model, progress=say)
+    if say is not None and pretrained is not None:
+        say(f"reading the weights of {pretrained.describe()}")
+    if process_info().world_size > 1:
+        return parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend, initial_values=reader)
+    if reader is not None:
+        model.to_empty(device=backend.parameter_device(process_info().local_rank))
+        read_into_model(model, reader)
+    return None
 
 
 def eval_task_and_examples(recipe: SFTRecipe, tokenizer: SFTTokenizer) -> tuple[Task | None, list]:
@@ -180,11 +205,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
             f"data.seq_len {recipe.data.seq_len} is longer than the model's max_seq_len {model.args.max_seq_len}."
         )
     parameters = parameter_count(model)
-    sharded = None
-    if process_info().world_size > 1:
-        sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend)
-    if pretrained is not None:  # each rank reads the slices it holds (a whole model reads everything)
-        pretrained.load_into(model, console.print if console is not None and process_info().is_main else None)
+    sharded = place_sft_model(model, recipe, backend, pretrained, console)
     data_rank, data_world = (sharded.data_rank, sharded.data_world) if sharded is not None else (0, 1)
     data = build_sft_data(recipe.data, tokenizer, recipe.train.seed, data_rank, data_world)
     task, test_examples = eval_task_and_examples(recipe, tokenizer)
