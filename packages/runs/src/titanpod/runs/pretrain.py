@@ -16,7 +16,7 @@ from titanpod.data import TrainData, build_data, gather_data_state
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainConfig, TrainSummary, build_step
 from titanpod.kernels import model_ops
-from titanpod.models import Transformer, build_model, parameter_count
+from titanpod.models import RegionValues, Transformer, build_model, parameter_count, region_initializer
 from titanpod.parallel import DATA_AXES, PLANS
 from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.recipe import NamedRun, Recipe
@@ -89,6 +89,21 @@ def build_initialised_model(recipe: Recipe, backend: Backend) -> Transformer:
     return model
 
 
+def build_seeded_model(recipe: Recipe, backend: Backend) -> tuple[Transformer, RegionValues | None]:
+    """The recipe's model initialised from ``train.seed``, and what to create it from when it is still to be sharded.
+
+    Under torchrun, and on a single-controller lane (the xla lane), the model stays on the meta device and
+    the region init of the seed comes back (``titanpod.models.region_initializer``): hand it to
+    ``parallelize`` (or the xla step) as ``initial_values``, so each rank (each device) creates only its own
+    shards and no host ever holds the whole model; the values equal one process's ``init_weights`` bit for
+    bit. One process: materialised and initialised whole (``build_initialised_model``); ``None`` comes back.
+    """
+    if process_info().world_size > 1 or backend.single_controller:
+        model = build_model(recipe.model.family, recipe.model.args(), model_ops(recipe.kernels))
+        return model, region_initializer(model, recipe.train.seed)
+    return build_initialised_model(recipe, backend), None
+
+
 def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainResult:
     """Train the recipe's model on its data and write metrics and weights to a new run directory.
 
@@ -100,7 +115,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     torch.manual_seed(recipe.train.seed)
     pretrained = pretrained_for(recipe)  # a folder that does not fit fails before anything is built
     if pretrained is None:
-        model, initial_values = build_initialised_model(recipe, backend), None
+        model, initial_values = build_seeded_model(recipe, backend)
     else:  # under torchrun: still on the meta device, each rank's shards read from the folder by parallelize
         model, initial_values = build_pretrained_model(recipe, backend, pretrained, console)
     parameters = parameter_count(model)
@@ -122,7 +137,8 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     reduce = None if sharded is None else sharded.mean_over_data
     model_device = backend.parameter_device(info.local_rank)
     with RunSession(recipe, backend, console) as session:
-        step = build_step(model, recipe.train, backend, plan=PLANS[recipe.model.family], axes=xla_axes)
+        plan = PLANS[recipe.model.family]  # the xla step creates a meta model's parameters from initial_values
+        step = build_step(model, recipe.train, backend, plan=plan, axes=xla_axes, initial_values=initial_values)
         start_step = session.resume(model, step, batches, data_state=lambda: gather_data_state(batches))
         validated_at: list[int] = []
 
