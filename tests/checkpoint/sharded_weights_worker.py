@@ -1,7 +1,7 @@
 """Load Hugging Face checkpoints into a model sharded by FSDP, run it, and save it back sharded.
 
     torchrun --nproc-per-node 2 tests/checkpoint/sharded_weights_worker.py \
-        --checkpoint llama3=DIR --checkpoint qwen3=DIR --ids ids.safetensors --out OUT
+        --checkpoint llama3=DIR --checkpoint qwen3=DIR --ids ids.safetensors --out OUT [--parallel fsdp=2]
 
 For each checkpoint, each rank creates only its shards from the slices it reads (``parallelize`` of a meta
 model with ``initial_values=PretrainedFolder.reader``, as the runners do; a model made whole, sharded and then
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch.distributed.tensor import DTensor
 
-from titanpod.checkpoint import save_hf_checkpoint, save_model
+from titanpod.checkpoint import gather, save_hf_checkpoint, save_model
 from titanpod.checkpoint.pretrained import open_pretrained
 from titanpod.checkpoint.region_reader import read_into_model
 from titanpod.device import ensure_process_group, get_backend
@@ -44,7 +44,12 @@ def main() -> None:
     parser.add_argument("--checkpoint", action="append", required=True, help="family=folder")
     parser.add_argument("--ids", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--parallel", default="fsdp=2", help="ParallelConfig degrees, e.g. dp_replicate=2,tp=2")
     args = parser.parse_args()
+    config = ParallelConfig(
+        **{key: int(value) for key, value in (part.split("=") for part in args.parallel.split(","))}
+    )
+    gather.PIECE_BYTES = 4096  # column shards travel in many pieces, as a large model's do
     backend = get_backend("cpu")
     rank = ensure_process_group(backend).rank
     ids = load_file(str(args.ids))["ids"]
@@ -55,9 +60,9 @@ def main() -> None:
         pretrained = open_pretrained(folder)
         model = build_model(pretrained.family, pretrained.args)  # on the meta device: created shard by shard
         reader = pretrained.reader(model)
-        parallelize(model, PLANS[family], ParallelConfig(fsdp=2), backend, initial_values=reader)
+        parallelize(model, PLANS[family], config, backend, initial_values=reader)
         filled = build_model(pretrained.family, pretrained.args, device="cpu")  # made whole, sharded, then filled
-        parallelize(filled, PLANS[family], ParallelConfig(fsdp=2), backend)
+        parallelize(filled, PLANS[family], config, backend)
         read_into_model(filled, pretrained.reader(filled))
         same = all(
             torch.equal(a.to_local(), b.to_local())

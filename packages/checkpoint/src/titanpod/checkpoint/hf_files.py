@@ -83,7 +83,6 @@ def save_hf_checkpoint(
     max_shard_size: str | int = DEFAULT_MAX_SHARD_BYTES,
     dtype: torch.dtype | None = None,
     progress: Progress | None = None,
-    writer: bool | None = None,
 ) -> Path:
     """Write ``model`` as a Hugging Face checkpoint: config.json and safetensors shards.
 
@@ -95,9 +94,7 @@ def save_hf_checkpoint(
     ``hf_folder.save_adapted``).
     """
     dtype = dtype or model.tok_embeddings.weight.dtype
-    return save_adapted(
-        model, DecoderAdapter(family), directory, TRANSFORMERS_FILES, max_shard_size, dtype, progress, writer
-    )
+    return save_adapted(model, DecoderAdapter(family), directory, TRANSFORMERS_FILES, max_shard_size, dtype, progress)
 
 
 def iter_hf_tensors(directory: Path | str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -86,23 +86,22 @@ def save_adapted(
     max_shard_bytes: int | str,
     dtype: torch.dtype,
     progress: Progress | None = None,
-    writer: bool | None = None,
 ) -> Path:
     """Write ``model`` in ``adapter``'s form: config.json and safetensors in ``dtype``, sharded past
     ``max_shard_bytes`` (an int or e.g. ``5GB``) under ``names``.
 
     The config is made before anything is written, so args the format cannot represent fail
     first. The folder appears only when complete. A sharded model (``DTensor`` parameters) is
-    gathered one parameter at a time, every process of its mesh taking part (all must call this),
-    and streamed into the files by the writer (``writer``; default rank 0, see
-    ``model_tensors.writes_here``); no process holds the whole model.
+    gathered one parameter at a time on rank 0, every process of its mesh taking part (all must
+    call this), and streamed into the files (``model_tensors``); no other process holds more than
+    its shards.
     """
     check_writable_dtype(dtype)
     config = adapter.hf_config_from_args(model.args, dtype)
     params = dict(model.named_parameters())
     source = ModelTensors(adapter.hf_layout(model.args), params, dtype)
     directory = Path(directory)
-    if not writes_here(writer):
+    if not writes_here():
         if is_sharded(params):  # take part in every gather
             write_streamed(None, source.entries, source.fetch, names, max_shard_bytes)
         return directory

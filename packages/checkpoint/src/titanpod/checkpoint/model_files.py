@@ -22,7 +22,6 @@ def save_model(
     directory: Path | str,
     metadata: Mapping[str, object] | None = None,
     extra_files: Mapping[str, str] | None = None,
-    writer: bool | None = None,
 ) -> Path:
     """Write weights and ``model.json`` into ``directory`` atomically; return the weights file.
 
@@ -31,7 +30,7 @@ def save_model(
     """
     description = {"family": family, "args": args_to_dict(model.args)}
     files = {MODEL_FILE: json.dumps(description, indent=2) + "\n", **(extra_files or {})}
-    return save_weights(model, Path(directory), metadata, extra_files=files, writer=writer)
+    return save_weights(model, Path(directory), metadata, extra_files=files)
 
 
 def read_model_description(directory: Path | str) -> tuple[str, dict]:

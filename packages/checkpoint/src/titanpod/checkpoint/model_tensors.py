@@ -1,11 +1,12 @@
 """A model's tensors on their way to safetensors, whole or sharded, one at a time.
 
 Each tensor written is a slot (``HFSlot``: a whole parameter, one expert of it, or a row range) of
-one parameter. When the parameter is a sharded ``DTensor``, it is gathered whole only when its
-first slot's turn comes (``full_tensor``, a collective every rank takes part in) and dropped after
-its last slot is written, so a process holds its own shards plus the parameter being written
-(for a mixture-of-experts export, whose file order interleaves a layer's three expert weights,
-those three). Which process writes is separate: every process calls ``fetch`` in the same order.
+one parameter. When the parameter is a sharded ``DTensor``, it is gathered whole on the writing
+process only when its first slot's turn comes (``gather.gather_to_writer``, a collective every rank
+takes part in) and dropped after its last slot is written, so the writer holds its own shards plus
+the parameter being written (for a mixture-of-experts export, whose file order interleaves a layer's
+three expert weights, those three) and the other processes only their shards. Every process calls
+``fetch`` in the same order; only the writer gets tensors back.
 """
 
 from __future__ import annotations
@@ -17,16 +18,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from titanpod.checkpoint.gather import WRITER_RANK, gather_to_writer
 from titanpod.checkpoint.safetensors_stream import TensorEntry
 from titanpod.models.adapters import HFSlot
 
 
-def writes_here(writer: bool | None = None) -> bool:
-    """``writer`` when given; else whether this process writes shared files: rank 0 of torch.distributed's
-    default group when one is joined, otherwise the only process."""
-    if writer is not None:
-        return writer
-    return not dist.is_initialized() or dist.get_rank() == 0
+def writes_here() -> bool:
+    """Whether this process writes shared files: rank 0 (``gather.WRITER_RANK``) of torch.distributed's default
+    group when one is joined, otherwise the only process."""
+    return not dist.is_initialized() or dist.get_rank() == WRITER_RANK
 
 
 def is_sharded(tensors: Mapping[str, torch.Tensor]) -> bool:
@@ -54,23 +54,25 @@ class ModelTensors:
         ]
         """Every tensor to write, described from the parameters' (global) shapes alone."""
         self._uses = Counter(slot.name for slot in layout.values())
-        self._gathered: dict[str, torch.Tensor] = {}
+        self._gathered: dict[str, torch.Tensor | None] = {}
 
-    def fetch(self, name: str) -> torch.Tensor:
-        """The whole tensor saved as ``name``. A collective for a sharded parameter: every rank must fetch the
-        same names in the same order (each name once)."""
+    def fetch(self, name: str) -> torch.Tensor | None:
+        """The whole tensor saved as ``name`` on the writer (``None`` on other processes when the parameter is
+        sharded). A collective for a sharded parameter: every rank must fetch the same names in the same order
+        (each name once)."""
         slot = self._layout[name]
-        whole = self._gathered.get(slot.name)
-        if whole is None:
+        if slot.name in self._gathered:
+            whole = self._gathered[slot.name]
+        else:
             param = self._params[slot.name]
             with torch.no_grad():
-                whole = param.full_tensor() if isinstance(param, DTensor) else param.detach()
+                whole = gather_to_writer(param) if isinstance(param, DTensor) else param.detach()
         self._uses[slot.name] -= 1
         if self._uses[slot.name] > 0:
             self._gathered[slot.name] = whole
         else:
             self._gathered.pop(slot.name, None)
-        return slot.view(whole)
+        return None if whole is None else slot.view(whole)
 
 
 def identity_layout(names: list[str]) -> dict[str, HFSlot]:

@@ -276,7 +276,7 @@ def write_safetensors(
 def write_streamed(
     directory: Path | None,
     entries: Sequence[TensorEntry],
-    fetch: Callable[[str], torch.Tensor],
+    fetch: Callable[[str], torch.Tensor | None],
     names: WeightFileNames = TRANSFORMERS_FILES,
     max_shard_bytes: int | str | None = None,
     metadata: Mapping[str, str] | None = None,
@@ -288,7 +288,8 @@ def write_streamed(
     Files are laid out as by ``write_safetensors`` (shards in ``entries``' order, then the index), each
     header written before any data, so one tensor at a time is in memory. ``fetch`` is called once per
     tensor, in an order fixed by ``entries`` alone: with ``directory=None`` the same calls happen and
-    nothing is written, so every process of a job can take part in gathering each tensor while one writes.
+    nothing is written (what ``fetch`` returns, ``None`` included, is dropped), so every process of a job
+    can take part in gathering each tensor while one writes.
     """
     limit = None if max_shard_bytes is None else parse_size(max_shard_bytes)
     shards = plan_shards(entries, limit)
@@ -301,7 +302,11 @@ def write_streamed(
             continue
         with StreamedFile(directory / file, shard, header) as stream:
             for entry in stream.order:
-                stream.append(fetch(entry.name))
+                tensor = fetch(entry.name)
+                if tensor is None:
+                    raise RuntimeError(f"No data for {entry.name} in the writing process; it cannot write {file}.")
+                stream.append(tensor)
+                del tensor  # before the next is fetched: one tensor at a time
         if progress is not None:
             progress(f"wrote {file} ({number}/{len(shards)})")
     if len(shards) > 1 and directory is not None:

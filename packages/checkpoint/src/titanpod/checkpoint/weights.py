@@ -41,7 +41,6 @@ def save_weights(
     directory: Path,
     metadata: Mapping[str, object] | None = None,
     extra_files: Mapping[str, str] | None = None,
-    writer: bool | None = None,
 ) -> Path:
     """Write ``model``'s weights to ``directory/model.safetensors``, atomically; return the file.
 
@@ -50,14 +49,14 @@ def save_weights(
     appears only when everything in it is complete.
 
     A sharded model (``DTensor`` parameters) is written without any process holding it whole:
-    every process of its mesh must call this, each tensor is gathered in turn and the writer
-    (``writer``; default rank 0, see ``model_tensors.writes_here``) streams it into the file.
-    Other processes write nothing and get the same path back.
+    every process of its mesh must call this, each tensor is gathered in turn on rank 0, which
+    streams it into the file (``model_tensors``). Other processes write nothing and get the same
+    path back.
     """
     header = {key: json.dumps(value) for key, value in (metadata or {}).items()}
     tensors = _distinct_tensors(model)
     source = ModelTensors(identity_layout(list(tensors)), tensors)
-    if not writes_here(writer):
+    if not writes_here():
         if is_sharded(tensors):  # take part in every gather
             write_streamed(None, source.entries, source.fetch, TRANSFORMERS_FILES, metadata=header)
         return Path(directory) / WEIGHTS_FILE
