@@ -28,12 +28,12 @@ from titanpod.data.tokenizer import check_fits
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainSummary, build_step
 from titanpod.kernels import model_ops
-from titanpod.models import Transformer, build_model, parameter_count
+from titanpod.models import RegionValues, Transformer, build_model, parameter_count
 from titanpod.parallel import PLANS
 from titanpod.parallel.torch_executor import ParallelModel, parallelize
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.evaluation import Evaluation, evaluate
-from titanpod.runs.pretrain import build_initialised_model, describe_step
+from titanpod.runs.pretrain import build_seeded_model, describe_step
 from titanpod.runs.session import RunSession
 
 MODEL_FOLDER, HF_FOLDER, EVAL_FILE = "model", "hf", "eval.json"
@@ -126,17 +126,21 @@ class SFTResult:
         return rows
 
 
-def build_sft_model(recipe: SFTRecipe, backend: Backend) -> tuple[Transformer, str, PretrainedFolder | None]:
-    """The model to fine-tune, where its weights come from, and the folder to fill it from.
+def build_sft_model(
+    recipe: SFTRecipe, backend: Backend
+) -> tuple[Transformer, str, PretrainedFolder | None, RegionValues | None]:
+    """The model to fine-tune, where its weights come from, the folder to fill it from, and the seed's region
+    init when the model is still to be created shard by shard.
 
-    Without ``model.init_from`` it is the recipe's family and flavor initialised from ``train.seed`` on the
-    backend's device (and the folder is ``None``); with it, the folder's model (titanpod model.json, or Hugging
-    Face config.json) with the recipe's kernels in its slots, on the meta device: ``place_sft_model`` creates
-    it from the folder, sharded or whole.
+    Without ``model.init_from`` it is the recipe's family and flavor from ``train.seed`` (``build_seeded_model``):
+    in one process initialised whole on the backend's device; under torchrun on the meta device with the
+    region init of the seed, from which ``place_sft_model`` creates each rank's shards. With it, the folder's
+    model (titanpod model.json, or Hugging Face config.json) with the recipe's kernels in its slots, on the
+    meta device: ``place_sft_model`` creates it from the folder, sharded or whole.
     """
     if recipe.model.init_from is None:
-        seeded = build_initialised_model(recipe, backend)  # type: ignore[arg-type]
-        return seeded, f"seed {recipe.train.seed} ({recipe.model.flavor})", None
+        seeded, initial_values = build_seeded_model(recipe, backend)  # type: ignore[arg-type]
+        return seeded, f"seed {recipe.train.seed} ({recipe.model.flavor})", None, initial_values
     folder = open_pretrained(recipe.model.init_from)
     if folder.family != recipe.model.family:
         raise ValueError(
@@ -147,6 +151,7 @@ def build_sft_model(recipe: SFTRecipe, backend: Backend) -> tuple[Transformer, s
         build_model(folder.family, folder.args, model_ops(recipe.kernels)),
         f"{recipe.model.init_from} ({folder.family})",
         folder,
+        None,
     )
 
 
@@ -156,12 +161,14 @@ def place_sft_model(
     backend: Backend,
     pretrained: PretrainedFolder | None,
     console: Console | None,
+    seeded: RegionValues | None = None,
 ) -> ParallelModel | None:
     """Shard ``model`` under torchrun (``None`` for one process) and, when it starts from ``pretrained``, create
-    its parameters from the folder (in fp32): each rank makes and reads only its own shard of each parameter,
-    so no rank holds the whole model; one process reads it whole. Names and shapes are checked first."""
+    its parameters from the folder (in fp32), or else from ``seeded`` (a meta model's region init): each rank
+    makes and reads only its own shard of each parameter, so no rank holds the whole model; one process reads
+    the folder whole. Names and shapes are checked first."""
     say = console.print if console is not None and process_info().is_main else None
-    reader = None if pretrained is None else pretrained.reader(model, progress=say)
+    reader = seeded if pretrained is None else pretrained.reader(model, progress=say)
     if say is not None and pretrained is not None:
         say(f"reading the weights of {pretrained.describe()}")
     if process_info().world_size > 1:
@@ -198,14 +205,14 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
         )
     torch.manual_seed(recipe.train.seed)
     tokenizer = load_sft_tokenizer(recipe.data.tokenizer)
-    model, started_from, pretrained = build_sft_model(recipe, backend)
+    model, started_from, pretrained, seeded = build_sft_model(recipe, backend)
     check_fits(tokenizer.tokenizer, tokenizer.spec, model.args.vocab_size)
     if recipe.data.seq_len > model.args.max_seq_len:
         raise ValueError(
             f"data.seq_len {recipe.data.seq_len} is longer than the model's max_seq_len {model.args.max_seq_len}."
         )
     parameters = parameter_count(model)
-    sharded = place_sft_model(model, recipe, backend, pretrained, console)
+    sharded = place_sft_model(model, recipe, backend, pretrained, console, seeded)
     data_rank, data_world = (sharded.data_rank, sharded.data_world) if sharded is not None else (0, 1)
     data = build_sft_data(recipe.data, tokenizer, recipe.train.seed, data_rank, data_world)
     task, test_examples = eval_task_and_examples(recipe, tokenizer)

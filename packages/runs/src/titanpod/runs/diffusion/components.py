@@ -14,6 +14,7 @@ import torch
 
 from titanpod.checkpoint.flux_autoencoder_files import load_flux_autoencoder
 from titanpod.checkpoint.flux_files import load_flux_transformer
+from titanpod.models import RegionValues, region_initializer
 from titanpod.models.flux import FLUX_FLAVORS, FluxTransformer, build_flux_transformer
 from titanpod.models.flux.autoencoder import FLUX_AUTOENCODER_FLAVORS, FluxAutoencoder, build_flux_autoencoder
 from titanpod.models.flux.text_encoders import FluxTextEncoders, TinyTextEncoderConfig
@@ -82,6 +83,9 @@ class DiffusionModels:
     """Images <-> latents (frozen)."""
     text_encoders: FluxTextEncoders
     """Captions -> (T5 states, pooled CLIP vector) (frozen)."""
+    initial_values: RegionValues | None = None
+    """What to create the transformer's parameters from while it is still on the meta device (hand it to
+    ``parallelize`` as ``initial_values``); ``None`` when the transformer is already materialised."""
 
 
 def build_codec(name: str, seed: int) -> ImageCodec:
@@ -103,8 +107,14 @@ def build_text_encoders(name: str, context_dim: int, pooled_dim: int, seed: int)
     return FluxTextEncoders.from_pretrained(name)
 
 
-def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device) -> DiffusionModels:
-    """The recipe's transformer (initialised or loaded), codec and text encoders, on ``device``."""
+def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device, sharded: bool = False) -> DiffusionModels:
+    """The recipe's transformer (initialised or loaded), codec and text encoders, on ``device``.
+
+    With ``sharded`` and a seed (no ``model.transformer_weights``) the transformer stays on the meta device and
+    the region init of ``train.seed`` comes with it (``DiffusionModels.initial_values``): ``parallelize`` then
+    creates only each rank's shards, equal bit for bit to the whole ``init_weights(seed)``. The frozen codec
+    and text encoders are always whole on ``device``.
+    """
     model = recipe.model
     seed = recipe.train.seed
     codec = build_codec(model.autoencoder, seed)
@@ -126,6 +136,10 @@ def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device) -> Dif
             )
     else:
         transformer = build_flux_transformer(args)
+    initial_values = None
+    if sharded and model.transformer_weights is None:
+        initial_values = region_initializer(transformer, seed)
+    elif model.transformer_weights is None:
         transformer.to_empty(device="cpu")
         transformer.init_weights(seed)
     if model.recompute_blocks:
@@ -133,7 +147,9 @@ def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device) -> Dif
     text_encoders.to(device)
     if isinstance(codec, AutoencoderCodec):
         codec.autoencoder.to(device)
-    return DiffusionModels(transformer.to(device), codec, text_encoders)
+    if initial_values is None:
+        transformer = transformer.to(device)
+    return DiffusionModels(transformer, codec, text_encoders, initial_values)
 
 
 def recompute_each_block(transformer: FluxTransformer) -> None:

@@ -81,7 +81,7 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
         console.print_json(recipe.to_json())
     device = backend.device(info.local_rank)
     torch.manual_seed(recipe.train.seed)
-    models = build_diffusion_models(recipe, device)
+    models = build_diffusion_models(recipe, device, sharded=info.world_size > 1)  # a seeded transformer: on meta
     side = recipe.data.resolution // models.codec.downsample
     image_tokens = (side // 2) ** 2
     text_tokens = models.text_encoders.t5_max_length
@@ -89,7 +89,7 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
     parameters = parameter_count(models.transformer)
     sharded = None
     if info.world_size > 1:  # only the trained transformer is sharded: the frozen encoders stay whole on every rank
-        sharded = parallelize(models.transformer, PLANS["flux"], recipe.parallel, backend)
+        sharded = parallelize(models.transformer, PLANS["flux"], recipe.parallel, backend, models.initial_values)
     data_rank, data_world = (sharded.data_rank, sharded.data_world) if sharded is not None else (0, 1)
     data = build_image_data(recipe.data, recipe.train.seed, data_rank, data_world)
     cache = EncodingCache(Path(recipe.model.encodings_cache) if recipe.model.encodings_cache else None)
