@@ -22,7 +22,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch.distributed.tensor import DTensor
 
-from titanpod.checkpoint import gather, save_hf_checkpoint, save_model
+from titanpod.checkpoint import safetensors_stream, save_hf_checkpoint, save_model
 from titanpod.checkpoint.pretrained import open_pretrained
 from titanpod.checkpoint.region_reader import read_into_model
 from titanpod.device import ensure_process_group, get_backend
@@ -49,7 +49,7 @@ def main() -> None:
     config = ParallelConfig(
         **{key: int(value) for key, value in (part.split("=") for part in args.parallel.split(","))}
     )
-    gather.PIECE_BYTES = 4096  # column shards travel in many pieces, as a large model's do
+    safetensors_stream.BLOCK_BYTES = 4096  # tensors travel in many row blocks, as a large model's do
     backend = get_backend("cpu")
     rank = ensure_process_group(backend).rank
     ids = load_file(str(args.ids))["ids"]

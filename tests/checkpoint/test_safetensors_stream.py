@@ -95,3 +95,53 @@ def test_shards_equal_save_file_of_each_group_and_a_silent_rank_fetches_in_the_s
     assert orders["writer"] == orders["silent"] and sorted(orders["writer"]) == sorted(tensors)
     for file in written:
         assert (tmp_path / "again" / file).read_bytes() == (tmp_path / file).read_bytes()
+
+
+def test_tensors_larger_than_a_block_reach_the_writer_in_blocks_and_give_the_same_bytes(tmp_path, monkeypatch):
+    """One process as a gloo group of one: every block ``gather_blocks`` hands the writer (whole parameters,
+    an expert, a row range; fp32 stored as bf16) is at most ``BLOCK_BYTES``, and the file equals save_file's."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from titanpod.checkpoint import gather, safetensors_stream
+    from titanpod.models.adapters import HFSlot
+
+    monkeypatch.setattr(safetensors_stream, "BLOCK_BYTES", 256)
+    generator = torch.Generator().manual_seed(2)
+    params = {"embed": torch.randn(40, 8, generator=generator), "experts": torch.randn(3, 20, 8, generator=generator)}
+    params["norm"], params["scale"] = torch.randn(100, generator=generator), torch.randn((), generator=generator)
+    layout = {
+        "embed": HFSlot("embed"), "expert.1": HFSlot("experts", expert=1), "expert.0": HFSlot("experts", expert=0),
+        "rows": HFSlot("embed", rows=(5, 37)), "norm": HFSlot("norm"), "scale": HFSlot("scale"),
+    }  # fmt: skip
+    expected = {name: slot.view(params[slot.name]).to(torch.bfloat16) for name, slot in layout.items()}
+    save_file(expected, str(tmp_path / "reference.safetensors"), metadata={"format": "pt"})
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        placed = {name: [Shard(0) if t.ndim else Replicate()] for name, t in params.items()}
+        sharded = {name: distribute_tensor(t, mesh, placed[name]) for name, t in params.items()}
+        entries = [TensorEntry(name, tuple(t.shape), torch.bfloat16) for name, t in expected.items()]
+        sizes: dict[str, list[int]] = {}
+        with StreamedFile(tmp_path / "blocks.safetensors", entries, {"format": "pt"}) as file:
+            for entry in file.order:
+                blocks = list(gather.gather_blocks(sharded[layout[entry.name].name], layout[entry.name]))
+                sizes[entry.name] = [block.numel() * block.element_size() for block in blocks]
+                file.append(blocks)
+    finally:
+        dist.destroy_process_group()
+    assert all(size <= 256 for block_sizes in sizes.values() for size in block_sizes), sizes
+    counts = {name: len(block_sizes) for name, block_sizes in sizes.items()}  # 8 rows of 8 fp32 a block
+    assert counts == {"embed": 5, "rows": 4, "expert.0": 3, "expert.1": 3, "norm": 2, "scale": 1}
+    assert (tmp_path / "blocks.safetensors").read_bytes() == (tmp_path / "reference.safetensors").read_bytes()
+
+
+def test_blocks_that_are_not_whole_rows_or_do_not_add_up_are_refused(tmp_path):
+    entries = [TensorEntry("w", (4, 3), torch.float32)]
+    not_rows = pytest.raises(ValueError, match=r"a block of w has shape \(2, 2\)")
+    with not_rows, StreamedFile(tmp_path / "a", entries) as f:
+        f.append([torch.zeros(2, 2)])
+    with pytest.raises(ValueError, match=r"3 rows of w arrived"), StreamedFile(tmp_path / "b", entries) as f:
+        f.append([torch.zeros(2, 3), torch.zeros(1, 3)])

@@ -1,88 +1,126 @@
-"""One sharded parameter gathered whole on the writing process alone, each part sent once straight into place.
+"""A sharded parameter gathered on the writing process alone, in row blocks, each part sent once straight into place.
 
 ``DTensor.full_tensor`` makes the whole tensor on every rank (and, through its all-gather buffers, up to
-twice over). To save, only the writer needs it: every rank says which region it holds, the lowest rank
-holding each distinct region sends it to the writer (a point-to-point send), and the writer receives it
-into its place in one output tensor: the writer holds the tensor once, plus at most ``PIECE_BYTES`` in
-flight when a part is not a contiguous block of it (columns: it travels in pieces of rows); the other
-ranks hold nothing beyond their shards.
+twice over). To save, only the writer needs it, and only one stretch of rows at a time: the tensor a slot
+names (``HFSlot``: a whole parameter, one expert, a row range) is cut into row blocks of at most
+``safetensors_stream.BLOCK_BYTES``; for each block, every distinct region some rank holds that overlaps
+it is sent by the lowest rank holding that region (point to point) into its place in the block on the
+writer. So the writer holds one block (plus, for a column shard, the piece in flight) and never a whole
+tensor larger than a block; the other ranks hold their shards and at most the piece they send.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from titanpod.checkpoint.safetensors_stream import row_ranges
+from titanpod.models.adapters import HFSlot
+
 WRITER_RANK = 0
 """The global rank that writes shared files."""
 
-PIECE_BYTES = 16 * 2**20
-"""Largest piece of a part sent at once when the part is not a contiguous block of the whole."""
+Box = tuple[tuple[int, int], ...]
+"""A region of a tensor: ``(start, stop)`` per dimension."""
 
 
-def _regions(param: DTensor) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """(offset, shape) of the region each global rank holds, exchanged over the default group."""
+def _regions(param: DTensor) -> list[Box]:
+    """The region each global rank holds, exchanged over the default group."""
     shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
     mine = torch.tensor([*offset, *shape], dtype=torch.int64, device=param._local_tensor.device)
     every = torch.empty(dist.get_world_size() * mine.numel(), dtype=torch.int64, device=mine.device)
     dist.all_gather_into_tensor(every, mine)
     rows = every.view(dist.get_world_size(), 2, param.ndim).tolist()
-    return [(tuple(row[0]), tuple(row[1])) for row in rows]
+    return [tuple((o, o + s) for o, s in zip(row[0], row[1], strict=True)) for row in rows]
 
 
-def _is_leading_block(shape: tuple[int, ...], whole: torch.Size) -> bool:
-    """Whether a region of ``shape`` is a contiguous block of a contiguous tensor of shape ``whole``: it spans all
-    of every dimension after the first."""
-    return tuple(shape[1:]) == tuple(whole[1:])
+def _overlap(a: Box, b: Box) -> Box | None:
+    """The region ``a`` and ``b`` share, or ``None`` when it is empty."""
+    both = tuple((max(x[0], y[0]), min(x[1], y[1])) for x, y in zip(a, b, strict=True))
+    return None if any(start >= stop for start, stop in both) else both
 
 
-def _pieces(shape: tuple[int, ...], itemsize: int) -> list[slice]:
-    """Row ranges of a part of ``shape``, each at most ``PIECE_BYTES`` (or one row)."""
-    rows = max(1, PIECE_BYTES // max(1, math.prod(shape[1:]) * itemsize))
-    return [slice(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows)]
+def _within(part: Box, region: Box) -> tuple[slice, ...]:
+    """Index of ``part`` inside a tensor holding ``region``."""
+    return tuple(slice(start - origin, stop - origin) for (start, stop), (origin, _) in zip(part, region, strict=True))
 
 
-def gather_to_writer(param: DTensor) -> torch.Tensor | None:
-    """``param`` whole on the writer (``WRITER_RANK``), on its local device; ``None`` on every other rank.
+def slot_blocks(shape: tuple[int, ...], slot: HFSlot, itemsize: int) -> Iterator[tuple[Box, tuple[int, ...]]]:
+    """The row blocks of the tensor ``slot`` names in a parameter of ``shape``: each block's region of the
+    parameter and its shape as a piece of the slot's tensor (at most ``BLOCK_BYTES`` of ``itemsize`` each,
+    or one row)."""
+    if not shape:
+        yield (), ()
+        return
+    first = (0, shape[0]) if slot.rows is None else slot.rows
+    if slot.expert is not None:
+        lead: Box = ((slot.expert, slot.expert + 1),)
+        inner = tuple(shape[1:])
+        if not inner:
+            yield lead, ()
+            return
+    else:
+        lead, inner = (), (first[1] - first[0], *shape[1:])
+    base = 0 if slot.expert is not None else first[0]
+    for rows in row_ranges(inner, itemsize):
+        box = (*lead, (base + rows.start, base + rows.stop), *((0, size) for size in inner[1:]))
+        yield box, (rows.stop - rows.start, *inner[1:])
 
-    A collective: every rank of the default group calls it, for the same parameters in the same order.
-    Parameters whose mesh does not span the whole group, or whose placements are not plain ``Shard`` and
-    ``Replicate``, are gathered with ``full_tensor`` instead.
-    """
-    plain = all(type(placement) in (Shard, Replicate) for placement in param.placements)
-    if not plain or param.device_mesh.size() != dist.get_world_size():
-        whole = param.full_tensor()
-        return whole if dist.get_rank() == WRITER_RANK else None
-    local = param._local_tensor
+
+def _gather_box(local: torch.Tensor, holders: dict[Box, int], box: Box) -> torch.Tensor | None:
+    """The region ``box`` of the parameter on the writer (``None`` elsewhere), from the ranks in ``holders``."""
     rank = dist.get_rank()
-    out = torch.empty(param.shape, dtype=local.dtype, device=local.device) if rank == WRITER_RANK else None
-    senders: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
-    for source, region in enumerate(_regions(param)):
-        senders.setdefault(region, source)  # the lowest rank holding each region sends it
-    for (offset, shape), source in senders.items():
-        if 0 in shape:
+    shape = tuple(stop - start for start, stop in box)
+    out = torch.empty(shape, dtype=local.dtype, device=local.device) if rank == WRITER_RANK else None
+    for region, source in holders.items():
+        part = _overlap(region, box)
+        if part is None or rank not in (source, WRITER_RANK):
             continue
+        theirs = local[_within(part, region)] if rank == source else None
         if rank == source == WRITER_RANK:
-            assert out is not None
-            out[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))].copy_(local)
+            assert out is not None and theirs is not None
+            out[_within(part, box)].copy_(theirs)
         elif rank == source:
-            if _is_leading_block(shape, param.shape):
-                dist.send(local.contiguous(), WRITER_RANK)
-            else:
-                for rows in _pieces(shape, local.element_size()):
-                    dist.send(local[rows].contiguous(), WRITER_RANK)
-        elif rank == WRITER_RANK:
+            assert theirs is not None
+            dist.send(theirs.contiguous(), WRITER_RANK)
+        else:
             assert out is not None
-            place = out[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))]
-            if _is_leading_block(shape, param.shape):
-                dist.recv(place, source)  # straight into its place: a contiguous block of ``out``
+            place = out[_within(part, box)]
+            if place.is_contiguous():
+                dist.recv(place, source)  # straight into its place in the block
                 continue
-            for rows in _pieces(shape, local.element_size()):
-                piece = torch.empty(place[rows].shape, dtype=local.dtype, device=local.device)
-                dist.recv(piece, source)
-                place[rows].copy_(piece)
+            piece = torch.empty(place.shape, dtype=local.dtype, device=local.device)
+            dist.recv(piece, source)
+            place.copy_(piece)
     return out
+
+
+def gather_blocks(param: DTensor, slot: HFSlot) -> Iterator[torch.Tensor]:
+    """The tensor ``slot`` names in ``param`` on the writer (``WRITER_RANK``), as row
+    blocks of at most ``BLOCK_BYTES`` on its local device, in order; nothing on every other rank.
+
+    A collective: every rank of the default group iterates it to the end, for the same parameters and
+    slots in the same order. Parameters whose mesh does not span the whole group, or whose placements
+    are not plain ``Shard`` and ``Replicate``, are gathered whole with ``full_tensor`` instead.
+    """
+    with torch.no_grad():
+        plain = all(type(placement) in (Shard, Replicate) for placement in param.placements)
+        if not plain or param.device_mesh.size() != dist.get_world_size():
+            whole = param.full_tensor()
+            if dist.get_rank() == WRITER_RANK:
+                yield slot.view(whole)
+            return
+        local = param._local_tensor
+        holders: dict[Box, int] = {}
+        for source, region in enumerate(_regions(param)):
+            if all(start < stop for start, stop in region):
+                holders.setdefault(region, source)  # the lowest rank holding each region sends it
+        for box, shape in slot_blocks(tuple(param.shape), slot, local.element_size()):
+            block = _gather_box(local, holders, box)
+            if block is not None:
+                yield block.view(shape)
+            del block

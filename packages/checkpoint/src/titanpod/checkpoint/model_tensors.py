@@ -1,25 +1,25 @@
 """A model's tensors on their way to safetensors, whole or sharded, one at a time.
 
 Each tensor written is a slot (``HFSlot``: a whole parameter, one expert of it, or a row range) of
-one parameter. When the parameter is a sharded ``DTensor``, it is gathered whole on the writing
-process only when its first slot's turn comes (``gather.gather_to_writer``, a collective every rank
-takes part in) and dropped after its last slot is written, so the writer holds its own shards plus
-the parameter being written (for a mixture-of-experts export, whose file order interleaves a layer's
-three expert weights, those three) and the other processes only their shards. Every process calls
-``fetch`` in the same order; only the writer gets tensors back.
+one parameter. When the parameter is a sharded ``DTensor``, the slot reaches the writing process in
+row blocks of at most ``safetensors_stream.BLOCK_BYTES``, each gathered when the writer asks for it
+(``gather.gather_blocks``, a collective every rank takes part in) and written before the next, so the
+writer holds its own shards plus one block, whatever the size of the tensor (a mixture-of-experts
+export, whose file order interleaves a layer's three expert weights, gathers each expert's rows
+alone), and the other processes only their shards. Every process calls ``fetch`` in the same order
+and iterates what it returns to the end; only the writer gets blocks.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from titanpod.checkpoint.gather import WRITER_RANK, gather_to_writer
-from titanpod.checkpoint.safetensors_stream import TensorEntry
+from titanpod.checkpoint.gather import WRITER_RANK, gather_blocks
+from titanpod.checkpoint.safetensors_stream import TensorData, TensorEntry
 from titanpod.models.adapters import HFSlot
 
 
@@ -53,26 +53,16 @@ class ModelTensors:
             for name, slot in layout.items()
         ]
         """Every tensor to write, described from the parameters' (global) shapes alone."""
-        self._uses = Counter(slot.name for slot in layout.values())
-        self._gathered: dict[str, torch.Tensor | None] = {}
 
-    def fetch(self, name: str) -> torch.Tensor | None:
-        """The whole tensor saved as ``name`` on the writer (``None`` on other processes when the parameter is
-        sharded). A collective for a sharded parameter: every rank must fetch the same names in the same order
-        (each name once)."""
+    def fetch(self, name: str) -> TensorData:
+        """The tensor saved as ``name``: a view of a plain parameter, or for a sharded one an iterator of its
+        row blocks (on the writer; empty on other processes). Iterating it is a collective: every rank must
+        fetch the same names in the same order (each name once) and iterate each to its end."""
         slot = self._layout[name]
-        if slot.name in self._gathered:
-            whole = self._gathered[slot.name]
-        else:
-            param = self._params[slot.name]
-            with torch.no_grad():
-                whole = gather_to_writer(param) if isinstance(param, DTensor) else param.detach()
-        self._uses[slot.name] -= 1
-        if self._uses[slot.name] > 0:
-            self._gathered[slot.name] = whole
-        else:
-            self._gathered.pop(slot.name, None)
-        return None if whole is None else slot.view(whole)
+        param = self._params[slot.name]
+        if isinstance(param, DTensor):
+            return gather_blocks(param, slot)
+        return slot.view(param.detach())
 
 
 def identity_layout(names: list[str]) -> dict[str, HFSlot]:

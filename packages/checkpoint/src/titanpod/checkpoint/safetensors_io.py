@@ -24,7 +24,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from titanpod.checkpoint.errors import CheckpointMismatchError
-from titanpod.checkpoint.safetensors_stream import StreamedFile, TensorEntry, data_order
+from titanpod.checkpoint.safetensors_stream import StreamedFile, TensorData, TensorEntry, data_order
 
 SAFETENSORS_DTYPES: Mapping[str, torch.dtype] = {
     "F64": torch.float64,
@@ -276,7 +276,7 @@ def write_safetensors(
 def write_streamed(
     directory: Path | None,
     entries: Sequence[TensorEntry],
-    fetch: Callable[[str], torch.Tensor | None],
+    fetch: Callable[[str], TensorData | None],
     names: WeightFileNames = TRANSFORMERS_FILES,
     max_shard_bytes: int | str | None = None,
     metadata: Mapping[str, str] | None = None,
@@ -286,10 +286,11 @@ def write_streamed(
     comes; return the file names written.
 
     Files are laid out as by ``write_safetensors`` (shards in ``entries``' order, then the index), each
-    header written before any data, so one tensor at a time is in memory. ``fetch`` is called once per
+    header written before any data. ``fetch`` gives a tensor or its row blocks in order (an iterator, which
+    may gather each block just in time), so one block at a time need be in memory. It is called once per
     tensor, in an order fixed by ``entries`` alone: with ``directory=None`` the same calls happen and
-    nothing is written (what ``fetch`` returns, ``None`` included, is dropped), so every process of a job
-    can take part in gathering each tensor while one writes.
+    nothing is written (what ``fetch`` returns is iterated to its end and dropped), so every process of a
+    job can take part in gathering each block while one writes.
     """
     limit = None if max_shard_bytes is None else parse_size(max_shard_bytes)
     shards = plan_shards(entries, limit)
@@ -298,15 +299,18 @@ def write_streamed(
     for number, (file, shard) in enumerate(zip(files, shards, strict=True), 1):
         if directory is None:
             for entry in data_order(shard):
-                fetch(entry.name)
+                data = fetch(entry.name)
+                if data is not None and not isinstance(data, torch.Tensor):
+                    for _ in data:  # take part in each block's gather
+                        pass
             continue
         with StreamedFile(directory / file, shard, header) as stream:
             for entry in stream.order:
-                tensor = fetch(entry.name)
-                if tensor is None:
+                data = fetch(entry.name)
+                if data is None:
                     raise RuntimeError(f"No data for {entry.name} in the writing process; it cannot write {file}.")
-                stream.append(tensor)
-                del tensor  # before the next is fetched: one tensor at a time
+                stream.append(data)
+                del data  # before the next is fetched
         if progress is not None:
             progress(f"wrote {file} ({number}/{len(shards)})")
     if len(shards) > 1 and directory is not None:

@@ -1,5 +1,6 @@
 """One safetensors file written tensor by tensor: the header first, from names, dtypes and shapes alone,
-then each tensor's bytes as it arrives, so no more than one tensor need be in memory.
+then each tensor's bytes as it arrives, whole or in row blocks, so no more than one block (at most
+``BLOCK_BYTES``) need be in memory; each block is converted to the stored dtype on its own.
 
 The bytes are those ``safetensors.torch.save_file`` writes: the header is compact JSON of
 ``__metadata__`` then every tensor's dtype, shape and data offsets, padded with spaces to a multiple
@@ -12,12 +13,19 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import torch
+
+BLOCK_BYTES = 16 * 2**20
+"""Largest row block of a tensor converted and written, or gathered for writing, at once (one row at least):
+rank 0's save peak of a Llama 3.2 1B on 4 ranks measured 1.37 GiB above baseline with 16 MiB, 1.53 with 64 MiB."""
+
+TensorData = torch.Tensor | Iterable[torch.Tensor]
+"""A tensor to write: whole, or its row blocks in order (a 0-dim tensor: one block of shape ``()``)."""
 
 # safetensors' dtype codes in the order of its Rust ``Dtype`` enum: its files store the data of later
 # codes first.
@@ -69,6 +77,15 @@ class TensorEntry:
         return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
 
 
+def row_ranges(shape: Sequence[int], itemsize: int) -> list[slice]:
+    """Row ranges of a tensor of ``shape`` whose elements take ``itemsize`` bytes, each at most
+    ``BLOCK_BYTES`` (or one row); one empty range for a 0-dim tensor."""
+    if not shape:
+        return [slice(None)]
+    rows = max(1, BLOCK_BYTES // max(1, math.prod(shape[1:]) * itemsize))
+    return [slice(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows)]
+
+
 def data_order(entries: Sequence[TensorEntry]) -> list[TensorEntry]:
     """``entries`` in the order a safetensors file stores their data: widest dtype code first, then by name."""
     return sorted(entries, key=lambda entry: (-_CODE_ORDER.index(safetensors_code(entry.dtype)), entry.name))
@@ -115,18 +132,30 @@ class StreamedFile:
         self._handle.write(self._header)
         return self
 
-    def append(self, tensor: torch.Tensor) -> None:
-        """Write the data of the next entry of ``order``; ``tensor`` is converted to its dtype on the CPU."""
+    def append(self, data: TensorData) -> None:
+        """Write the data of the next entry of ``order``: a tensor, or its row blocks in order; each piece of at
+        most ``BLOCK_BYTES`` is converted to the entry's dtype on the CPU and written before the next."""
         if self._handle is None or self._next >= len(self.order):
             raise RuntimeError(f"{self.path}: append called outside `with` or after every tensor was written.")
         entry = self.order[self._next]
-        if tuple(tensor.shape) != entry.shape:
-            raise ValueError(
-                f"{self.path}: {entry.name} has shape {tuple(tensor.shape)}, its header says {entry.shape}."
-            )
-        data = tensor.detach().to("cpu", entry.dtype).contiguous().reshape(-1)
-        if data.numel():
-            self._handle.write(memoryview(data.view(torch.uint8).numpy()))
+        if isinstance(data, torch.Tensor) and tuple(data.shape) != entry.shape:
+            raise ValueError(f"{self.path}: {entry.name} has shape {tuple(data.shape)}, its header says {entry.shape}.")
+        rows = 0
+        for block in [data] if isinstance(data, torch.Tensor) else data:
+            if tuple(block.shape[1:]) != entry.shape[1:] or (block.ndim == 0) != (not entry.shape):
+                raise ValueError(
+                    f"{self.path}: a block of {entry.name} has shape {tuple(block.shape)}, "
+                    f"its header says {entry.shape}: blocks must be whole rows."
+                )
+            for piece in row_ranges(tuple(block.shape), block.element_size()):
+                part = block.detach() if block.ndim == 0 else block.detach()[piece]
+                converted = part.to("cpu", entry.dtype).contiguous().reshape(-1)
+                if converted.numel():
+                    self._handle.write(memoryview(converted.view(torch.uint8).numpy()))
+                del converted
+            rows += block.shape[0] if block.ndim else 1
+        if rows != (entry.shape[0] if entry.shape else 1):
+            raise ValueError(f"{self.path}: {rows} rows of {entry.name} arrived, its header says {entry.shape}.")
         self._next += 1
 
     def __exit__(self, kind: object, error: object, traceback: object) -> None:
