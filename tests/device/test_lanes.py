@@ -118,3 +118,17 @@ def test_the_xla_lane_is_one_controller_with_parameters_on_the_host():
         env=XLA_ENV,
     )
     assert out == [True, "cpu", 8]
+
+
+def test_the_lane_table_agrees_with_every_backend_class():
+    from titanpod.device import LANE_TRAITS, LANES
+    from titanpod.device.backends.cpu import CpuBackend
+    from titanpod.device.backends.cuda import CudaBackend
+    from titanpod.device.backends.torch_xla import TorchXlaBackend
+    from titanpod.device.backends.tpu import TpuBackend
+    from titanpod.device.backends.xla import XlaBackend
+
+    assert set(LANE_TRAITS) == set(LANES)
+    for backend in (CpuBackend, CudaBackend, XlaBackend, TpuBackend, TorchXlaBackend):
+        assert backend.single_controller == LANE_TRAITS[backend.lane].single_controller, backend.lane
+    assert [lane for lane, traits in LANE_TRAITS.items() if traits.device_memory_is_host] == ["cpu"]

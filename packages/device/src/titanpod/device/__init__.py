@@ -10,6 +10,7 @@ from titanpod.device.chips import CHIPS, ChipSpec, chip_by_name, measure_cpu_pea
 from titanpod.device.config import DeviceConfig
 from titanpod.device.distributed import ProcessInfo, ensure_process_group, process_info
 from titanpod.device.errors import LaneUnavailableError, MeshError
+from titanpod.device.lane_traits import LANE_TRAITS, LaneTraits, lane_traits
 from titanpod.device.lanes import LANE_ENV_VAR, LANES, resolve_lane
 from titanpod.device.memory import MemoryStats
 from titanpod.device.mesh import check_mesh_axes
@@ -18,9 +19,11 @@ __all__ = [
     "CHIPS",
     "LANES",
     "LANE_ENV_VAR",
+    "LANE_TRAITS",
     "Backend",
     "ChipSpec",
     "DeviceConfig",
+    "LaneTraits",
     "LaneUnavailableError",
     "MemoryStats",
     "MeshError",
@@ -29,6 +32,7 @@ __all__ = [
     "chip_by_name",
     "ensure_process_group",
     "get_backend",
+    "lane_traits",
     "measure_cpu_peak",
     "process_info",
     "resolve_lane",

@@ -34,7 +34,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from titanpod.device import ChipSpec
+from titanpod.device import ChipSpec, lane_traits
 from titanpod.parallel import ShardingPlan
 from titanpod.recipes.planner.limits import FIT_FRACTION
 
@@ -43,9 +43,6 @@ FP32 = 4
 
 STATE_COPIES = 3
 """Tensors per parameter in a trainer-state checkpoint: the weights and AdamW's two moments."""
-
-DEVICE_LANES = ("tpu", "cuda", "torch_xla")
-"""Lanes that create each process's parameters on its device (one process per device)."""
 
 PHASES = {
     "init": "initialisation",
@@ -140,7 +137,8 @@ def plan_host_memory(
     (frozen encoders), at another moment than the sharded weights. ``None`` on the ``cpu`` lane,
     where device memory is host memory.
     """
-    if lane == "cpu":
+    traits = lane_traits(lane)
+    if traits.device_memory_is_host:
         return None
     local = {name: plan.local_numel(name, shape, mesh) for name, shape in shapes.items()}
     largest_local = max(local.values())
@@ -149,7 +147,7 @@ def plan_host_memory(
     state = FP32 * STATE_COPIES * sum(local.values())
     chips_on_host = min(chips, chip.chips_per_host or 1)
     devices_on_host = chips_on_host * chip.devices_per_chip
-    if lane in DEVICE_LANES:
+    if not traits.single_controller:
         processes, devices = devices_on_host, 1
         resident, send = 0, FP32 * largest_local
     else:
@@ -161,7 +159,7 @@ def plan_host_memory(
         init=resident + FP32 * largest_local,
         load=resident + read,
         train=train,
-        checkpoint=train + (devices * state if async_checkpoint or lane not in DEVICE_LANES else send),
+        checkpoint=train + (devices * state if async_checkpoint or traits.single_controller else send),
         save=resident + send if final_save else resident,
     )
     rank0 = dataclasses.replace(other, save=resident + 2 * FP32 * largest_full if final_save else resident)

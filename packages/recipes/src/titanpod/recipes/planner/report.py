@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from titanpod.device import ChipSpec, chip_by_name, measure_cpu_peak
+from titanpod.device import ChipSpec, chip_by_name, lane_traits, measure_cpu_peak
 from titanpod.parallel import PlanError
 from titanpod.recipes.planner.host_table import add_host_row, print_host
 from titanpod.recipes.planner.plan import FIT_FRACTION, RunPlan, plan_run, with_changes
@@ -104,7 +104,11 @@ def host_suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: flo
     if recipe.train.memory_policy == "offload":
         changed = with_changes(recipe, train={"memory_policy": "recompute"})
         candidates.append(("--train.memory-policy recompute", changed, chips))
-    if plan.host is not None and plan.host.lane == "xla" and chip.auto_lane != "cpu":
+    if (
+        plan.host is not None
+        and lane_traits(plan.host.lane).single_controller
+        and not lane_traits(chip.auto_lane).device_memory_is_host
+    ):
         changed = with_changes(recipe, device={"lane": chip.auto_lane})
         candidates.append((f"--device.lane {chip.auto_lane}", changed, chips))
     if recipe.output.save_weights and not recipe.checkpoint.export_hf:
