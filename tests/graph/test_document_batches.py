@@ -16,14 +16,15 @@ import pytest
 import torch
 
 from tests.conftest import XLA_ENV, run_json_script
-from tests.graph.test_step_modes import BACKEND, max_param_difference, random_batches, run, tiny_model
+from tests.graph.test_step_modes import BACKEND, max_param_difference, one_batch_repeated, run, tiny_model
 from titanpod.graph import TrainConfig, WholeStep
 
 
 def packed_batches(vocab: int, batch: int = 4, seq: int = 32, seed: int = 0):
-    """``random_batches`` with a third element: document ids [B, S], a new document about every 10 tokens."""
+    """One random batch repeated (so training lowers its loss), with a third element drawn afresh each step:
+    document ids [B, S], a new document about every 10 tokens."""
     generator = torch.Generator().manual_seed(seed + 100)
-    for tokens, labels in random_batches(vocab, batch, seq, seed):
+    for tokens, labels in one_batch_repeated(vocab, batch, seq, seed):
         starts = torch.rand(batch, seq, generator=generator) < 0.1
         yield tokens, labels, torch.cumsum(starts, dim=1)
 
