@@ -84,12 +84,7 @@ def suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float, l
         changed = with_changes(recipe, kernels={"head_loss": "chunked"})
         candidates.append(("--kernels.head-loss chunked", changed, chips))
     candidates.append((f"--chips {chips * 2}", recipe, chips * 2))
-    found = []
-    for flags, changed, count in candidates:
-        try:
-            found.append(Suggestion(flags, plan_run(changed, chip, count, target_mfu)))
-        except (PlanError, ValueError):
-            continue  # a change the mesh or the model cannot take is no suggestion
+    found = _planned(candidates, chip, target_mfu)
     found.sort(key=lambda s: (not s.plan.fits, s.plan.memory.total))
     return found[:limit]
 
@@ -115,12 +110,7 @@ def host_suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: flo
         changed = with_changes(recipe, output={"save_weights": False})
         candidates.append(("--output.save-weights False", changed, chips))
     candidates.append((f"--chips {chips * 2}", recipe, chips * 2))
-    found = []
-    for flags, changed, count in candidates:
-        try:
-            found.append(Suggestion(flags, plan_run(changed, chip, count, target_mfu)))
-        except (PlanError, ValueError):
-            continue
+    found = _planned(candidates, chip, target_mfu)
     found = [s for s in found if s.plan.host is not None and s.plan.host.per_host is not None]
     found.sort(key=lambda s: (not s.plan.fits, _host_peak(s.plan)))
     return found
@@ -176,3 +166,14 @@ def dry_run(recipe: Recipe, console: Console, chip: ChipSpec | None = None) -> R
             )
         console.print(table)
     return plan
+
+
+def _planned(candidates: list[tuple[str, Recipe, int]], chip: ChipSpec, target_mfu: float) -> list[Suggestion]:
+    """Each candidate change planned on its chip count; a change the mesh or the model cannot take is dropped."""
+    found = []
+    for flags, changed, count in candidates:
+        try:
+            found.append(Suggestion(flags, plan_run(changed, chip, count, target_mfu)))
+        except (PlanError, ValueError):
+            continue
+    return found
