@@ -3,8 +3,10 @@ for the planner.
 
 Figures are the vendors' published dense (not sparse) bf16 peaks:
 Google Cloud TPU system-architecture pages for v4, v5e, v5p, v6e (Trillium) and
-v7 (Ironwood); NVIDIA's H100 SXM, H200 and B200 datasheets. A TPU v7 chip exposes two
-devices, so its per-device figures are half the per-chip ones.
+v7 (Ironwood); NVIDIA's H100 SXM, H200, B200, A100, L4 and L40S datasheets and, for the
+GeForce RTX 4090, the NVIDIA Ada GPU Architecture whitepaper (its rate with fp32 accumulation,
+which is what PyTorch's bf16 matmuls use). A TPU v7 chip exposes two devices, so its
+per-device figures are half the per-chip ones.
 
 Host figures are those of the worker VM a multi-host slice is built from, as the Cloud TPU
 documentation publishes them (the source of each is beside it). Where no published figure is
@@ -12,15 +14,22 @@ known the field is ``None``, and the planner says it cannot check host memory ra
 A GPU's host is whatever server it is in, so the GPUs have none.
 
 A CPU has no published peak that means anything for PyTorch, so the cpu lane measures
-one with a short matmul probe (``measure_cpu_peak``).
+one with a short matmul probe (``measure_cpu_peak``); the cuda lane does the same with bf16
+matmuls (``measure_gpu_peak``) for a GPU model the table does not list.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import re
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 GiB = 1024**3
 GB = 1000**3
@@ -86,6 +95,25 @@ CHIPS: dict[str, ChipSpec] = {
     "h100": _per_device("h100", 989 * TFLOPS, 80 * GB, lane="cuda"),
     "h200": _per_device("h200", 989 * TFLOPS, 141 * GB, lane="cuda"),
     "b200": _per_device("b200", 2250 * TFLOPS, 180 * GB, lane="cuda"),
+    # A100: NVIDIA A100 Tensor Core GPU datasheet, "BFLOAT16 Tensor Core 312 TFLOPS | 624 TFLOPS*"
+    # (* with sparsity), the same for SXM and PCIe, 40GB and 80GB; the 80GB variant's memory here (a
+    # product name that carries its size, "A100-SXM4-40GB", gets that size from ``chip_by_name``).
+    # https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+    "a100": _per_device("a100", 312 * TFLOPS, 80 * GB, lane="cuda"),
+    # L4: NVIDIA L4 Tensor Core GPU datasheet, "BF16 Tensor Core 242 teraFLOPS*", the * marking a
+    # figure with sparsity, which is twice the dense rate: 121 dense; 24GB GDDR6.
+    # https://www.nvidia.com/en-us/data-center/l4/
+    "l4": _per_device("l4", 121 * TFLOPS, 24 * GB, lane="cuda"),
+    # L40S: NVIDIA L40S datasheet, "BF16 Tensor Core 362.05 | 733*" (* with sparsity): 362.05 is the
+    # dense figure (181.05 | 362.1* is the plain L40's row, a different card); 48GB GDDR6.
+    # https://www.nvidia.com/en-us/data-center/l40s/
+    "l40s": _per_device("l40s", 362.05 * TFLOPS, 48 * GB, lane="cuda"),
+    # RTX 4090: "NVIDIA ADA GPU ARCHITECTURE" whitepaper, Appendix A, GeForce RTX 4090 column
+    # (dense/sparse): "Peak BF16 Tensor TFLOPS with FP32 Accumulate 165.2/330.4". GeForce cards run
+    # fp16 tensor math at 330.3 only with fp16 accumulation; PyTorch's bf16 matmuls accumulate in
+    # fp32, so 165.2 (82.6 is the card's non-tensor fp32 and its TF32 tensor rate). 24GB GDDR6X.
+    # https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf
+    "rtx4090": _per_device("rtx4090", 165.2 * TFLOPS, 24 * GB, lane="cuda"),
 }
 """Per-device figures by canonical name."""
 
@@ -100,16 +128,25 @@ _ALIASES = {
 }
 """Other spellings: marketing names and the device kinds JAX reports (``TPU v5 lite``)."""
 
-_GPU_MODELS = ("h100", "h200", "b200")
+_GPU_MODELS = ("h100", "h200", "b200", "a100", "l40s", "l4", "rtx4090")
+"""GPU models whose product names (``torch.cuda.get_device_name``) add a form factor or memory size."""
+
+_GPU_VARIANT = re.compile(r"sxm|pcie|nvl|hbm|\d+gb")
+"""What may follow the model in a product name of that model: ``-SXM4-80GB``, ``80GB PCIe``, ``NVL``.
+Anything else (``L40`` after ``L4``, ``RTX 4090 D``, ``RTX 4090 Laptop GPU``) is another product."""
+
+_GPU_MEMORY = re.compile(r"(?<![\w.])(\d+)gb")
+"""The memory size a GPU product name states, as a word of its own: ``A100-SXM4-40GB``, ``H100 80GB HBM3``."""
 
 
 def chip_by_name(name: str) -> ChipSpec:
     """Look a chip up by a loose name: ``v5p``, ``TPU v6e``, ``v5p-128``, ``NVIDIA H100 80GB HBM3``.
 
-    A topology suffix (``-128``) is ignored. Raises ``KeyError`` naming the known chips.
+    A topology suffix (``-128``) is ignored. A GPU product name that states its memory
+    (``NVIDIA A100-SXM4-40GB``) gets that memory. Raises ``KeyError`` naming the known chips.
     """
     key = name.lower()
-    for noise in ("nvidia", "tpu", " ", "_"):
+    for noise in ("nvidia", "geforce", "tpu", " ", "_"):
         key = key.replace(noise, "")
     head, _, tail = key.rpartition("-")
     if head and tail.isdigit():
@@ -118,8 +155,12 @@ def chip_by_name(name: str) -> ChipSpec:
     if key in CHIPS:
         return CHIPS[key]
     for model in _GPU_MODELS:  # product names carry memory size and form factor after the model
-        if key.startswith(model):
-            return CHIPS[model]
+        if not key.startswith(model) or not _GPU_VARIANT.match(key, len(model)):
+            continue
+        if "mig" in key:  # a MIG slice has a fraction of the GPU's peak: let the cuda lane measure it
+            break
+        memory = _GPU_MEMORY.search(name.lower())
+        return replace(CHIPS[model], memory_bytes=int(memory[1]) * GB) if memory else CHIPS[model]
     close = difflib.get_close_matches(key, [*CHIPS, *_ALIASES], n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise KeyError(f"Unknown chip {name!r}; known chips: {', '.join(CHIPS)}.{hint}")
@@ -128,6 +169,39 @@ def chip_by_name(name: str) -> ChipSpec:
 def host_memory_bytes() -> int:
     """Physical memory of this machine in bytes."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def matmul_peak_flops(
+    device: torch.device | str,
+    dtype: torch.dtype,
+    synchronize: Callable[[], None],
+    size: int,
+    seconds: float,
+) -> float:
+    """The best FLOP/s of single ``size x size`` matmuls of ``dtype`` on ``device`` over about ``seconds``.
+
+    ``synchronize`` waits for the device (a no-op on a CPU, ``torch.cuda.synchronize`` on a
+    GPU): each call is timed from a synchronised start to its synchronised end, after one
+    warm-up call. At least one call is timed however short ``seconds`` is.
+    """
+    import torch
+
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    out = torch.empty(size, size, device=device, dtype=dtype)
+    torch.mm(a, b, out=out)  # warm up: BLAS threads, cuBLAS handles and kernel selection
+    synchronize()
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while True:
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        synchronize()
+        elapsed = time.perf_counter() - start
+        best = max(best, 2 * size**3 / elapsed)
+        if start + elapsed > deadline:
+            break
+    return best
 
 
 def measure_cpu_peak(size: int = 1024, seconds: float = 0.5) -> ChipSpec:
@@ -139,17 +213,25 @@ def measure_cpu_peak(size: int = 1024, seconds: float = 0.5) -> ChipSpec:
     """
     import torch
 
-    a = torch.randn(size, size)
-    b = torch.randn(size, size)
-    out = torch.empty(size, size)
-    torch.mm(a, b, out=out)  # warm up the BLAS threads
-    best = 0.0
-    deadline = time.perf_counter() + seconds
-    while True:
-        start = time.perf_counter()
-        torch.mm(a, b, out=out)
-        elapsed = time.perf_counter() - start
-        best = max(best, 2 * size**3 / elapsed)
-        if start + elapsed > deadline:
-            break
+    best = matmul_peak_flops("cpu", torch.float32, lambda: None, size, seconds)
     return ChipSpec("cpu", best, host_memory_bytes(), measured=True)
+
+
+def measure_gpu_peak(index: int | None = None, size: int = 8192, seconds: float = 0.5) -> ChipSpec:
+    """Measure a CUDA GPU's bf16 matmul rate and return it as a ``ChipSpec`` for the cuda lane.
+
+    For a GPU the chip table does not list: runs ``size x size`` bf16 matmuls on GPU ``index``
+    (the current one by default) for about ``seconds`` and keeps the best rate of any single
+    call. The spec is named after the device (``torch.cuda.get_device_name``) and holds its
+    total memory. A GPU without native bf16 (before Ampere) is measured in fp16, what it would
+    train in.
+    """
+    import torch
+
+    if index is None:
+        index = torch.cuda.current_device()
+    properties = torch.cuda.get_device_properties(index)
+    dtype = torch.bfloat16 if properties.major >= 8 else torch.float16  # bf16 tensor cores came with Ampere
+    with torch.cuda.device(index):
+        best = matmul_peak_flops(torch.device("cuda", index), dtype, torch.cuda.synchronize, size, seconds)
+    return ChipSpec(torch.cuda.get_device_name(index), best, properties.total_memory, measured=True, auto_lane="cuda")

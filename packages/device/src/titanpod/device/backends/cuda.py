@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import replace
+
 import torch
 
 from titanpod.device.backend import Backend
-from titanpod.device.chips import ChipSpec, chip_by_name
+from titanpod.device.chips import TFLOPS, ChipSpec, chip_by_name, measure_gpu_peak
 from titanpod.device.memory import MemoryStats
 
 
@@ -16,6 +19,9 @@ class CudaBackend(Backend):
     device_type = "cuda"
     dist_backend = "nccl"
     compile_backend = "inductor"
+
+    def __init__(self) -> None:
+        self._chip: ChipSpec | None = None
 
     def device_count(self) -> int:
         """GPUs visible to this process."""
@@ -40,5 +46,23 @@ class CudaBackend(Backend):
         torch.cuda.reset_peak_memory_stats()
 
     def chip(self) -> ChipSpec:
-        """The datasheet figures of this GPU model; raises ``KeyError`` for an unlisted one."""
-        return chip_by_name(torch.cuda.get_device_name())
+        """The current GPU: the chip table's peak with the device's own memory (looked up once per backend).
+
+        A GPU model the table does not list gets a peak measured by a short bf16 matmul probe
+        (``measure_gpu_peak``, about half a second), and a one-line notice on stderr says so.
+        """
+        if self._chip is None:
+            index = torch.cuda.current_device()
+            name = torch.cuda.get_device_name(index)
+            try:
+                spec = chip_by_name(name)
+            except KeyError:
+                spec = measure_gpu_peak(index)
+                print(
+                    f"titanpod: GPU {name!r} is not in the chip table; measured a matmul peak of "
+                    f"{spec.peak_flops / TFLOPS:.1f} TFLOP/s for MFU "
+                    "(add it to titanpod.device.chips.CHIPS for a datasheet figure)",
+                    file=sys.stderr,
+                )
+            self._chip = replace(spec, memory_bytes=torch.cuda.get_device_properties(index).total_memory)
+        return self._chip
