@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from titanpod.kernels.jax_op import JaxOp, jax_op
+from titanpod.kernels.jax_op import JaxOp, jax_op, pallas_interpret
 from titanpod.kernels.mesh_split import batch_axes
 
 
@@ -34,7 +34,7 @@ class GroupedMatmulConfig:
     tile_out: int = 128
     """Output-width tile (the largest divisor of the width up to this)."""
     interpret: bool | None = None
-    """Run Pallas in interpret mode; ``None`` does so unless JAX's default backend is a TPU."""
+    """Run Pallas in interpret mode; ``None`` does so unless the tensors are on a TPU (see ``pallas_interpret``)."""
 
 
 @dataclass
@@ -45,14 +45,13 @@ class MegabloxGroupedMatmul:
     """Tiles."""
     _ops: dict[tuple[Any, ...], JaxOp] = field(default_factory=dict, repr=False)
 
-    def _op(self, I: int, O: int, dtype: torch.dtype) -> JaxOp:  # noqa: E741 - I is the legend's input width
-        key = (I, O, dtype)
+    def _op(self, I: int, O: int, dtype: torch.dtype, device: torch.device) -> JaxOp:  # noqa: E741 - I: legend
+        interpret = pallas_interpret(self.config.interpret, device)
+        key = (I, O, dtype, interpret)
         if key not in self._ops:
-            import jax
             import jax.numpy as jnp
             from jax.experimental.pallas.ops.tpu.megablox import ops
 
-            interpret = self.config.interpret if self.config.interpret is not None else jax.default_backend() != "tpu"
             tiling = (self.config.tile_rows, math.gcd(I, self.config.tile_in), math.gcd(O, self.config.tile_out))
             tile_rows = self.config.tile_rows
 
@@ -78,7 +77,7 @@ class MegabloxGroupedMatmul:
         if w_EOI.shape[0] != E or w_EOI.shape[2] != I:
             raise ValueError(f"The grouped matmul takes rows [E, C, I] and weights [E, O, I] of one E and I, got "
                              f"{list(x_ECI.shape)} and {list(w_EOI.shape)}.")  # fmt: skip
-        return self._op(I, w_EOI.shape[1], x_ECI.dtype)(x_ECI, w_EOI)
+        return self._op(I, w_EOI.shape[1], x_ECI.dtype, x_ECI.device)(x_ECI, w_EOI)
 
 
 def _per_shard(fn: Any, mesh: Any, x_ECI: Any, _w_EOI: Any) -> Any:

@@ -3,8 +3,10 @@
 The op is a ``torch.library`` custom op: ``make_fx`` and ``torch.compile`` see one node.
 Its fake (meta) implementation comes from ``jax.eval_shape``; its gradient is a second
 custom op running ``jax.vjp``. On the CPU (and CUDA) inputs reach JAX through DLPack
-without copies; outputs are copied out of JAX's buffers. On the tpu lane the forward and
-backward are handed to ``torch.tpu.pallas.jax_op``, which runs them on the TPU directly.
+without copies; outputs are copied out of JAX's buffers. On the tpu lane (tensors on the
+``tpu`` device) the forward and its gradient are torch_tpu ops instead
+(``titanpod.kernels.tpu_bridge``), which run on the TPU's own buffers and which torch_tpu's
+compiler lowers as kernels of its own.
 On the xla lane (torchax tensors, inside a ``jax_view`` trace) there is no torch op at
 all: the JAX function runs on the tensors' JAX values, where JAX's autodiff and ``jax.jit``
 see it, split over the context mesh by the kernel's ``shard`` rule.
@@ -21,6 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from titanpod.kernels.jax_autodiff import as_tuple, floating_indices, register_jax_autograd, vjp_function
+from titanpod.kernels.tpu_bridge import TpuKernel
 
 NAMESPACE = "titanpod"
 
@@ -53,15 +58,28 @@ def _torch_dtype(jax_dtype: Any) -> torch.dtype:
     raise TypeError(f"jax_op cannot return JAX dtype {name} to PyTorch.")
 
 
-def _shape_structs(tensors: Sequence[torch.Tensor]) -> list[Any]:
+def shape_structs(tensors: Sequence[torch.Tensor]) -> list[Any]:
     import jax
     import jax.numpy as jnp
 
+    """JAX's description (shape, dtype) of each tensor, for ``jax.eval_shape``."""
     return [jax.ShapeDtypeStruct(tuple(t.shape), jnp.dtype(_TORCH_TO_JAX[t.dtype])) for t in tensors]
 
 
-def _as_tuple(result: Any) -> tuple[Any, ...]:
-    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+def pallas_interpret(setting: bool | None, device: torch.device) -> bool:
+    """Whether a Pallas kernel for tensors on ``device`` runs in interpret mode.
+
+    An explicit ``setting`` wins. Tensors on the ``tpu`` device (torch_tpu) run the compiled
+    kernel, without asking JAX for its backend (which would make JAX claim the TPU torch_tpu
+    holds); elsewhere the kernel is compiled only where JAX's own default backend is a TPU.
+    """
+    if setting is not None:
+        return setting
+    if device.type == "tpu":
+        return False
+    import jax
+
+    return jax.default_backend() != "tpu"
 
 
 @dataclass(frozen=True)
@@ -79,6 +97,8 @@ class JaxOp:
     """The registered forward custom op (``Tensor[] -> Tensor[]``)."""
     backward_op: Any
     """The registered backward custom op (inputs + output cotangents -> floating inputs' gradients)."""
+    tpu: TpuKernel | None = None
+    """The same function as torch_tpu ops, for tensors on the ``tpu`` device (registered on first use)."""
     shard: Callable[..., Callable[..., Any]] | None = None
     """On the xla lane over a mesh of several devices: ``shard(fn, mesh, *arrays)`` gives the
     function to run in place of ``fn`` (a ``jax.shard_map`` of it: XLA cannot partition a
@@ -87,7 +107,10 @@ class JaxOp:
     def __call__(self, *inputs: torch.Tensor) -> Any:
         if _torchax_tensors(inputs):
             return self.call_in_jax(*inputs)
-        outputs = self.forward_op(list(inputs))
+        if self.tpu is not None and inputs[0].device.type == "tpu":
+            outputs = self.tpu(*inputs)
+        else:
+            outputs = self.forward_op(list(inputs))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def call_in_jax(self, *inputs: torch.Tensor) -> Any:
@@ -117,29 +140,6 @@ def _torchax_tensors(tensors: Sequence[Any]) -> bool:
     return any(isinstance(t, kinds) for t in tensors)
 
 
-def _floating(tensors: Sequence[torch.Tensor]) -> list[int]:
-    return [i for i, t in enumerate(tensors) if t.is_floating_point()]
-
-
-def _vjp_function(fn: Callable[..., Any], n_inputs: int, wrt: list[int]) -> Callable[..., tuple[Any, ...]]:
-    """JAX function: (inputs..., output cotangents...) -> gradients of the ``wrt`` inputs."""
-    import jax
-
-    def vjp(*arrays: Any) -> tuple[Any, ...]:
-        primals, cotangents = arrays[:n_inputs], arrays[n_inputs:]
-
-        def of_wrt(*values: Any) -> Any:
-            full = list(primals)
-            for index, value in zip(wrt, values, strict=True):
-                full[index] = value
-            return fn(*full)
-
-        out, pullback = jax.vjp(of_wrt, *(primals[i] for i in wrt))
-        return pullback(tuple(cotangents) if isinstance(out, (tuple, list)) else cotangents[0])
-
-    return vjp
-
-
 def _run(
     fn: Callable[..., Any], tensors: list[torch.Tensor], specs: Sequence[Any] | None, mesh: Any
 ) -> list[torch.Tensor]:
@@ -152,19 +152,8 @@ def _run(
         arrays = [
             jax.device_put(a, jax.sharding.NamedSharding(mesh, spec)) for a, spec in zip(arrays, specs, strict=True)
         ]
-    results = _as_tuple(fn(*arrays))
+    results = as_tuple(fn(*arrays))
     return [_to_torch(result, device) for result in results]
-
-
-def _tpu_delegate(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` as a torch_tpu op, which runs JAX on the TPU's own buffers (not run here: needs a TPU)."""
-    import jax
-    import torch_tpu  # noqa: F401 - provides torch.tpu
-
-    def typed(*arrays: jax.Array) -> tuple[jax.Array, ...]:
-        return _as_tuple(fn(*arrays))
-
-    return torch.tpu.pallas.jax_op(f"{NAMESPACE}::tpu_{id(fn)}", typed)  # type: ignore[attr-defined]
 
 
 def jax_op(
@@ -193,23 +182,22 @@ def jax_op(
         fn = jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
     out_list = list(out_specs) if isinstance(out_specs, (tuple, list)) else [out_specs]
-    # Built once each: the forward and one vjp per set of differentiated inputs, jitted for
-    # JAX's own devices or registered with torch_tpu for the tpu lane.
-    built: dict[tuple[str, tuple[int, ...] | None], Callable[..., Any]] = {}
+    # Jitted once each: the forward and one vjp per set of differentiated inputs.
+    jitted: dict[tuple[int, ...] | None, Callable[..., Any]] = {}
 
     def run(
         wrt: tuple[int, ...] | None, tensors: list[torch.Tensor], specs: Sequence[Any] | None
     ) -> list[torch.Tensor]:
-        on_tpu = tensors[0].device.type == "tpu"
-        key = ("tpu" if on_tpu else "jax", wrt)
-        if key not in built:
+        if tensors[0].device.type == "tpu":
+            raise RuntimeError(
+                f"{qualified} runs tensors on the tpu device through its torch_tpu ops (JaxOp.tpu); "
+                "call the JaxOp, not its forward_op."
+            )
+        if wrt not in jitted:
             import jax
 
-            function = fn if wrt is None else _vjp_function(fn, n_inputs, list(wrt))
-            built[key] = _tpu_delegate(function) if on_tpu else jax.jit(function)
-        if on_tpu:
-            return list(built[key](*tensors))
-        return _run(built[key], tensors, specs, mesh)
+            jitted[wrt] = jax.jit(fn if wrt is None else vjp_function(fn, n_inputs, list(wrt)))
+        return _run(jitted[wrt], tensors, specs, mesh)
 
     @torch.library.custom_op(qualified, mutates_args=())
     def forward_op(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -219,33 +207,22 @@ def jax_op(
     def _(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         import jax
 
-        shapes = _as_tuple(jax.eval_shape(fn, *_shape_structs(inputs)))
+        shapes = as_tuple(jax.eval_shape(fn, *shape_structs(inputs)))
         return [torch.empty(s.shape, dtype=_torch_dtype(s.dtype), device=inputs[0].device) for s in shapes]
 
     @torch.library.custom_op(f"{qualified}_backward", mutates_args=())
     def backward_op(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         specs = None if in_specs is None else [*in_specs, *out_list]
-        return run(tuple(_floating(tensors[:n_inputs])), tensors, specs)
+        return run(tuple(floating_indices(tensors[:n_inputs])), tensors, specs)
 
     @backward_op.register_fake
     def _(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         # Contiguous, as the real gradients come out of JAX (``empty_like`` would keep a
         # transposed input's strides, and views traced on those fail on the real tensors).
         return [torch.empty(tensors[i].shape, dtype=tensors[i].dtype, device=tensors[i].device)
-                for i in _floating(tensors[:n_inputs])]  # fmt: skip
+                for i in floating_indices(tensors[:n_inputs])]  # fmt: skip
 
-    def setup_context(ctx: Any, inputs: tuple[list[torch.Tensor]], output: list[torch.Tensor]) -> None:
-        ctx.save_for_backward(*inputs[0])
-        ctx.output_like = [torch.empty_like(o, device="meta") for o in output]
-
-    def backward(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[list[torch.Tensor | None]]:
-        inputs = list(ctx.saved_tensors)
-        cotangents = [
-            g if g is not None else torch.zeros(like.shape, dtype=like.dtype, device=inputs[0].device)
-            for g, like in zip(grads, ctx.output_like, strict=True)
-        ]
-        input_grads = iter(backward_op(inputs + cotangents))
-        return ([next(input_grads) if t.is_floating_point() else None for t in inputs],)
-
-    forward_op.register_autograd(backward, setup_context=setup_context)
-    return JaxOp(qualified, fn, forward_op, backward_op, None if mesh is not None else shard)
+    register_jax_autograd(forward_op, backward_op, packed=True)
+    # No torch_tpu path for a kernel split over a JAX mesh: those run on the xla lane's arrays.
+    tpu = TpuKernel(qualified, fn, n_inputs) if mesh is None else None
+    return JaxOp(qualified, fn, forward_op, backward_op, tpu, None if mesh is not None else shard)

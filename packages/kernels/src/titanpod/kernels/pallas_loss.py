@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from titanpod.kernels.jax_op import JaxOp, jax_op
+from titanpod.kernels.jax_op import JaxOp, jax_op, pallas_interpret
 from titanpod.kernels.mesh_split import batch_axes
 from titanpod.models import IGNORE_INDEX
 
@@ -33,7 +33,7 @@ class PallasLossConfig:
     block_vocab: int = 512
     """Vocabulary entries per tile (the vocabulary is padded to a multiple and masked)."""
     interpret: bool | None = None
-    """Run Pallas in interpret mode; ``None`` does so unless JAX's default backend is a TPU."""
+    """Run Pallas in interpret mode; ``None`` does so unless the tensors are on a TPU (see ``pallas_interpret``)."""
 
 
 def _logits_tile(h: Any, w: Any, v: Any, block_v: int, vocab: int) -> tuple[Any, Any]:
@@ -107,13 +107,13 @@ def _grad_w_kernel(h_ref, w_ref, labels_ref, lse_ref, scale_ref, dw_ref, *, bloc
     dw_ref[...] += jnp.dot(d.T.astype(h_ref.dtype), h_ref[...], preferred_element_type=jnp.float32)
 
 
-def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int) -> Any:
-    """A JAX function ``(h_NM, w_VM, labels_N) -> mean loss`` with a Pallas forward and backward."""
+def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int, interpret: bool) -> Any:
+    """A JAX function ``(h_NM, w_VM, labels_N) -> mean loss`` with a Pallas forward and backward
+    (run in Pallas interpret mode when ``interpret``)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    interpret = config.interpret if config.interpret is not None else jax.default_backend() != "tpu"
     bv = config.block_vocab
     v_pad = -vocab % bv
     n_v = (vocab + v_pad) // bv
@@ -216,9 +216,10 @@ class PallasLinearCrossEntropy:
             raise TypeError(f"The Pallas loss takes float32 or bfloat16 hidden states and head of one dtype, got "
                             f"{h_BSM.dtype} and {weight_VM.dtype}.")  # fmt: skip
         vocab, dim = weight_VM.shape
-        key = (vocab, dim, h_BSM.dtype)
+        interpret = pallas_interpret(self.config.interpret, h_BSM.device)
+        key = (vocab, dim, h_BSM.dtype, interpret)
         if key not in self._ops:
-            fn = make_pallas_cross_entropy(self.config, vocab, dim)
+            fn = make_pallas_cross_entropy(self.config, vocab, dim, interpret)
             name = f"pallas_ce_{id(self)}_{vocab}_{dim}_{str(h_BSM.dtype).split('.')[-1]}"
             self._ops[key] = jax_op(name, fn, shard=_per_shard)
         labels = labels_BS.reshape(-1).to(torch.int32)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from titanpod.kernels.jax_op import JaxOp, jax_op
+from titanpod.kernels.jax_op import JaxOp, jax_op, pallas_interpret
 from titanpod.kernels.mesh_split import batch_axes, head_axis
 from titanpod.models import document_causal_mask
 
@@ -38,15 +38,7 @@ class SplashConfig:
     window: int | None = None
     """Local attention: each query sees itself and the ``window`` keys before it; ``None`` is plain causal."""
     interpret: bool | None = None
-    """Run Pallas in interpret mode; ``None`` does so unless JAX's default backend is a TPU."""
-
-
-def _interpret(config: SplashConfig) -> bool:
-    if config.interpret is not None:
-        return config.interpret
-    import jax
-
-    return jax.default_backend() != "tpu"
+    """Run Pallas in interpret mode; ``None`` does so unless the tensors are on a TPU (see ``pallas_interpret``)."""
 
 
 @dataclass
@@ -58,14 +50,15 @@ class SplashAttention:
     """Mask and tiles."""
     _ops: dict[tuple[Any, ...], JaxOp] = field(default_factory=dict, repr=False)
 
-    def _op(self, S: int, G: int, D: int, dtype: torch.dtype, documents: bool) -> JaxOp:
-        key = (S, G, D, dtype, documents)
+    def _op(self, S: int, G: int, D: int, dtype: torch.dtype, documents: bool, device: torch.device) -> JaxOp:
+        interpret = pallas_interpret(self.config.interpret, device)
+        key = (S, G, D, dtype, documents, interpret)
         if key not in self._ops:
             name = f"splash_{id(self)}_{S}_{G}_{D}_{str(dtype).split('.')[-1]}{'_documents' if documents else ''}"
-            self._ops[key] = jax_op(name, self._kernel(S, G, D, documents), shard=_per_shard)
+            self._ops[key] = jax_op(name, self._kernel(S, G, D, documents, interpret), shard=_per_shard)
         return self._ops[key]
 
-    def _kernel(self, S: int, G: int, D: int, documents: bool) -> Any:
+    def _kernel(self, S: int, G: int, D: int, documents: bool, interpret: bool) -> Any:
         import jax
         from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
@@ -89,7 +82,7 @@ class SplashAttention:
         # must be concrete arrays, not values of whichever trace happened to build it first.
         with jax.ensure_compile_time_eval():
             kernel = splash.make_splash_mqa_single_device(
-                mask=splash.MultiHeadMask([head_mask] * G), block_sizes=tiles, interpret=_interpret(self.config)
+                mask=splash.MultiHeadMask([head_mask] * G), block_sizes=tiles, interpret=interpret
             )
 
         def attention(q_BHSD: Any, k_BKSD: Any, v_BKSD: Any) -> Any:
@@ -123,7 +116,7 @@ class SplashAttention:
         if q_BHSD.dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(f"Splash attention runs in float32 or bfloat16, not {q_BHSD.dtype}.")
         if document_ids_BS is None:
-            return self._op(S, H // K, D, q_BHSD.dtype, False)(q_BHSD, k_BKSD, v_BKSD)
+            return self._op(S, H // K, D, q_BHSD.dtype, False, q_BHSD.device)(q_BHSD, k_BKSD, v_BKSD)
         if tuple(document_ids_BS.shape) != (B, S) or document_ids_BS.is_floating_point():
             raise ValueError(
                 f"Splash attention needs integer document ids of shape [{B}, {S}] (one per token), "
@@ -131,7 +124,7 @@ class SplashAttention:
             )
         # The kernel's segment ids are int32; ids relative to each row's smallest keep "same document" exact.
         ids_BS = (document_ids_BS - document_ids_BS.amin(dim=1, keepdim=True)).to(torch.int32)
-        return self._op(S, H // K, D, q_BHSD.dtype, True)(q_BHSD, k_BKSD, v_BKSD, ids_BS)
+        return self._op(S, H // K, D, q_BHSD.dtype, True, q_BHSD.device)(q_BHSD, k_BKSD, v_BKSD, ids_BS)
 
 
 def _per_shard(fn: Any, mesh: Any, q_BHSD: Any, k_BKSD: Any, _v_BKSD: Any, *ids_BS: Any) -> Any:
