@@ -134,7 +134,8 @@ def print_summary(console: Console, result: PretrainResult) -> None:
         table.add_row(f"loss, last {window} steps (mean)", f"{statistics.fmean(losses[-window:]):.4f}")
     table.add_row("tokens/s (after step 1)", f"{summary.tokens_per_second:,.0f}")
     table.add_row("MFU", f"{summary.mfu:.1%}")
-    table.add_row("peak memory", f"{summary.peak_memory_gib:.2f} GiB")
+    peak = summary.peak_memory_gib
+    table.add_row("peak memory", "unavailable" if peak is None else f"{peak:.2f} GiB")
     table.add_row("wall time", f"{summary.wall_seconds:.1f} s")
     console.print(table)
     console.print(f"run directory: {result.run_dir} (recipe.json, metrics.jsonl, tensorboard/)", soft_wrap=True)

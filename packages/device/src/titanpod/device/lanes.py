@@ -105,9 +105,9 @@ def unavailable_reason(lane: str) -> str | None:
     if lane == "tpu":
         if not module_installed("torch_tpu"):
             return (
-                "lane 'tpu' needs torch_tpu, which is not installed. On a TPU VM run: "
-                "pip install 'titanpod-device[tpu]'. Do not install it where there is no TPU: "
-                "without libtpu, `import torch` fails."
+                "lane 'tpu' needs torch_tpu, which is not installed. On a TPU VM install the tpu "
+                "environment: uv sync --locked --project envs/tpu (or pip install 'titanpod-device[tpu]'). "
+                "Do not install it where there is no TPU: without libtpu, `import torch` fails."
             )
         if not tpu_attached():
             return (

@@ -11,23 +11,36 @@ from dataclasses import dataclass
 class MemoryStats:
     """Memory use of the device a process drives, in bytes."""
 
-    current_bytes: int
-    """Bytes in use now."""
-    peak_bytes: int
-    """Most bytes in use since the start (or since the last reset, where the lane has one)."""
+    current_bytes: int | None
+    """Bytes in use now; ``None`` when the lane cannot tell (``kind`` is ``unavailable``)."""
+    peak_bytes: int | None
+    """Most bytes in use since the start (or since the last reset, where the lane has one); ``None`` when unknown."""
     limit_bytes: int | None
     """Capacity of the device, when known."""
     kind: str
-    """``device`` for accelerator memory, ``host`` for the process's resident set."""
+    """``device`` for accelerator memory, ``host`` for the process's resident set, ``unavailable``
+    where the accelerator does not report its memory (never host figures in its place)."""
+    reason: str = ""
+    """Why the figures are unavailable (empty otherwise)."""
+
+    @property
+    def peak_gib(self) -> float | None:
+        """``peak_bytes`` in GiB; ``None`` when unavailable."""
+        return None if self.peak_bytes is None else self.peak_bytes / 1024**3
 
     def as_gib(self) -> dict[str, float | None]:
-        """The figures in GiB, for printing and logs."""
+        """The figures in GiB, for printing and logs (``None`` for those not known)."""
         gib = 1024**3
         return {
-            "current_gib": self.current_bytes / gib,
-            "peak_gib": self.peak_bytes / gib,
+            "current_gib": None if self.current_bytes is None else self.current_bytes / gib,
+            "peak_gib": self.peak_gib,
             "limit_gib": None if self.limit_bytes is None else self.limit_bytes / gib,
         }
+
+
+def unavailable_memory_stats(reason: str, limit_bytes: int | None = None) -> MemoryStats:
+    """Statistics of a device that does not report its memory use: no figures, and why."""
+    return MemoryStats(None, None, limit_bytes, "unavailable", reason)
 
 
 def host_memory_stats() -> MemoryStats:

@@ -49,8 +49,8 @@ class TrainSummary:
     """Whole-job throughput over all steps but the first (which includes warm-up)."""
     mfu: float
     """Model FLOPs utilisation over the same steps."""
-    peak_memory_gib: float
-    """Peak memory of this process's device."""
+    peak_memory_gib: float | None
+    """Peak memory of this process's device; ``None`` where the device does not report it."""
     wall_seconds: float
     """Wall time of the loop."""
     interrupted: bool = False
@@ -204,7 +204,7 @@ def train(
                         tokens_per_second=tps,
                         tflops_per_second=flops_per_token * tps / devices / 1e12,
                         mfu=mfu(flops_per_token, tps, devices, peak),
-                        peak_memory_gib=backend.memory_stats().peak_bytes / 1024**3,
+                        peak_memory_gib=backend.memory_stats().peak_gib,
                         elapsed_seconds=now - start,
                         skipped_steps=len(skipped),
                         dropped_tokens=sum(dropped) if dropped else None,
@@ -236,7 +236,7 @@ def train(
         losses=losses,
         tokens_per_second=tps_all,
         mfu=mfu(flops_per_token, tps_all, devices, peak),
-        peak_memory_gib=backend.memory_stats().peak_bytes / 1024**3,
+        peak_memory_gib=backend.memory_stats().peak_gib,
         wall_seconds=end - start,
         interrupted=interrupted,
         reports=reports,

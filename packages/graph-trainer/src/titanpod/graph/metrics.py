@@ -36,8 +36,9 @@ class StepMetrics:
     """Model TFLOP/s per device over the covered steps."""
     mfu: float
     """Model FLOPs utilisation over the covered steps (0..1)."""
-    peak_memory_gib: float
-    """Peak memory of this process's device so far (host RSS on a CPU)."""
+    peak_memory_gib: float | None
+    """Peak memory of this process's device so far (host RSS on a CPU); ``None`` (left out of the
+    logs) where the device does not report it."""
     elapsed_seconds: float
     """Wall time since training started."""
     skipped_steps: int = 0

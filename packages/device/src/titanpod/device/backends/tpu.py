@@ -3,6 +3,11 @@
 torch_tpu registers ``torch.device("tpu")`` as a PyTorch accelerator, so device work goes
 through the generic ``torch.accelerator`` API. Compile with ``backend="tpu"`` explicitly:
 torch_tpu patches ``torch.compile``'s default.
+
+torch's device-backend autoload (``TORCH_DEVICE_BACKEND_AUTOLOAD``, on unless set to 0) calls
+torch_tpu's loader at ``import torch``; with autoload off nothing does, so the backend calls the
+same loader itself (``register_tpu_device``). Either way the loader registers the device only
+where its PCI scan finds TPU chips.
 """
 
 from __future__ import annotations
@@ -14,10 +19,39 @@ import torch
 
 from titanpod.device.backend import Backend
 from titanpod.device.chips import ChipSpec, chip_by_name
-from titanpod.device.memory import MemoryStats, host_memory_stats
+from titanpod.device.errors import LaneUnavailableError
+from titanpod.device.memory import MemoryStats, unavailable_memory_stats
 
 TPU_TYPE_ENV_VARS = ("TPU_ACCELERATOR_TYPE", "ACCELERATOR_TYPE")
 """Environment variables a TPU VM sets to its slice type, e.g. ``v5p-128``."""
+
+
+def tpu_device_registered() -> bool:
+    """Whether ``torch.device("tpu")`` names a registered device in this process."""
+    return torch._C._get_privateuse1_backend_name() == "tpu"
+
+
+def register_tpu_device() -> None:
+    """Make ``torch.device("tpu")`` usable, with torch's autoload on or off.
+
+    Runs torch_tpu's loader (the entry point torch's autoload would call; a no-op once loaded).
+    Raises ``LaneUnavailableError`` naming the cause where torch_tpu is missing or finds no chips.
+    """
+    if tpu_device_registered():
+        return
+    try:
+        from torch_tpu import _loader
+    except ImportError as error:
+        raise LaneUnavailableError(
+            f"The tpu lane needs torch_tpu ({error}). On a TPU VM install the tpu environment: "
+            "uv sync --locked --project envs/tpu (see the README's TPU section)."
+        ) from error
+    _loader.load()
+    if not tpu_device_registered():
+        raise LaneUnavailableError(
+            "torch_tpu is installed but registered no tpu device: it found no TPU chips on this machine. "
+            "Run on a TPU VM, or pick another lane (--device.lane cpu, cuda or xla)."
+        )
 
 
 class TpuBackend(Backend):
@@ -29,7 +63,7 @@ class TpuBackend(Backend):
     compile_backend = "tpu"
 
     def __init__(self) -> None:
-        import torch_tpu  # noqa: F401 - registers the tpu device when autoload is off
+        register_tpu_device()
 
     def device_count(self) -> int:
         """TPU devices visible to this process."""
@@ -40,13 +74,15 @@ class TpuBackend(Backend):
         torch.accelerator.synchronize()
 
     def memory_stats(self) -> MemoryStats:
-        """Device memory from ``torch.accelerator.memory``; host memory if torch_tpu lacks it."""
+        """Device memory from ``torch.accelerator.memory``; ``unavailable`` (with the reason) where
+        torch_tpu does not report it. Host memory is never passed off as the TPU's."""
+        limit = _chip_memory_or_none()
         try:
             current = torch.accelerator.memory.memory_allocated()
             peak = torch.accelerator.memory.max_memory_allocated()
-        except (RuntimeError, NotImplementedError, AttributeError):
-            return host_memory_stats()
-        return MemoryStats(current, peak, self.chip().memory_bytes, "device")
+        except (RuntimeError, NotImplementedError, AttributeError) as error:
+            return unavailable_memory_stats(f"torch_tpu does not report device memory: {error}", limit)
+        return MemoryStats(current, peak, limit, "device")
 
     def reset_peak_memory(self) -> None:
         """Reset the peak counter, where torch_tpu supports it."""
@@ -55,10 +91,22 @@ class TpuBackend(Backend):
 
     def chip(self) -> ChipSpec:
         """The TPU generation, from the slice type the VM advertises."""
-        for var in TPU_TYPE_ENV_VARS:
-            if os.environ.get(var):
-                return chip_by_name(os.environ[var])
-        raise KeyError(
-            "Cannot tell which TPU generation this is: none of "
-            f"{', '.join(TPU_TYPE_ENV_VARS)} is set. Set TPU_ACCELERATOR_TYPE (e.g. v5p-128)."
-        )
+        return tpu_chip_from_environment()
+
+
+def tpu_chip_from_environment() -> ChipSpec:
+    """The TPU generation named by the slice type the VM advertises (``TPU_ACCELERATOR_TYPE``)."""
+    for var in TPU_TYPE_ENV_VARS:
+        if os.environ.get(var):
+            return chip_by_name(os.environ[var])
+    raise KeyError(
+        "Cannot tell which TPU generation this is: none of "
+        f"{', '.join(TPU_TYPE_ENV_VARS)} is set. Set TPU_ACCELERATOR_TYPE (e.g. v5p-128)."
+    )
+
+
+def _chip_memory_or_none() -> int | None:
+    try:
+        return tpu_chip_from_environment().memory_bytes
+    except KeyError:
+        return None
