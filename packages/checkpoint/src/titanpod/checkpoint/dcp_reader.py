@@ -1,9 +1,10 @@
 """Reading torch.distributed.checkpoint folders without unpickling arbitrary objects.
 
-DCP stores its ``.metadata`` file as a pickle. ``SafeFileSystemReader`` reads it with an
+DCP stores its ``.metadata`` file as a pickle. ``SafeFileSystemReader`` (local folders) and
+``SafeFsspecReader`` (fsspec URLs: ``gs://``, ``memory://``, ``file://``) read it with an
 unpickler that accepts only the classes DCP metadata is made of (DCP's own dataclasses,
-``torch.Size``, dtypes, plain containers), so a crafted file cannot run code on load.
-Tensor data is read as raw bytes, as DCP always does.
+``torch.Size``, dtypes, plain containers), so a crafted file cannot run code on load;
+``safe_reader`` picks the one a location needs. Tensor data is read as raw bytes, as DCP always does.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+from titanpod.checkpoint.locations import Location, filesystem, is_url
 
 _ALLOWED_MODULE_PREFIXES = ("torch.distributed.checkpoint.",)
 _ALLOWED_GLOBALS = {
@@ -58,8 +62,9 @@ def load_metadata_bytes(data: bytes) -> Metadata:
     return metadata
 
 
-class SafeFileSystemReader(FileSystemReader):
-    """``FileSystemReader`` whose metadata is read with the restricted unpickler."""
+class _SafeMetadata(FileSystemReader):
+    """The restricted metadata read, shared by the local and the fsspec reader (both ``FileSystemReader``s
+    that differ only in the filesystem behind ``self.fs``)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """The checkpoint's DCP metadata, built only from allowed classes."""
@@ -72,12 +77,28 @@ class SafeFileSystemReader(FileSystemReader):
         return metadata
 
 
+class SafeFileSystemReader(_SafeMetadata):
+    """``FileSystemReader`` (a local folder) whose metadata is read with the restricted unpickler."""
+
+
+class SafeFsspecReader(_SafeMetadata, FsspecReader):
+    """``FsspecReader`` (an fsspec URL) whose metadata is read with the restricted unpickler."""
+
+
+def safe_reader(folder: Location) -> FileSystemReader:
+    """The safe DCP reader of ``folder``: ``SafeFsspecReader`` for a URL, ``SafeFileSystemReader`` for a local path."""
+    if is_url(folder):
+        filesystem(str(folder))  # a clear error when the URL's filesystem is not installed
+        return SafeFsspecReader(str(folder))
+    return SafeFileSystemReader(folder)
+
+
 def tensor_shapes(folder: Any, metadata: Metadata | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Every tensor a DCP folder holds: flattened key -> (global shape, dtype), from its metadata
     (read from ``folder`` unless already read and passed as ``metadata``)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    metadata = metadata or SafeFileSystemReader(folder).read_metadata()
+    metadata = metadata or safe_reader(folder).read_metadata()
     return {
         key: (tuple(entry.size), entry.properties.dtype)
         for key, entry in metadata.state_dict_metadata.items()

@@ -3,3 +3,7 @@
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint's tensors do not match the model: lists what is missing, extra or mis-shaped."""
+
+
+class CheckpointError(ValueError):
+    """A trainer checkpoint cannot be used: what is wrong with it, and what to do."""

@@ -11,6 +11,10 @@ DCP checkpoints, as nested dicts (so parameter names keep their dots)::
 bit for bit (bfloat16 goes through ``ml_dtypes``). Orbax uses ``PyTreeCheckpointer``
 (orbax-checkpoint's synchronous checkpointer: a save has finished when it returns).
 jax and orbax are imported inside the functions only, so importing titanpod.checkpoint never loads jax.
+
+Orbax reads and writes local folders and the object-store URLs its paths (etils epath) open:
+``gs://`` and ``s3://``; a ``file://`` URL is handed to it as the local path it names. Any other
+URL (``memory://``, ...) is refused with ``CheckpointError`` naming the forms that work.
 """
 
 from __future__ import annotations
@@ -23,11 +27,16 @@ import numpy as np
 import torch
 
 from titanpod.checkpoint.dcp_reader import SafeFileSystemReader, quiet_single_process, tensor_shapes
+from titanpod.checkpoint.errors import CheckpointError
+from titanpod.checkpoint.locations import Location, exists, is_dir, is_file, join, local_path, url_scheme
 
 ORBAX_METADATA_FILE = "_METADATA"
 """The tree-structure file every Orbax PyTree checkpoint folder holds."""
 DCP_METADATA_FILE = ".metadata"
 """The metadata file every torch.distributed.checkpoint folder holds."""
+
+ORBAX_URL_SCHEMES = ("gs", "s3")
+"""URL schemes Orbax opens itself (through etils epath); ``file://`` goes to it as a local path."""
 
 # Dtypes numpy has no name for: torch dtype -> (its ml_dtypes name, the integer dtype of the same width).
 _EXTENSION_DTYPES = {torch.bfloat16: ("bfloat16", torch.int16)}
@@ -37,10 +46,11 @@ class NotACheckpointError(FileNotFoundError):
     """A folder that should hold an Orbax or DCP checkpoint is missing or holds something else."""
 
 
-def save_orbax_state(folder: Path, tree: dict) -> None:
+def save_orbax_state(folder: Location, tree: dict) -> None:
     """Write ``tree`` (nested dicts of jax or numpy arrays) as an Orbax checkpoint in ``folder``; returns when written.
 
-    Sharded jax arrays are written shard by shard. ``folder`` must not exist yet.
+    Sharded jax arrays are written shard by shard. ``folder`` (a local path, or a ``gs://``, ``s3://`` or
+    ``file://`` URL) must not exist yet.
     """
     import orbax.checkpoint as ocp
 
@@ -48,8 +58,9 @@ def save_orbax_state(folder: Path, tree: dict) -> None:
     ocp.PyTreeCheckpointer().save(folder, args=ocp.args.PyTreeSave(tree))
 
 
-def restore_orbax_state(folder: Path, like: dict | None = None) -> dict:
-    """Read the Orbax checkpoint in ``folder`` as nested dicts of arrays.
+def restore_orbax_state(folder: Location, like: dict | None = None) -> dict:
+    """Read the Orbax checkpoint in ``folder`` (a local path, or a URL as ``save_orbax_state`` takes) as nested
+    dicts of arrays.
 
     With ``like`` (a tree of the same structure holding jax arrays, e.g. ``XlaStep.state_dict()``),
     each array is read straight onto the sharding of its counterpart in ``like``; without
@@ -122,20 +133,34 @@ def load_dcp_state(folder: Path) -> dict:
     return state
 
 
-def _checked_folder(folder: Path, marker: str, expected: str) -> Path:
-    """``folder`` resolved, after checking it exists and holds ``marker`` (else ``NotACheckpointError``)."""
-    folder = Path(folder).resolve()
-    if not folder.is_dir():
+def orbax_location(folder: Location) -> Path | str:
+    """``folder`` as Orbax takes it: a resolved local path (also for a ``file://`` URL), or a ``gs://`` / ``s3://``
+    URL; ``CheckpointError`` for any other URL, which Orbax cannot open."""
+    local = local_path(folder)
+    if local is not None:
+        return Path(local).resolve()
+    if url_scheme(folder) in ORBAX_URL_SCHEMES:
+        return str(folder)
+    raise CheckpointError(
+        f"Orbax (the xla lane's checkpoints) cannot write to {folder}: it opens local folders, file:// URLs and "
+        f"{', '.join(f'{scheme}://' for scheme in ORBAX_URL_SCHEMES)} URLs. Choose one of those for --checkpoint.dir."
+    )
+
+
+def _checked_folder(folder: Location, marker: str, expected: str) -> Path | str:
+    """``folder`` as Orbax takes it, after checking it exists and holds ``marker`` (else ``NotACheckpointError``)."""
+    folder = orbax_location(folder)
+    if not is_dir(folder):
         raise NotACheckpointError(f"{folder} does not exist (or is not a folder); expected {expected} there.")
-    if not (folder / marker).is_file():
+    if not is_file(join(folder, marker)):
         raise NotACheckpointError(f"{folder} is not {expected}: it has no {marker} file.")
     return folder
 
 
-def _new_folder(folder: Path, what: str) -> Path:
-    """``folder`` resolved, after checking nothing is there yet (``what`` is written to a new folder)."""
-    folder = Path(folder).resolve()
-    if folder.exists():
+def _new_folder(folder: Location, what: str) -> Path | str:
+    """``folder`` as Orbax takes it, after checking nothing is there yet (``what`` is written to a new folder)."""
+    folder = orbax_location(folder)
+    if exists(folder):
         raise FileExistsError(f"{folder} already exists; {what} is written to a new folder.")
     return folder
 

@@ -14,19 +14,28 @@ the xla step holds parameters and optimizer state as jax arrays, and its ``state
 ``orbax/`` (orbax-checkpoint) in the same nested layout instead of ``state/``;
 ``titanpod.checkpoint.orbax_state`` converts between the two forms. Orbax saves are synchronous.
 
-Saving writes into ``.step-NNNNNN.partial/`` and renames it when complete, so a folder
-named ``step-*`` is always whole; a save killed midway leaves only a ``.partial`` folder,
-removed with a message the next time the run starts. Saves can run in the background
-(``async_save``): tensors are copied to host memory, training goes on, and the folder
-appears when the write has finished.
+Checkpoints go to ``<run>/checkpoints`` unless ``checkpoint.dir`` names another place: any local
+path or fsspec URL (``--checkpoint.dir gs://bucket/run/checkpoints``; ``gs://`` needs gcsfs,
+``pip install titanpod-checkpoint[gcs]``). DCP writes and reads URLs through fsspec, with the
+same restricted metadata unpickler as local folders; Orbax opens ``gs://``, ``s3://`` and
+``file://`` (see ``titanpod.checkpoint.orbax_state``).
+
+A save is complete when its ``COMMITTED`` marker (the step and the SHA-256 of ``trainer.json``)
+is written, last, after every rank's files and ``trainer.json``
+(``titanpod.checkpoint.step_folders``). Locally, saving writes into ``.step-NNNNNN.partial/``
+and renames it when complete, so a folder named ``step-*`` is always whole; a save killed
+midway leaves only a ``.partial`` folder. Object stores have no rename: at a URL the save
+writes straight into ``step-NNNNNN/``, and a step folder without its marker is a save that did
+not finish: resume ignores it, naming it. Either kind of leftover is removed with a message the
+next time the run starts; pruning (``keep_last``) deletes a folder's marker before the rest.
+Saves can run in the background (``async_save``): tensors are copied to host memory, training
+goes on, and the checkpoint becomes complete when the write has finished.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -38,18 +47,56 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from titanpod.checkpoint.dcp_reader import SafeFileSystemReader, quiet_single_process
+from titanpod.checkpoint.dcp_reader import quiet_single_process, safe_reader
+from titanpod.checkpoint.errors import CheckpointError
+from titanpod.checkpoint.locations import (
+    Location,
+    as_location,
+    exists,
+    file_sizes,
+    filesystem,
+    is_dir,
+    is_file,
+    is_url,
+    join,
+    local_path,
+    make_folder,
+    parent,
+    read_bytes,
+    remove_tree,
+    write_bytes,
+)
+from titanpod.checkpoint.step_folders import (
+    COMMIT_MARKER,
+    TRAINER_FILE,
+    check_marker,
+    complete_checkpoints,
+    needs_marker,
+    step_folder_name,
+    unfinished_message,
+    unfinished_saves,
+    write_marker,
+)
 from titanpod.graph import TrainStep
+
+__all__ = [
+    "COMMIT_MARKER",
+    "ORBAX_FOLDER",
+    "STATE_FOLDER",
+    "TRAINER_FILE",
+    "CheckpointConfig",
+    "CheckpointError",
+    "Checkpointer",
+    "ResumePoint",
+    "check_same_run",
+    "complete_checkpoints",
+    "read_trainer_file",
+    "trainer_state_dict",
+]
 
 FORMAT_VERSION = 1
 STATE_FOLDER = "state"
 ORBAX_FOLDER = "orbax"
-TRAINER_FILE = "trainer.json"
-_STEP_FOLDER = re.compile(r"^step-(\d{6,})$")
-
-
-class CheckpointError(ValueError):
-    """A trainer checkpoint cannot be used: what is wrong with it, and what to do."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +116,10 @@ class CheckpointConfig:
     ``never``: start fresh (existing checkpoints are left alone); or the path of a checkpoint folder."""
     export_hf: bool = False
     """After the last step, also export the model as Hugging Face sharded safetensors to ``<run>/hf``."""
+    dir: str = ""
+    """Where checkpoints go: ``""`` means ``<run>/checkpoints``; else any local path or fsspec URL, such as
+    ``gs://bucket/run/checkpoints`` (needs gcsfs), ``memory://run`` or ``file:///data/run/checkpoints``.
+    At a URL a save is complete once its ``COMMITTED`` marker is written (there is no rename)."""
 
     def __post_init__(self) -> None:
         if self.every < 0 or self.keep_last < 0:
@@ -79,8 +130,8 @@ class CheckpointConfig:
 class ResumePoint:
     """What a loaded checkpoint says about where to continue."""
 
-    folder: Path
-    """The checkpoint folder."""
+    folder: Location
+    """The checkpoint folder (a ``Path``, or a URL string)."""
     step: int
     """Optimizer steps already done."""
     data_state: dict[str, Any]
@@ -101,22 +152,6 @@ def trainer_state_dict(model: nn.Module, step: TrainStep) -> dict[str, Any]:
     return {"model": params, "optim": step.state_dict(), "rng": {"torch_cpu": torch.get_rng_state()}}
 
 
-def complete_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    """The complete checkpoints in ``folder`` (``step-NNNNNN`` with a trainer file), oldest first."""
-    if not folder.is_dir():
-        return []
-    found = []
-    for path in folder.iterdir():
-        match = _STEP_FOLDER.match(path.name)
-        if match and (path / TRAINER_FILE).is_file():
-            found.append((int(match.group(1)), path))
-    return sorted(found)
-
-
-def _manifest(folder: Path) -> dict[str, int]:
-    return {str(path.relative_to(folder)): path.stat().st_size for path in sorted(folder.rglob("*")) if path.is_file()}
-
-
 def _fsync_tree(folder: Path) -> None:
     for path in folder.rglob("*"):
         if path.is_file():
@@ -125,47 +160,64 @@ def _fsync_tree(folder: Path) -> None:
 
 
 class Checkpointer:
-    """Saves and loads trainer checkpoints under ``<run_dir>/checkpoints``.
+    """Saves and loads trainer checkpoints under ``checkpoint.dir`` (default ``<run_dir>/checkpoints``).
 
     Under torchrun every rank calls ``save`` and ``load`` (they are collectives); rank 0
-    alone writes ``trainer.json``, renames folders and deletes old checkpoints.
+    alone writes ``trainer.json`` and the commit marker, renames folders and deletes old checkpoints.
     """
 
     def __init__(self, run_dir: Path, config: CheckpointConfig, recipe_json: str, say: Callable[[str], None]) -> None:
-        self.folder = Path(run_dir) / "checkpoints"
+        self.folder: Location = as_location(config.dir) if config.dir else Path(run_dir) / "checkpoints"
+        """Where the step folders go: a local ``Path`` or a URL."""
+        if is_url(self.folder):
+            filesystem(str(self.folder))  # fail now, not at the first save, when the URL cannot be opened
         self.config = config
         self.recipe_json = recipe_json
         self.say = say
         self.is_main = not dist.is_initialized() or dist.get_rank() == 0
-        self._pending: tuple[Future[Any], Path, int, dict[str, Any]] | None = None
+        self._pending: tuple[Future[Any], Location, int, dict[str, Any]] | None = None
         self._last_saved_step: int | None = None
         self._async_group = None
 
-    def remove_partial(self) -> list[Path]:
-        """Delete folders left by saves that never completed (rank 0); returns them."""
+    def check_step(self, step: TrainStep) -> None:
+        """Refuse now, before training, a step whose state cannot be saved here (an unknown ``state_format``,
+        or Orbax state for a URL Orbax cannot open)."""
+        if _check_format(step, "torch", "jax") == "jax":
+            from titanpod.checkpoint.orbax_state import orbax_location
+
+            orbax_location(join(self.folder, ORBAX_FOLDER))
+
+    def remove_partial(self) -> list[Location]:
+        """Delete what saves that never completed left behind (rank 0); returns those folders."""
         removed = []
-        if self.is_main and self.folder.is_dir():
-            for path in sorted(self.folder.glob(".step-*.partial")):
-                shutil.rmtree(path, ignore_errors=True)
+        if self.is_main:
+            for path in unfinished_saves(self.folder):
+                remove_tree(path)
                 removed.append(path)
-                self.say(f"removed {path}: an incomplete checkpoint (its save was interrupted)")
+                why = f"no {COMMIT_MARKER} marker: a save that did not finish" if needs_marker(self.folder) else None
+                self.say(f"removed {path}: an incomplete checkpoint ({why or 'its save was interrupted'})")
         if dist.is_initialized():
             dist.barrier()
         return removed
 
-    def resume_folder(self) -> Path | None:
+    def resume_folder(self) -> Location | None:
         """The checkpoint ``config.resume`` points at: None to start fresh."""
         if self.config.resume == "never":
             return None
         if self.config.resume != "auto":
-            folder = Path(self.config.resume)
-            if not (folder / TRAINER_FILE).is_file():
+            folder = as_location(self.config.resume)
+            if needs_marker(folder) and not is_file(join(folder, COMMIT_MARKER)):
+                raise CheckpointError(
+                    f"checkpoint.resume={self.config.resume!r} is not a complete checkpoint: "
+                    f"{unfinished_message(folder)}; pass a complete step-NNNNNN folder, 'auto' or 'never'."
+                )
+            if not is_file(join(folder, TRAINER_FILE)):
                 raise CheckpointError(
                     f"checkpoint.resume={self.config.resume!r} is not a complete checkpoint folder "
                     f"(no {TRAINER_FILE}); pass a checkpoints/step-NNNNNN folder, 'auto' or 'never'."
                 )
             return folder
-        found = complete_checkpoints(self.folder)
+        found = complete_checkpoints(self.folder, say=self.say)
         return found[-1][1] if found else None
 
     def save(self, step_number: int, model: nn.Module, step: TrainStep, data_state: dict[str, Any]) -> None:
@@ -178,32 +230,33 @@ class Checkpointer:
         state_format = _check_format(step, "torch", "jax")
         self._last_saved_step = step_number
         self.wait()  # one save in flight at a time
-        final = self.folder / f"step-{step_number:06d}"
-        staging = self.folder / f".{final.name}.partial"
+        final = join(self.folder, step_folder_name(step_number))
+        # Locally into a staging folder renamed when complete; at a URL (no rename) straight into the step folder.
+        target = final if needs_marker(self.folder) else join(self.folder, f".{step_folder_name(step_number)}.partial")
         if self.is_main:
-            if staging.exists():
-                shutil.rmtree(staging)
-            staging.mkdir(parents=True)
+            if exists(target):
+                remove_tree(target, first=COMMIT_MARKER)
+            make_folder(target)
         if dist.is_initialized():
             dist.barrier()
         if state_format == "jax":
             from titanpod.checkpoint.orbax_state import save_orbax_state
 
-            save_orbax_state(staging / ORBAX_FOLDER, step.state_dict())
-            self._finish(staging, step_number, data_state)
+            save_orbax_state(join(target, ORBAX_FOLDER), step.state_dict())
+            self._finish(target, step_number, data_state)
             return
         state = trainer_state_dict(model, step)
-        writer = dcp.FileSystemWriter(staging / STATE_FOLDER, single_file_per_rank=True, sync_files=True)
+        writer = _state_writer(join(target, STATE_FOLDER))
         if self.config.async_save:
             if dist.is_initialized() and self._async_group is None:
                 self._async_group = dist.new_group(backend="gloo")  # the background write's own collectives
             with quiet_single_process():
                 future = dcp.async_save(state, storage_writer=writer, process_group=self._async_group)
-            self._pending = (future, staging, step_number, data_state)
+            self._pending = (future, target, step_number, data_state)
         else:
             with quiet_single_process():
                 dcp.save(state, storage_writer=writer)
-            self._finish(staging, step_number, data_state)
+            self._finish(target, step_number, data_state)
 
     def poll(self) -> None:
         """Finish a background save whose files are written (call between steps)."""
@@ -214,68 +267,86 @@ class Checkpointer:
         """Wait for a background save and make it visible."""
         if self._pending is None:
             return
-        future, staging, step_number, data_state = self._pending
+        future, target, step_number, data_state = self._pending
         self._pending = None
         future.result()
-        self._finish(staging, step_number, data_state)
+        self._finish(target, step_number, data_state)
 
-    def _finish(self, staging: Path, step_number: int, data_state: dict[str, Any]) -> None:
-        if self.is_main:
-            trainer = {
-                "format": FORMAT_VERSION,
-                "step": step_number,
-                "data": data_state,
-                "recipe": json.loads(self.recipe_json),
-                "files": _manifest(staging),
-            }
-            (staging / TRAINER_FILE).write_text(json.dumps(trainer, indent=2) + "\n", encoding="utf-8")
+    def _finish(self, target: Location, step_number: int, data_state: dict[str, Any]) -> None:
+        """Rank 0, once every rank's files are written: ``trainer.json``, then the commit marker (last), then
+        locally the rename; then old checkpoints are pruned."""
+        if not self.is_main:
+            return
+        trainer = {
+            "format": FORMAT_VERSION,
+            "step": step_number,
+            "data": data_state,
+            "recipe": json.loads(self.recipe_json),
+            "files": file_sizes(target),
+        }
+        trainer_bytes = (json.dumps(trainer, indent=2) + "\n").encode()
+        write_bytes(join(target, TRAINER_FILE), trainer_bytes)
+        write_marker(target, step_number, trainer_bytes)
+        final = join(self.folder, step_folder_name(step_number))
+        staging = local_path(target) if not is_url(target) else None
+        if staging is not None:  # locally the folder appears whole, on disk, by its rename
             _fsync_tree(staging)
-            final = self.folder / staging.name.removeprefix(".").removesuffix(".partial")
-            if final.exists():
-                shutil.rmtree(final)
+            if exists(final):
+                remove_tree(final)
             staging.rename(final)
-            self.say(f"saved checkpoint {final}")
-            self._prune()
+        self.say(f"saved checkpoint {final}")
+        self._prune()
 
     def _prune(self) -> None:
         if self.config.keep_last == 0:
             return
         for _, path in complete_checkpoints(self.folder)[: -self.config.keep_last]:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path, first=COMMIT_MARKER)
 
-    def load(self, folder: Path, model: nn.Module, step: TrainStep, recipe: dict[str, Any]) -> ResumePoint:
+    def load(self, folder: Location, model: nn.Module, step: TrainStep, recipe: dict[str, Any]) -> ResumePoint:
         """Load a checkpoint into ``model`` and ``step`` in place (any mesh), after checking it fits."""
+        folder = as_location(folder)
         trainer = read_trainer_file(folder)
         check_same_run(trainer["recipe"], recipe, folder)
         if _check_format(step, "torch", "jax") == "jax":
             return self._load_orbax(folder, step, trainer)
-        if not (folder / STATE_FOLDER).is_dir():
+        if not is_dir(join(folder, STATE_FOLDER)):
             raise CheckpointError(
                 f"{folder} holds no {STATE_FOLDER}/ (torch trainer state); was it saved on the xla lane?"
             )
         state = trainer_state_dict(model, step)
         try:
             with quiet_single_process():
-                dcp.load(state, storage_reader=SafeFileSystemReader(folder / STATE_FOLDER))
+                dcp.load(state, storage_reader=safe_reader(join(folder, STATE_FOLDER)))
         except Exception as error:  # DCP reports missing keys, bad shapes and unreadable data in many types
             raise CheckpointError(
                 f"Cannot load the trainer state in {folder}: {error}. Resume from an earlier checkpoint "
-                f"(--checkpoint.resume {folder.parent}/step-NNNNNN) or start fresh (--checkpoint.resume never)."
+                f"(--checkpoint.resume {parent(folder)}/step-NNNNNN) or start fresh (--checkpoint.resume never)."
             ) from error
         step.load_state_dict(state["optim"])  # DCP loaded into the step's own tensors; this checks them
         torch.set_rng_state(state["rng"]["torch_cpu"])
         return ResumePoint(folder, int(trainer["step"]), trainer["data"], trainer["recipe"])
 
-    def _load_orbax(self, folder: Path, step: TrainStep, trainer: dict[str, Any]) -> ResumePoint:
+    def _load_orbax(self, folder: Location, step: TrainStep, trainer: dict[str, Any]) -> ResumePoint:
         from titanpod.checkpoint.orbax_state import restore_orbax_state
 
-        if not (folder / ORBAX_FOLDER).is_dir():
+        if not is_dir(join(folder, ORBAX_FOLDER)):
             raise CheckpointError(
                 f"{folder} holds no {ORBAX_FOLDER}/ (the xla lane's state); convert its {STATE_FOLDER}/ with "
                 "titanpod.checkpoint.orbax_state.dcp_to_orbax first."
             )
-        step.load_state_dict(restore_orbax_state(folder / ORBAX_FOLDER, like=step.state_dict()))
+        step.load_state_dict(restore_orbax_state(join(folder, ORBAX_FOLDER), like=step.state_dict()))
         return ResumePoint(folder, int(trainer["step"]), trainer["data"], trainer["recipe"])
+
+
+def _state_writer(folder: Location) -> dcp.FileSystemWriter:
+    """The DCP writer of ``folder``: the local one (fsynced files), or fsspec's for a URL (an object is stored
+    when its stream closes; fsspec streams have no file descriptor to fsync)."""
+    if is_url(folder):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        return FsspecWriter(str(folder), single_file_per_rank=True, sync_files=False)
+    return dcp.FileSystemWriter(folder, single_file_per_rank=True, sync_files=True)
 
 
 def _check_format(step: TrainStep, *saved: str) -> str:
@@ -288,20 +359,24 @@ def _check_format(step: TrainStep, *saved: str) -> str:
     return step.state_format
 
 
-def read_trainer_file(folder: Path) -> dict[str, Any]:
-    """``trainer.json`` of a checkpoint, after checking that every file it lists is there, whole."""
-    path = Path(folder) / TRAINER_FILE
+def read_trainer_file(folder: Location) -> dict[str, Any]:
+    """``trainer.json`` of a checkpoint, after checking its commit marker (required at a URL) and that every
+    file it lists is there, whole."""
+    folder = as_location(folder)
+    path = join(folder, TRAINER_FILE)
     try:
-        trainer = json.loads(path.read_text(encoding="utf-8"))
+        trainer_bytes = read_bytes(path)
+        trainer = json.loads(trainer_bytes)
     except (OSError, json.JSONDecodeError) as error:
         raise CheckpointError(
             f"{path} is missing or unreadable ({error}); {folder} is not a usable checkpoint."
         ) from error
+    check_marker(folder, trainer_bytes)
     if trainer.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"{path} has format {trainer.get('format')!r}; this version reads {FORMAT_VERSION}.")
+    sizes = file_sizes(folder)
     for name, size in trainer["files"].items():
-        file = Path(folder) / name
-        found = file.stat().st_size if file.is_file() else None
+        found = sizes.get(name)
         if found != size:
             state = "missing" if found is None else f"{found:,} bytes instead of {size:,}"
             raise CheckpointError(
@@ -311,7 +386,7 @@ def read_trainer_file(folder: Path) -> dict[str, Any]:
     return trainer
 
 
-def check_same_run(saved: dict[str, Any], current: dict[str, Any], folder: Path) -> None:
+def check_same_run(saved: dict[str, Any], current: dict[str, Any], folder: Location) -> None:
     """Refuse a checkpoint of another model or recipe, naming the fields that differ."""
     differences = []
     for section, keys in (("", ("name",)), ("model", ("family", "flavor"))):

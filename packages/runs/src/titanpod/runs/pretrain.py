@@ -58,12 +58,14 @@ def latest_resumable_run(recipe: NamedRun) -> str | None:
 
 def with_resume(recipe: ResumableRun) -> ResumableRun:
     """``--resume``: the recipe set to continue its run (``--output.run-name``, else the newest
-    run of this recipe under ``--output.runs-dir`` that has a complete checkpoint).
+    run of this recipe under ``--output.runs-dir`` that has a complete checkpoint). With
+    ``--checkpoint.dir`` the checkpoints are found there, so no earlier run directory is needed
+    (without one, the resumed run writes its metrics to a new run directory).
 
     ``ValueError`` when there is no such run, saying how to name one or start afresh.
     """
     run_name = recipe.output.run_name or latest_resumable_run(recipe)
-    if run_name is None:
+    if run_name is None and not recipe.checkpoint.dir:
         raise ValueError(
             f"--resume: no run of recipe {recipe.name} under {recipe.output.runs_dir} has a complete checkpoint; "
             "name the run with --output.run-name, or start a new one without --resume."

@@ -115,7 +115,7 @@ class RunSession:
             if recipe.output.tensorboard:
                 self.writers.append(TensorBoardWriter(self.run_dir / TENSORBOARD_FOLDER))
         self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
-        """The trainer-state checkpoints under ``<run>/checkpoints``."""
+        """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
         self.checkpointer.remove_partial()
         self.start_step = 0
         """Steps done before this run started (set by ``resume``)."""
@@ -166,6 +166,7 @@ class RunSession:
         Every rank must call it.
         """
         self.model, self.step = model, step
+        self.checkpointer.check_step(step)  # a state that cannot be saved where checkpoints go fails now
         self._data_state = data_state if data_state is not None else data.state_dict
         folder = self.checkpointer.resume_folder()
         if folder is None:

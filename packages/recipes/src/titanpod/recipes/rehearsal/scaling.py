@@ -224,6 +224,7 @@ def _model_rows(args: DecoderArgs, shape: ModelShape) -> list[Setting]:
 NOTES = {
     "data.path": "a local folder: the built-in corpus in the dataset's layout, same config and splits",
     "data.tokenizer": "the built-in tokenizer (the Hub's is not reachable here)",
+    "checkpoint.dir": "each rehearsal run's own checkpoints/ folder",
 }
 """What a changed setting is shown as, where its new value (a local path) would not say it."""
 
@@ -299,7 +300,7 @@ def scale_recipe(
             log_every=1,
             stop_at_step=0,
         ),
-        checkpoint=dataclasses.replace(recipe.checkpoint, every=STOP_AT, resume="auto"),
+        checkpoint=dataclasses.replace(recipe.checkpoint, every=STOP_AT, resume="auto", dir=""),
         output=dataclasses.replace(recipe.output, runs_dir=str(runs_dir), run_name=None),
     )
     return scaled, settings_rows(recipe, scaled, args, lane)
