@@ -106,36 +106,33 @@ def _require_gcsfs(url: str) -> None:
 def exists(location: Location) -> bool:
     """True when a file or folder is at ``location``."""
     if not is_url(location):
-        location = Path(location)
-        return location.exists()
-    fs, path = filesystem(location)
+        return Path(location).exists()
+    fs, path = filesystem(str(location))
     return fs.exists(path)
 
 
 def is_file(location: Location) -> bool:
     """True when ``location`` is a file."""
     if not is_url(location):
-        location = Path(location)
-        return location.is_file()
-    fs, path = filesystem(location)
+        return Path(location).is_file()
+    fs, path = filesystem(str(location))
     return fs.isfile(path)
 
 
 def is_dir(location: Location) -> bool:
     """True when ``location`` is a folder (on an object store: a prefix that holds objects)."""
     if not is_url(location):
-        location = Path(location)
-        return location.is_dir()
-    fs, path = filesystem(location)
+        return Path(location).is_dir()
+    fs, path = filesystem(str(location))
     return fs.isdir(path)
 
 
 def children(location: Location) -> list[Location]:
     """The entries directly inside the folder ``location`` (none when it does not exist), freshly listed."""
     if not is_url(location):
-        location = Path(location)
-        return sorted(location.iterdir()) if location.is_dir() else []
-    fs, path = filesystem(location)
+        local = Path(location)
+        return sorted(local.iterdir()) if local.is_dir() else []
+    fs, path = filesystem(str(location))
     fs.invalidate_cache(path)  # another process (another rank, an earlier run) may have written since
     if not fs.isdir(path):
         return []
@@ -146,42 +143,36 @@ def children(location: Location) -> list[Location]:
 def read_bytes(location: Location) -> bytes:
     """The contents of the file at ``location`` (``FileNotFoundError`` when it is not there)."""
     if not is_url(location):
-        location = Path(location)
-        return location.read_bytes()
-    fs, path = filesystem(location)
+        return Path(location).read_bytes()
+    fs, path = filesystem(str(location))
     return fs.cat_file(path)
 
 
 def write_bytes(location: Location, data: bytes) -> None:
     """Write ``data`` to the file at ``location``, replacing it (one object written whole on a store)."""
     if not is_url(location):
-        location = Path(location)
-        location.write_bytes(data)
+        Path(location).write_bytes(data)
         return
-    fs, path = filesystem(location)
+    fs, path = filesystem(str(location))
     fs.pipe_file(path, data)
 
 
 def make_folder(location: Location) -> None:
     """Create the folder ``location`` and its parents (a no-op on stores without folders)."""
     if not is_url(location):
-        location = Path(location)
-        location.mkdir(parents=True, exist_ok=True)
+        Path(location).mkdir(parents=True, exist_ok=True)
         return
-    fs, path = filesystem(location)
+    fs, path = filesystem(str(location))
     fs.makedirs(path, exist_ok=True)
 
 
 def file_sizes(folder: Location) -> dict[str, int]:
     """Every file under ``folder`` (recursively) by its ``/``-separated path relative to ``folder`` -> size in bytes."""
     if not is_url(folder):
-        folder = Path(folder)
-        return {
-            path.relative_to(folder).as_posix(): path.stat().st_size
-            for path in sorted(folder.rglob("*"))
-            if path.is_file()
-        }
-    fs, path = filesystem(folder)
+        local = Path(folder)
+        files = [path for path in sorted(local.rglob("*")) if path.is_file()]
+        return {path.relative_to(local).as_posix(): path.stat().st_size for path in files}
+    fs, path = filesystem(str(folder))
     fs.invalidate_cache(path)
     root = path.rstrip("/") + "/"
     found = fs.find(path, detail=True)
@@ -199,12 +190,11 @@ def remove_tree(location: Location, first: str | None = None) -> None:
     first means a deletion cut short leaves a folder readers ignore, never one they trust.
     """
     if not is_url(location):
-        location = Path(location)
         if first is not None:
-            (location / first).unlink(missing_ok=True)
+            Path(location, first).unlink(missing_ok=True)
         shutil.rmtree(location, ignore_errors=True)
         return
-    fs, path = filesystem(location)
+    fs, path = filesystem(str(location))
     if first is not None and fs.exists(f"{path.rstrip('/')}/{first}"):
         fs.rm_file(f"{path.rstrip('/')}/{first}")
     if fs.exists(path):
