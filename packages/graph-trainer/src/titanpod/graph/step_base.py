@@ -117,8 +117,9 @@ class TrainStep(ABC):
         return init_adamw_state(self.params)
 
     def lr_tensor(self, lr: float) -> torch.Tensor:
-        """The learning rate as a 0-d tensor on the step's device."""
-        return torch.tensor(lr, dtype=torch.float32, device=self.state.step.device)
+        """The learning rate as a 0-d tensor on the step's device (a factory op, which fake tensor
+        modes see; ``torch.tensor`` would copy host data to the device even while tracing)."""
+        return torch.full((), lr, dtype=torch.float32, device=self.state.step.device)
 
     def state_dict(self) -> dict[str, Any]:
         """The state this step holds, in the layout ``state_format`` names; here the optimizer state

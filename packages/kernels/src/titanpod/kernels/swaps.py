@@ -9,6 +9,7 @@ from titanpod.kernels.chunked_loss import chunked_linear_cross_entropy
 from titanpod.kernels.grouped_matmul import GroupedMatmulConfig, MegabloxGroupedMatmul
 from titanpod.kernels.pallas_loss import PallasLinearCrossEntropy, PallasLossConfig
 from titanpod.kernels.splash import SplashAttention, SplashConfig, local_causal_sdpa
+from titanpod.kernels.tpu_splash import TorchTpuSplashAttention
 from titanpod.models import ModelOps, batched_expert_matmul, linear_cross_entropy, sdpa_attention
 from titanpod.models.common.ops import HeadLossOp
 
@@ -18,7 +19,8 @@ class KernelConfig:
     """Which implementation fills each slot."""
 
     attention: str = "sdpa"
-    """``sdpa`` (PyTorch's scaled_dot_product_attention) or ``splash`` (Pallas splash attention)."""
+    """``sdpa`` (PyTorch's scaled_dot_product_attention), ``splash`` (Pallas splash attention through
+    JAX, every lane) or ``splash_sdpa`` (torch_tpu's own splash kernel: the tpu lane only, no packed documents)."""
     head_loss: str = "reference"
     """``reference`` (full logits + cross-entropy), ``chunked`` (PyTorch, never holds all logits) or
     ``pallas`` (Pallas kernels for the TPU, likewise)."""
@@ -26,7 +28,7 @@ class KernelConfig:
     """``loop`` (the PyTorch reference: one batched matmul over the experts' fixed-size buffers) or ``gmm``
     (megablox grouped matmul)."""
     window: int | None = None
-    """Local attention window for ``sdpa`` and ``splash`` (keys before each query); ``None`` is causal."""
+    """Local attention window for every attention kernel (keys before each query); ``None`` is causal."""
     splash: SplashConfig = field(default_factory=SplashConfig)
     """Splash attention's tiles (its window comes from ``window``)."""
     grouped_matmul: GroupedMatmulConfig = field(default_factory=GroupedMatmulConfig)
@@ -38,7 +40,7 @@ class KernelConfig:
 
 
 _CHOICES = {
-    "attention": ("sdpa", "splash"),
+    "attention": ("sdpa", "splash", "splash_sdpa"),
     "head_loss": ("reference", "chunked", "pallas"),
     "expert_matmul": ("loop", "gmm"),
 }
@@ -49,9 +51,11 @@ def model_ops(config: KernelConfig) -> ModelOps:
     for slot, options in _CHOICES.items():
         if getattr(config, slot) not in options:
             raise ValueError(f"kernels.{slot} must be one of {', '.join(options)}, got {getattr(config, slot)!r}.")
+    splash = SplashConfig(config.splash.block_q, config.splash.block_kv, config.window, config.splash.interpret)
     if config.attention == "splash":
-        splash = SplashConfig(config.splash.block_q, config.splash.block_kv, config.window, config.splash.interpret)
         attention = SplashAttention(splash)
+    elif config.attention == "splash_sdpa":
+        attention = TorchTpuSplashAttention(splash)
     else:
         attention = sdpa_attention if config.window is None else local_causal_sdpa(config.window)
     head_loss: HeadLossOp = linear_cross_entropy

@@ -73,6 +73,9 @@ REHEARSAL_LANES = {
 PALLAS_CHOICES = ("splash", "pallas", "gmm")
 """Kernel choices that are Pallas kernels: interpret mode off a TPU."""
 
+TPU_ONLY_ATTENTION = {"splash_sdpa": "splash"}
+"""Attention kernels only torch_tpu runs, and the same kernel through JAX that a rehearsal runs instead."""
+
 
 class RehearsalError(ValueError):
     """A recipe setting the rehearsal cannot honour on this machine; the message names it."""
@@ -222,6 +225,7 @@ def _model_rows(args: DecoderArgs, shape: ModelShape) -> list[Setting]:
 
 
 NOTES = {
+    "kernels.attention": "splash (torch_tpu's splash_sdpa runs on a TPU only; the same kernel through JAX)",
     "data.path": "a local folder: the built-in corpus in the dataset's layout, same config and splits",
     "data.tokenizer": "the built-in tokenizer (the Hub's is not reachable here)",
     "checkpoint.dir": "each rehearsal run's own checkpoints/ folder",
@@ -291,7 +295,9 @@ def scale_recipe(
             ep=scaled_degree(parallel.ep),
             tp=scaled_degree(parallel.tp),
         ),
-        kernels=dataclasses.replace(kernels, splash=splash),
+        kernels=dataclasses.replace(
+            kernels, splash=splash, attention=TPU_ONLY_ATTENTION.get(kernels.attention, kernels.attention)
+        ),
         data=new_data,
         train=dataclasses.replace(
             train,
