@@ -1,0 +1,27 @@
+"""The tpu lane's memory statistics where torch_tpu cannot report them: absent, with the reason.
+
+torch_tpu is not in this environment, so the backend is made without its constructor (which
+registers the device) and torch.accelerator.memory is made to fail as a torch_tpu without memory
+statistics does; envs/tpu checks the real torch_tpu's figures.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from titanpod.device.backends.tpu import TpuBackend
+
+
+def test_memory_statistics_say_unavailable_rather_than_report_host_memory(monkeypatch):
+    def not_supported() -> int:
+        raise RuntimeError("memory_allocated is not supported on this backend")
+
+    monkeypatch.setattr(torch.accelerator.memory, "memory_allocated", not_supported)
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v6e-16")
+    backend = TpuBackend.__new__(TpuBackend)
+    stats = backend.memory_stats()
+    assert stats.kind == "unavailable"
+    assert stats.current_bytes is None and stats.peak_bytes is None and stats.peak_gib is None
+    assert "memory_allocated is not supported" in stats.reason
+    assert stats.limit_bytes == 32 * 1024**3  # a v6e chip's HBM
+    assert stats.as_gib() == {"current_gib": None, "peak_gib": None, "limit_gib": 32.0}
