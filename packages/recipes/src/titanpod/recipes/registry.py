@@ -102,7 +102,7 @@ def llama3_8b() -> Recipe:
 
 
 def llama3_70b() -> Recipe:
-    """Llama 3.1 70B on a TPU v5p-256: FSDP, recomputed blocks, 8K sequences, Pallas kernels."""
+    """Llama 3.1 70B on a TPU v5p-512 (256 chips): FSDP, recomputed blocks, 8K sequences, Pallas kernels."""
     return _pod(
         "llama3_70b", "llama3", "70B", TargetConfig(chip="v5p", chips=256),
         tokenizer="meta-llama/Llama-3.1-70B", seq_len=8192, batch_size=2, lr=1.5e-4, steps=10_000, warmup_steps=1000,
@@ -110,7 +110,8 @@ def llama3_70b() -> Recipe:
 
 
 def llama3_405b() -> Recipe:
-    """Llama 3.1 405B on a TPU v5p-512: FSDP 64 x TP 8 with sequence parallelism, recomputed blocks, 8K sequences."""
+    """Llama 3.1 405B on a TPU v5p-1024 (512 chips): FSDP 64 x TP 8 with sequence parallelism, recomputed
+    blocks, 8K sequences."""
     return _pod(
         "llama3_405b", "llama3", "405B", TargetConfig(chip="v5p", chips=512),
         parallel=ParallelConfig(fsdp=-1, tp=8, param_dtype="bfloat16", reduce_dtype="float32"),
@@ -133,7 +134,7 @@ def qwen3_8b() -> Recipe:
 
 
 def qwen3_32b() -> Recipe:
-    """Qwen 3 32B on a TPU v5p-128: FSDP, recomputed blocks, 4K sequences, Pallas kernels."""
+    """Qwen 3 32B on a TPU v5p-256 (128 chips): FSDP, recomputed blocks, 4K sequences, Pallas kernels."""
     return _pod(
         "qwen3_32b", "qwen3", "32B", TargetConfig(chip="v5p", chips=128),
         tokenizer="Qwen/Qwen3-32B", seq_len=4096, batch_size=4, lr=2e-4, steps=10_000, warmup_steps=1000,
