@@ -1,22 +1,56 @@
-"""Directories that appear complete or not at all."""
+"""Directories that appear complete or not at all, and never take other files with them.
+
+A write goes into a hidden staging folder beside the target and moves into place when complete.
+Into a new (or empty) target the staging folder is renamed. Into a folder that already holds
+files, only with ``overwrite``: the files the write produces replace their namesakes, the files
+``superseded`` names (a previous write of the same kind, e.g. the shards an old index lists) are
+removed, and every other file stays. Nothing the write did not produce or supersede is deleted.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from titanpod.checkpoint.disk_space import disk_full_cause, disk_full_error
+
+Superseded = Callable[[Path], Iterable[str]]
+"""Given the existing target folder, the names of files in it that a new write of this kind replaces."""
+
+
+def check_target(final: Path, overwrite: bool) -> None:
+    """Refuse a target that is a file, or a non-empty folder without ``overwrite``, before anything is written."""
+    final = Path(final)
+    if final.exists() and not final.is_dir():
+        raise NotADirectoryError(f"{final} is a file; the output must be a folder. Choose another output path.")
+    if not overwrite and final.is_dir() and any(final.iterdir()):
+        raise FileExistsError(
+            f"{final} already exists and is not empty; write into a new or empty folder, or ask to overwrite "
+            "(only the files this write produces are replaced; other files are kept)."
+        )
+
 
 @contextmanager
-def atomic_directory(final: Path) -> Iterator[Path]:
-    """Yield a hidden staging directory beside ``final``; rename it to ``final`` on success.
+def atomic_directory(
+    final: Path,
+    *,
+    overwrite: bool = True,
+    superseded: Superseded | None = None,
+    needed_bytes: int | None = None,
+) -> Iterator[Path]:
+    """Yield a hidden staging directory beside ``final``; move its files into ``final`` on success.
 
-    Readers never see a half-written ``final``. On an exception the staging directory is
-    removed and ``final`` is left as it was. An existing ``final`` is replaced.
+    Readers never see a half-written new ``final``. On an exception the staging directory is
+    removed and ``final`` is left as it was; a full disk becomes a ``DiskFullError`` naming ``final``
+    and ``needed_bytes`` (the size of the write, when known). An existing non-empty ``final`` is
+    refused unless ``overwrite``; then only the files written and those ``superseded`` returns are
+    replaced or removed (see the module docstring).
     """
     final = Path(final)
+    check_target(final, overwrite)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.parent / f".{final.name}.partial-{os.getpid()}"
     if staging.exists():
@@ -27,9 +61,35 @@ def atomic_directory(final: Path) -> Iterator[Path]:
         for path in staging.iterdir():
             with path.open("rb") as handle:
                 os.fsync(handle.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        staging.rename(final)
-    except BaseException:
+        _move_into_place(staging, final, superseded)
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        if needed_bytes is not None and disk_full_cause(error) is not None:
+            raise disk_full_error(final, needed_bytes) from error
         raise
+
+
+def _move_into_place(staging: Path, final: Path, superseded: Superseded | None) -> None:
+    """Rename ``staging`` to ``final``, or, when ``final`` holds files, replace and remove only what is ours."""
+    if not final.exists() or not any(final.iterdir()):
+        if final.exists():
+            final.rmdir()  # empty: nothing to keep
+        staging.rename(final)
+        return
+    written = {path.name for path in staging.iterdir()}
+    stale = {name for name in (superseded(final) if superseded else ()) if name not in written}
+    existing = {path.name for path in final.iterdir()}
+    if existing <= written | stale:  # the folder holds only what this write replaces: swap it whole
+        aside = final.parent / f".{final.name}.replaced-{os.getpid()}"
+        final.rename(aside)
+        staging.rename(final)
+        shutil.rmtree(aside)
+        return
+    folders = sorted(name for name in written | stale if (final / name).is_dir())
+    if folders:
+        raise IsADirectoryError(f"{final} holds folders named like files this write replaces: {', '.join(folders)}.")
+    for name in stale:
+        (final / name).unlink(missing_ok=True)
+    for name in written:
+        os.replace(staging / name, final / name)
+    staging.rmdir()

@@ -83,18 +83,21 @@ def save_hf_checkpoint(
     max_shard_size: str | int = DEFAULT_MAX_SHARD_BYTES,
     dtype: torch.dtype | None = None,
     progress: Progress | None = None,
+    overwrite: bool = True,
 ) -> Path:
     """Write ``model`` as a Hugging Face checkpoint: config.json and safetensors shards.
 
     Shards are ``model-0000k-of-0000n.safetensors`` with ``model.safetensors.index.json``
     when more than one is needed (``max_shard_size``, e.g. ``5GB``), else one
     ``model.safetensors``. Each tensor is copied to the CPU, written and dropped before the
-    next. The directory appears only when complete. A sharded model is gathered one parameter
+    next. The directory appears only when complete; a non-empty one is refused unless ``overwrite``, and
+    then only the files written are replaced (``hf_folder.save_adapted``). A sharded model is gathered one parameter
     at a time and written by one process: every process of its mesh must call this (see
     ``hf_folder.save_adapted``).
     """
     dtype = dtype or model.tok_embeddings.weight.dtype
-    return save_adapted(model, DecoderAdapter(family), directory, TRANSFORMERS_FILES, max_shard_size, dtype, progress)
+    adapter = DecoderAdapter(family)
+    return save_adapted(model, adapter, directory, TRANSFORMERS_FILES, max_shard_size, dtype, progress, overwrite)
 
 
 def iter_hf_tensors(directory: Path | str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from titanpod.checkpoint.safetensors_io import (
     widest_float_dtype,
     write_streamed,
 )
+from titanpod.checkpoint.superseded import previous_weight_files
 from titanpod.models.adapters import StateDictAdapter, UnsupportedConfigError
 
 CONFIG_FILE = "config.json"
@@ -86,12 +88,15 @@ def save_adapted(
     max_shard_bytes: int | str,
     dtype: torch.dtype,
     progress: Progress | None = None,
+    overwrite: bool = True,
 ) -> Path:
     """Write ``model`` in ``adapter``'s form: config.json and safetensors in ``dtype``, sharded past
     ``max_shard_bytes`` (an int or e.g. ``5GB``) under ``names``.
 
     The config is made before anything is written, so args the format cannot represent fail
-    first. The folder appears only when complete. A sharded model (``DTensor`` parameters) is
+    first. The folder appears only when complete; a non-empty one is refused unless ``overwrite``, and then
+    only the files written (and an earlier write's weight files) are replaced (``atomic_directory``). A full
+    disk is a ``DiskFullError`` naming the folder. A sharded model (``DTensor`` parameters) is
     gathered one parameter at a time on rank 0, every process of its mesh taking part (all must
     call this), and streamed into the files (``model_tensors``); no other process holds more than
     its shards.
@@ -105,7 +110,10 @@ def save_adapted(
         if is_sharded(params):  # take part in every gather
             write_streamed(None, source.entries, source.fetch, names, max_shard_bytes)
         return directory
-    with atomic_directory(directory) as staging:
+    needed = sum(entry.nbytes for entry in source.entries)
+    with atomic_directory(
+        directory, overwrite=overwrite, superseded=partial(previous_weight_files, names), needed_bytes=needed
+    ) as staging:
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         write_streamed(staging, source.entries, source.fetch, names, max_shard_bytes, progress=progress)
     return directory

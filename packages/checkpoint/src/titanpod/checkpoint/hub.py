@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from titanpod.checkpoint.hf_folder import CONFIG_FILE
+from titanpod.checkpoint.hub_errors import is_connection_error, repo_url, unreachable_error
 from titanpod.checkpoint.safetensors_io import TRANSFORMERS_FILES, read_index
 
 CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken"]
@@ -81,12 +82,18 @@ def push(
     """Check ``folder`` is a complete checkpoint, create ``repo_id`` if needed and upload it.
 
     Returns the checkpoint files uploaded. ``api`` defaults to ``huggingface_hub.HfApi(token=token)``.
+    When the Hub cannot be reached, a ``HubUnreachableError`` names the repository URL and what to do.
     """
     files = check_checkpoint_folder(Path(folder))
     if api is None:
         from huggingface_hub import HfApi
 
         api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-    api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message, repo_type="model")
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message, repo_type="model")
+    except Exception as error:
+        if not is_connection_error(error):
+            raise
+        raise unreachable_error(error, f"push {folder} to", repo_url(api, repo_id)) from error
     return files

@@ -22,15 +22,17 @@ def save_model(
     directory: Path | str,
     metadata: Mapping[str, object] | None = None,
     extra_files: Mapping[str, str] | None = None,
+    overwrite: bool = True,
 ) -> Path:
     """Write weights and ``model.json`` into ``directory`` atomically; return the weights file.
 
-    A sharded model is gathered one tensor at a time and written by one process: every process
+    A non-empty ``directory`` is refused unless ``overwrite``; then only the files written are replaced
+    (``save_weights``). A sharded model is gathered one tensor at a time and written by one process: every process
     of its mesh must call this (see ``save_weights``).
     """
     description = {"family": family, "args": args_to_dict(model.args)}
     files = {MODEL_FILE: json.dumps(description, indent=2) + "\n", **(extra_files or {})}
-    return save_weights(model, Path(directory), metadata, extra_files=files)
+    return save_weights(model, Path(directory), metadata, extra_files=files, overwrite=overwrite)
 
 
 def read_model_description(directory: Path | str) -> tuple[str, dict]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from titanpod.checkpoint.safetensors_io import (
     widest_float_dtype,
     write_streamed,
 )
+from titanpod.checkpoint.superseded import previous_weight_files
 
 WEIGHTS_FILE = TRANSFORMERS_FILES.single
 """The one weights file of a titanpod checkpoint folder."""
@@ -41,12 +43,15 @@ def save_weights(
     directory: Path,
     metadata: Mapping[str, object] | None = None,
     extra_files: Mapping[str, str] | None = None,
+    overwrite: bool = True,
 ) -> Path:
     """Write ``model``'s weights to ``directory/model.safetensors``, atomically; return the file.
 
     ``metadata`` is stored as JSON strings in the safetensors header; ``extra_files`` maps
     file names to text written beside the weights (a recipe, a config). The directory
-    appears only when everything in it is complete.
+    appears only when everything in it is complete. A non-empty ``directory`` is refused unless
+    ``overwrite``; then only the files written (and an earlier write's weight files) are replaced,
+    other files stay (``atomic_directory``). A full disk is a ``DiskFullError`` naming the folder.
 
     A sharded model (``DTensor`` parameters) is written without any process holding it whole:
     every process of its mesh must call this, each tensor is gathered in turn on rank 0, which
@@ -60,7 +65,9 @@ def save_weights(
         if is_sharded(tensors):  # take part in every gather
             write_streamed(None, source.entries, source.fetch, TRANSFORMERS_FILES, metadata=header)
         return Path(directory) / WEIGHTS_FILE
-    with atomic_directory(Path(directory)) as staging:
+    needed = sum(entry.nbytes for entry in source.entries)
+    superseded = partial(previous_weight_files, TRANSFORMERS_FILES)
+    with atomic_directory(Path(directory), overwrite=overwrite, superseded=superseded, needed_bytes=needed) as staging:
         write_streamed(staging, source.entries, source.fetch, TRANSFORMERS_FILES, metadata=header)
         for name, text in (extra_files or {}).items():
             (staging / name).write_text(text, encoding="utf-8")

@@ -1,0 +1,58 @@
+"""A full disk during a save, reported as where it happened and how much the save needed."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+from torch.distributed.checkpoint.api import CheckpointException
+
+
+class DiskFullError(OSError):
+    """A save ran out of space: names the path, the bytes it needed and the bytes free there."""
+
+
+def disk_full_cause(error: BaseException) -> OSError | None:
+    """The ``ENOSPC`` ``OSError`` behind ``error`` (itself, a cause or context, or one rank's failure inside
+    a DCP ``CheckpointException``); ``None`` when the disk is not what failed."""
+    pending: list[BaseException] = [error]
+    seen: set[int] = set()
+    while pending:
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, OSError) and item.errno == errno.ENOSPC:
+            return item
+        if isinstance(item, CheckpointException):
+            pending.extend(failure for failure, _ in item.failures.values())
+        pending.extend(linked for linked in (item.__cause__, item.__context__) if linked is not None)
+    return None
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free on the file system that holds ``path`` (its nearest existing folder); ``None`` if unknown."""
+    for folder in (Path(path), *Path(path).parents):
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+def disk_full_error(path: Path | str, needed_bytes: int, what: str = "the save") -> DiskFullError:
+    """The error to raise when writing ``needed_bytes`` into ``path`` found no space left."""
+    free = free_bytes(Path(path)) if "://" not in str(path) else None
+    there = "" if free is None else f", {_size(free)} free there"
+    return DiskFullError(
+        f"No space left on the device while writing {path}: {what} needs about {_size(needed_bytes)}{there}. "
+        "The unfinished files were removed. Free some space (old runs, older checkpoints: checkpoint.keep_last) "
+        "or write somewhere else (--output.runs-dir, --checkpoint.dir, or another output folder)."
+    )
+
+
+def _size(count: int) -> str:
+    """``1,234,567,890 bytes (1.15 GiB)``."""
+    return f"{count:,} bytes ({count / 2**30:.2f} GiB)"
