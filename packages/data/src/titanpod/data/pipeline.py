@@ -21,6 +21,7 @@ from titanpod.data.shipped import builtin_corpus_path
 from titanpod.data.sources import (
     DataError,
     as_text,
+    decode_error,
     describe_source,
     load_local,
     open_stream,
@@ -132,7 +133,16 @@ def _document_chunks(config: DataConfig) -> tuple[Iterator[list[str]], str]:
     chunks = (
         [as_text(value, config) for value in batch[config.text_field]] for batch in text.iter(batch_size=TOKENIZE_CHUNK)
     )
-    return chunks, describe_source(config, files)
+    return decoded(chunks, files, config.source), describe_source(config, files)
+
+
+def decoded(chunks: Iterator[list[str]], files: list[str], source: str) -> Iterator[list[str]]:
+    """``chunks`` as they come; bytes that are not UTF-8 (found only as the table's strings are read) become a
+    ``DataError`` naming the file, line and byte."""
+    try:
+        yield from chunks
+    except UnicodeDecodeError as error:
+        raise (decode_error(files, source) or read_error(error, files, source)) from error
 
 
 def _packed(stream: PackedStream, config: DataConfig, seed: int, rank: int, world_size: int) -> PackedBatches:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from titanpod.data.config import FILE_SOURCES, DataConfig, closest
+from titanpod.data.file_checks import empty_files, first_undecodable
 
 if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
@@ -50,7 +51,21 @@ def _silenced() -> Iterator[None]:
 
 
 def data_files(config: DataConfig) -> list[str]:
-    """The local files ``data.path`` names (a file, a directory or a glob), sorted; an error if there are none."""
+    """The local files ``data.path`` names (a file, a directory or a glob), sorted; an error if there are none,
+    or if one of them is empty (0 bytes: most often a download or a copy that did not finish)."""
+    found = _named_files(config)
+    empty = empty_files(found)
+    if empty:
+        more = f" (and {len(empty) - 1} more empty files)" if len(empty) > 1 else ""
+        raise DataError(
+            f"The data file {empty[0]} is empty (0 bytes){more}: no documents to read. Remove it or fill it "
+            "(a download or copy that did not finish?), or point data.path at other files."
+        )
+    return found
+
+
+def _named_files(config: DataConfig) -> list[str]:
+    """The files ``data.path`` names, sorted; an error if there are none."""
     path = str(config.path)
     if any(char in path for char in "*?["):
         found = sorted(name for name in glob.glob(path, recursive=True) if Path(name).is_file())
@@ -109,10 +124,15 @@ def read_error(error: BaseException, files: list[str], source: str) -> DataError
     """A ``DataError`` for data the ``datasets`` library could not parse, naming the file at fault.
 
     When the library's message names no file and there are several, they are read one by one
-    (at most ``PROBE_LIMIT``) to find the first that fails.
+    (at most ``PROBE_LIMIT``) to find the first that fails. Bytes that are not UTF-8 are named by file,
+    line and byte (``decode_error``).
     """
     messages = " ".join(str(item) for item in error_chain(error))
     named = [name for name in files if name in messages]
+    if any(isinstance(item, UnicodeDecodeError) for item in error_chain(error)):
+        undecodable = decode_error(named + [name for name in files if name not in named], source)
+        if undecodable is not None:
+            return undecodable
     where = named[0] if named else files[0] if len(files) == 1 else None
     if where is None:
         for name in files[:PROBE_LIMIT]:
@@ -125,6 +145,19 @@ def read_error(error: BaseException, files: list[str], source: str) -> DataError
     chain = error_chain(error)
     telling = next((item for item in chain if "An error occurred while generating" not in str(item)), chain[0])
     return DataError(f"Cannot read {where} as {source}: {first_line(telling)}")
+
+
+def decode_error(files: list[str], source: str) -> DataError | None:
+    """A ``DataError`` naming the first of ``files`` (at most ``PROBE_LIMIT``) that is not UTF-8, with the
+    line and byte; ``None`` when they all decode."""
+    for name in files[:PROBE_LIMIT]:
+        found = first_undecodable(name)
+        if found is not None:
+            return DataError(
+                f"Cannot read {name} as {source}: {found.describe()} text. Re-encode the file as UTF-8 "
+                "(e.g. iconv -f latin1 -t utf-8), or remove the bad bytes."
+            )
+    return None
 
 
 def check_text_field(columns: list[str] | None, config: DataConfig, where: str) -> None:

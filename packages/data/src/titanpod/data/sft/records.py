@@ -25,7 +25,7 @@ from typing import Any
 from titanpod.data.config import DataConfig
 from titanpod.data.sft.config import SFTDataConfig
 from titanpod.data.sft.tokenizer import SFTTokenizer
-from titanpod.data.sources import DataError, data_files, quiet_datasets, read_error
+from titanpod.data.sources import DataError, data_files, decode_error, quiet_datasets, read_error
 from titanpod.data.tasks import Task
 from titanpod.models import IGNORE_INDEX
 
@@ -197,7 +197,10 @@ def read_jsonl_records(config: SFTDataConfig) -> tuple[list[Record], str]:
             f"{where} has the fields {', '.join(table.column_names)}; SFT records need 'prompt' and 'response', "
             "or 'messages'."
         )
-    return list(table), where
+    try:
+        return list(table), where
+    except UnicodeDecodeError as error:  # found only as the table's strings are read
+        raise (decode_error(files, "jsonl") or read_error(error, files, "jsonl")) from error
 
 
 def task_records(task: Task, count: int, seed: int) -> list[Record]:
