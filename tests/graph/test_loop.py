@@ -3,6 +3,7 @@
 import itertools
 import os
 import signal
+import threading
 
 import pytest
 import torch
@@ -63,6 +64,35 @@ def test_ctrl_c_finishes_the_step_in_flight_then_stops():
     assert summary.interrupted
     assert summary.steps_done == 6 and len(summary.losses) == 6
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def signals_during(step_index, *signums):
+    """Batches that send ``signums`` to this thread, one after the other, while fetching batch ``step_index``
+    (``pthread_kill`` runs each handler before it returns, so two signals never merge into one)."""
+    for index, batch in enumerate(repeating_batches()):
+        if index == step_index:
+            for signum in signums:
+                signal.pthread_kill(threading.get_ident(), signum)
+        yield batch
+
+
+def test_sigterm_finishes_the_step_in_flight_then_stops_and_says_so():
+    config = TrainConfig(steps=20, warmup_steps=1, log_every=4)
+    batches = signals_during(5, signal.SIGTERM)
+    summary = train(tiny_model(), batches, config, get_backend("cpu"), flops_per_token=1.0)
+    assert summary.interrupted and summary.stop_signal == signal.SIGTERM and not summary.stopped_at_once
+    assert summary.steps_done == 6 and len(summary.losses) == 6
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_second_signal_stops_at_once_and_marks_the_steps_state_unsafe_to_save():
+    config = TrainConfig(steps=20, warmup_steps=1, log_every=4)
+    batches = signals_during(5, signal.SIGTERM, signal.SIGINT)  # inside step 6, its batch being fetched
+    summary = train(tiny_model(), batches, config, get_backend("cpu"), flops_per_token=1.0)
+    assert summary.interrupted and summary.stopped_at_once and summary.stop_signal == signal.SIGINT
+    assert summary.steps_done == 5
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_an_exception_out_of_the_data_stops_with_the_finished_steps():

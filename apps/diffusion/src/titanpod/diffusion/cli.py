@@ -28,7 +28,7 @@ from titanpod.recipes.diffusion import (
 )
 from titanpod.recipes.errors import print_error
 from titanpod.runs.diffusion.run import DiffusionResult, run_diffusion
-from titanpod.runs.process_exit import exit_rank
+from titanpod.runs.process_exit import exit_rank, run_exit_code
 
 
 def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, str] | None:
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if isinstance(error, (KeyError, ValueError)) else 1
     if result.is_main:
         print_summary(console, result)
-    code = 130 if result.summary.interrupted else 0
+    code = run_exit_code(result.summary)
     if result.processes > 1:
         exit_rank(code)  # once the run is written: see exit_rank
     return code

@@ -45,7 +45,7 @@ class PosttrainResult(Protocol):
 
     @property
     def exit_code(self) -> int:
-        """The process exit code the run deserves (0 finished, 1 stopped, 130 interrupted)."""
+        """The process exit code the run deserves (``titanpod.runs.process_exit.run_exit_code``)."""
         ...
 
     def summary_rows(self) -> list[tuple[str, str]]:

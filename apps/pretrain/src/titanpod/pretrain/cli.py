@@ -31,7 +31,7 @@ from titanpod.recipes.errors import print_error
 from titanpod.recipes.planner.report import dry_run
 from titanpod.runs import PretrainResult, run_pretraining
 from titanpod.runs.pretrain import with_resume
-from titanpod.runs.process_exit import exit_rank
+from titanpod.runs.process_exit import exit_rank, run_exit_code
 from titanpod.runs.rehearsal import rehearse
 
 
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if main_process:
         print_summary(console, result)
-    code = 1 if result.summary.stopped_because else 130 if result.summary.interrupted else 0
+    code = run_exit_code(result.summary)
     if process_info().world_size > 1:
         exit_rank(code)  # once the run is written: see exit_rank
     return code

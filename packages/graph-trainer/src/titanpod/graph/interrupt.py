@@ -1,4 +1,8 @@
-"""Ctrl-C that waits for the step in flight, so weights are never left half-updated."""
+"""SIGINT (Ctrl-C) and SIGTERM that wait for the step in flight, so weights are never left half-updated.
+
+The first signal asks the run to stop after the step in flight; a second one (of either kind) raises
+``KeyboardInterrupt`` at once, wherever the run is, so what the run holds then may be mid-step.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +12,47 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals that stop a run: Ctrl-C, and what schedulers and preemptible VMs send."""
+
 
 @dataclass
 class StopRequest:
-    """Set when the user asked the run to stop."""
+    """The signals received while a run trains."""
 
-    requested: bool = False
-    """True after the first Ctrl-C."""
+    signum: int | None = None
+    """The first signal received (``signal.SIGINT`` or ``signal.SIGTERM``); ``None`` while none came."""
+    second_signum: int | None = None
+    """The signal that stopped the run at once (the second one); ``None`` while none came."""
+
+    @property
+    def requested(self) -> bool:
+        """True once a signal asked the run to stop after the step in flight."""
+        return self.signum is not None
+
+    def signal_at_once(self) -> int:
+        """The signal behind a ``KeyboardInterrupt`` the run caught: the second one, else SIGINT (Ctrl-C
+        where no handler could be set, or an interrupt raised by the code itself)."""
+        return self.second_signum if self.second_signum is not None else signal.SIGINT
+
+
+def signal_name(signum: int) -> str:
+    """``SIGINT``, ``SIGTERM``, ... for a signal number."""
+    return signal.Signals(signum).name
+
+
+def exit_status(signum: int) -> int:
+    """The exit status of a process stopped by ``signum``, as shells report it: 128 + the signal number
+    (130 for SIGINT, 143 for SIGTERM)."""
+    return 128 + signum
 
 
 @contextmanager
 def stop_after_step() -> Iterator[StopRequest]:
-    """Turn the first Ctrl-C (SIGINT) into a stop request; a second one interrupts at once.
+    """Turn the first SIGINT or SIGTERM into a stop request; a second one raises ``KeyboardInterrupt`` at once.
 
-    Outside the main thread, where signal handlers cannot be set, Ctrl-C behaves as usual.
+    The previous handlers come back on leaving. Outside the main thread, where signal handlers cannot
+    be set, the signals behave as usual (Ctrl-C raises ``KeyboardInterrupt`` at once).
     """
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
@@ -30,11 +61,13 @@ def stop_after_step() -> Iterator[StopRequest]:
 
     def handle(signum: int, frame: object) -> None:
         if request.requested:
-            raise KeyboardInterrupt
-        request.requested = True
+            request.second_signum = signum
+            raise KeyboardInterrupt(f"a second signal ({signal_name(signum)}): stopping at once")
+        request.signum = signum
 
-    previous = signal.signal(signal.SIGINT, handle)
+    previous = {signum: signal.signal(signum, handle) for signum in STOP_SIGNALS}
     try:
         yield request
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)  # None: set outside Python

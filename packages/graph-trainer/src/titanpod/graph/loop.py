@@ -54,7 +54,13 @@ class TrainSummary:
     wall_seconds: float
     """Wall time of the loop."""
     interrupted: bool = False
-    """True when the user stopped the run (Ctrl-C) before the last step."""
+    """True when a signal (SIGINT, Ctrl-C; or SIGTERM) stopped the run before the last step."""
+    stop_signal: int | None = None
+    """The signal that stopped the run (``interrupted``): the first one after a stop at a step's end, the
+    second after a stop at once; SIGINT for a ``KeyboardInterrupt`` no handler caught."""
+    stopped_at_once: bool = False
+    """True when the run stopped at once (a second signal, or a ``KeyboardInterrupt``), possibly inside a step:
+    the weights may be half-updated and the data read ahead of ``steps_done``, so nothing may be saved from them."""
     reports: list[StepMetrics] = field(default_factory=list)
     """Every metrics report written."""
     skipped_steps: list[int] = field(default_factory=list)
@@ -128,9 +134,10 @@ def train(
     Losses stay on the device and are read back every ``config.log_every`` steps, so the
     loop waits for the device only when it reports. A step whose gradient norm is NaN or
     Inf changes nothing; it is counted as skipped, or, with ``skip_nonfinite`` off, ends
-    the run with ``stopped_because`` set (this check reads the device every step). Ctrl-C
-    lets the step in flight finish, then stops and returns a summary marked
-    ``interrupted``; the model keeps the weights it reached. A second Ctrl-C interrupts at once.
+    the run with ``stopped_because`` set (this check reads the device every step). SIGINT
+    (Ctrl-C) or SIGTERM lets the step in flight finish, then stops and returns a summary
+    marked ``interrupted`` with its ``stop_signal``; the model keeps the weights it reached.
+    A second signal interrupts at once: the summary is also marked ``stopped_at_once``.
     """
     if start_step == 0:
         torch.manual_seed(config.seed)  # a resumed run keeps the random state its checkpoint restored
@@ -144,7 +151,7 @@ def train(
     dropped: list[int] = []  # dropped tokens of the steps read back since the last report (MoE models)
     stopped_because = None
     tokens_since, tokens_after_first = 0, 0
-    interrupted = False
+    interrupted, stop_signal, stopped_at_once = False, None, False
     start = last_report = time.perf_counter()
     first_step_end = start
 
@@ -220,10 +227,10 @@ def train(
                 if after_step is not None:
                     after_step(step_number)
                 if stop.requested and step_number < last_step:
-                    interrupted = True
+                    interrupted, stop_signal = True, stop.signum
                     break
-        except KeyboardInterrupt:  # a second Ctrl-C, or a signal outside the main thread
-            interrupted = True
+        except KeyboardInterrupt:  # a second signal, Ctrl-C outside the main thread: maybe inside a step
+            interrupted, stop_signal, stopped_at_once = True, stop.signal_at_once(), True
     train_step.finish()
     backend.synchronize()
     end = time.perf_counter()
@@ -239,6 +246,8 @@ def train(
         peak_memory_gib=backend.memory_stats().peak_gib,
         wall_seconds=end - start,
         interrupted=interrupted,
+        stop_signal=stop_signal,
+        stopped_at_once=stopped_at_once,
         reports=reports,
         skipped_steps=skipped,
         stopped_because=stopped_because,

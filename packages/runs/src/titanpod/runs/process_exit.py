@@ -1,9 +1,23 @@
-"""Leaving a torchrun rank once its run is written."""
+"""A run's exit status, and leaving a torchrun rank once its run is written."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+
+from titanpod.graph import TrainSummary
+from titanpod.graph.interrupt import exit_status
+
+
+def run_exit_code(summary: TrainSummary) -> int:
+    """The exit status a training run deserves: 0 when it finished, 1 when it stopped on its own (a non-finite
+    gradient), 128 + the signal number when a signal stopped it (130 for SIGINT, 143 for SIGTERM)."""
+    if summary.stopped_because:
+        return 1
+    if summary.interrupted:
+        return exit_status(summary.stop_signal or signal.SIGINT)
+    return 0
 
 
 def exit_rank(code: int) -> None:

@@ -15,12 +15,15 @@ the name and the others receive it), the console (rank 0 only), the metrics writ
 resume, a save every ``checkpoint.every`` steps and at the end, a background save completed
 whatever happened), the final weights (a sharded model gathered one tensor at a time and streamed
 into its files by rank 0) and,
-on a clean exit, the process group's teardown. Ctrl-C is handled by ``titanpod.graph.train``:
-the step in flight finishes and the summary comes back marked ``interrupted``.
+on a clean exit, the process group's teardown. SIGINT (Ctrl-C) and SIGTERM are handled by
+``titanpod.graph.train``: the step in flight finishes and the summary comes back marked ``interrupted``;
+the session then saves the checkpoint and says so. A second signal stops at once, and nothing is
+saved (``TrainSummary.stopped_at_once``).
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,9 +35,10 @@ import torch.distributed as dist
 from rich.console import Console
 from torch import nn
 
-from titanpod.checkpoint import Checkpointer
+from titanpod.checkpoint import Checkpointer, complete_checkpoints
 from titanpod.device import Backend, ensure_process_group, process_info
 from titanpod.graph import JsonlWriter, StepMetrics, TensorBoardWriter, TrainStep, TrainSummary, train
+from titanpod.graph.interrupt import signal_name
 from titanpod.graph.steps import Batch
 from titanpod.recipes.recipe import NamedRun, RunRecipe
 
@@ -202,7 +206,8 @@ class RunSession:
         Reports go to the writers and the console. After every step ``after_step(step_number)`` runs
         (the trainer's validation or samples), then the interval checkpoint and a poll of a background
         save. After the loop ``at_end(summary)`` runs (a final evaluation; also after an interrupt, so
-        it reads ``summary.interrupted``), then the at-end checkpoint when this run trained a step.
+        it reads ``summary.interrupted``), then ``save_at_end``; after a signal the checkpoint comes first
+        (a scheduler's grace period is short), and after a stop at once ``at_end`` does not run.
         ``data_parallel`` and ``reduce_loss`` are as in ``titanpod.graph.train``; the device count is
         the session's. A background save in flight is completed before this returns or raises.
         """
@@ -233,13 +238,48 @@ class RunSession:
                 after_step=after_each,
                 count_tokens=count_tokens,
             )
-            if at_end is not None:
+            if at_end is not None and not summary.interrupted:
                 at_end(summary)
-            if self.recipe.checkpoint.at_end and summary.steps_done > self.start_step:
-                self.save_checkpoint(summary.steps_done)
+            self.save_at_end(summary)
+            if at_end is not None and summary.interrupted and not summary.stopped_at_once:
+                at_end(summary)
         finally:
             self.checkpointer.wait()  # a background save in flight is completed, whatever happened
         return summary
+
+    def save_at_end(self, summary: TrainSummary) -> None:
+        """The at-end checkpoint (``checkpoint.at_end``) when this run trained a step; after a signal, a line
+        saying where the run stopped and what it saved (every rank calls it).
+
+        A run stopped at once (``summary.stopped_at_once``) saves nothing: its weights may be half-updated
+        and its data read ahead of its step, and a checkpoint must pair the weights after step N with the
+        data position after exactly N steps. The newest checkpoint, from an earlier save, stays the one to resume.
+        """
+        if summary.stopped_at_once:
+            newest = self._newest_checkpoint()
+            name = signal_name(summary.stop_signal or signal.SIGINT)
+            self.say(
+                f"[red]stopped at once by {name} after step {summary.steps_done}[/], the next step cut short: "
+                f"saved nothing; newest checkpoint {newest or 'none'}"
+            )
+            return
+        saving = self.recipe.checkpoint.at_end and summary.steps_done > self.start_step
+        if saving:
+            self.save_checkpoint(summary.steps_done)
+        if not summary.interrupted:
+            return
+        self.checkpointer.wait()  # the checkpoint named below is complete
+        newest = self._newest_checkpoint()
+        saved = f"saved checkpoint {newest}" if saving else f"checkpoint.at_end is off; newest checkpoint {newest}"
+        name = signal_name(summary.stop_signal or signal.SIGINT)
+        self.say(f"[yellow]stopped by {name} after step {summary.steps_done}[/]: {saved}")
+
+    def _newest_checkpoint(self) -> str | None:
+        """The newest complete checkpoint folder (rank 0; ``None`` elsewhere and when there is none)."""
+        if not self.is_main:
+            return None
+        found = complete_checkpoints(self.checkpointer.folder)
+        return str(found[-1][1]) if found else None
 
     def save_final_weights(self, summary: TrainSummary, write: Callable[[], Written]) -> Written | None:
         """The final weights, when ``output.save_weights`` is on and the run has trained a step.
@@ -249,10 +289,10 @@ class RunSession:
         one tensor at a time, every rank taking part, and rank 0 streams each into the files, so no
         rank ever holds the whole model and the model stays sharded. Whatever else ``write`` writes
         it must write on rank 0 only. Returns what ``write()`` returns on rank 0; other ranks, and
-        runs that save nothing, get ``None``.
+        runs that save nothing (also a run stopped at once, whose weights may be half-updated), get ``None``.
         """
         self._registered()
-        if not self.recipe.output.save_weights or summary.steps_done == 0:
+        if not self.recipe.output.save_weights or summary.steps_done == 0 or summary.stopped_at_once:
             return None
         written = write()
         return written if self.is_main else None

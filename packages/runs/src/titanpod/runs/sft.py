@@ -34,6 +34,7 @@ from titanpod.parallel.torch_executor import ParallelModel, parallelize
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.evaluation import Evaluation, evaluate
 from titanpod.runs.pretrain import build_seeded_model, describe_step
+from titanpod.runs.process_exit import run_exit_code
 from titanpod.runs.session import RunSession
 
 MODEL_FOLDER, HF_FOLDER, EVAL_FILE = "model", "hf", "eval.json"
@@ -92,8 +93,8 @@ class SFTResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when the run finished, 1 when it stopped on its own, 130 when interrupted."""
-        return 1 if self.summary.stopped_because else 130 if self.summary.interrupted else 0
+        """0 when the run finished, 1 when it stopped on its own, 128 + the signal number when a signal stopped it."""
+        return run_exit_code(self.summary)
 
     def summary_rows(self) -> list[tuple[str, str]]:
         """The run's summary as (label, value) rows."""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from titanpod.graph import TrainSummary
 from titanpod.rl.grpo.metrics import GRPOStepMetrics
+from titanpod.runs.process_exit import run_exit_code
 from titanpod.runs.sft import Score
 
 
@@ -68,10 +69,10 @@ class GRPOResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when the run finished, 1 when it stopped on its own, 130 when interrupted."""
-        if self.interrupted:
-            return 130
-        return 1 if self.stopped_because else 0
+        """0 when the run finished, 1 when it stopped on its own, 128 + the signal number when a signal stopped it."""
+        if self.summary is None:
+            return 1 if self.stopped_because else 0
+        return run_exit_code(self.summary)
 
     def summary_rows(self) -> list[tuple[str, str]]:
         """The run's summary as (label, value) rows."""

@@ -135,8 +135,7 @@ def train_grpo(
     step.finish()
     if not summary.interrupted and session.is_main:
         held_out.score("after", summary.steps_done, eval_model)
-    if recipe.checkpoint.at_end and summary.steps_done > start:
-        session.save_checkpoint(summary.steps_done)
+    session.save_at_end(summary)  # nothing after a stop at once: the weights may be half-updated
     session.checkpointer.wait()
     if session.is_main:
         held_out.fill(result, session.run_dir)
@@ -148,8 +147,9 @@ def run_steps(
     setup: GRPOSetup, session: RunSession, trainer: GRPOTrainer, result: GRPOResult, flops_per_token: float
 ) -> TrainSummary:
     """GRPO steps from the resumed one to ``train.stop_at_step`` (or ``train.steps``); metrics, interval
-    checkpoints and Ctrl-C (the step in flight finishes, then the run stops). The summary counts the tokens
-    of every update (``flops_per_token`` each) for throughput and MFU."""
+    checkpoints and SIGINT or SIGTERM (the step in flight finishes, then the run stops; a second signal
+    stops at once). The summary counts the tokens of every update (``flops_per_token`` each) for
+    throughput and MFU."""
     recipe, train, say = setup.recipe, setup.recipe.train, session.say
     start, last = session.start_step, train.stop_at_step or train.steps
     tokens_per_step = recipe.grpo.prompts_per_step * recipe.grpo.group_size * setup.plan.sequence_length
@@ -157,6 +157,7 @@ def run_steps(
     losses: list[float] = []
     skipped_steps: list[int] = []
     shown_errors, interrupted, stopped_because = 0, False, None
+    stop_signal, stopped_at_once = None, False
     began = first_done = time.perf_counter()
     with stop_after_step() as stop:
         try:
@@ -190,13 +191,11 @@ def run_steps(
                     session.save_checkpoint(step_number)
                 session.checkpointer.poll()
                 if stop.requested and step_number < last:
-                    interrupted = True
+                    interrupted, stop_signal = True, stop.signum
                     break
-        except KeyboardInterrupt:  # a second Ctrl-C, or a signal outside the main thread
-            interrupted = True
+        except KeyboardInterrupt:  # a second signal, Ctrl-C outside the main thread: maybe inside a step
+            interrupted, stop_signal, stopped_at_once = True, stop.signal_at_once(), True
     end = time.perf_counter()
-    if interrupted:
-        say(f"interrupted after {setup.plan.steps_done} steps")
     result.stopped_because = stopped_because
     timed = end - first_done
     tokens_after_first = tokens_per_step * max(len(losses) - 1, 0)
@@ -210,6 +209,8 @@ def run_steps(
         peak_memory_gib=backend.memory_stats().peak_gib,
         wall_seconds=end - began,
         interrupted=interrupted,
+        stop_signal=stop_signal,
+        stopped_at_once=stopped_at_once,
         skipped_steps=skipped_steps,
         stopped_because=stopped_because,
         start_step=start,

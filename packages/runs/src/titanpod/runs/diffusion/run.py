@@ -125,7 +125,8 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
             after_step=after_step,
             count_tokens=lambda batch: batch["latents"].shape[0] * batch["latents"].shape[1],
         )
-        if summary.steps_done > start_step and samples[-1:] != [samples_dir / f"step-{summary.steps_done:06d}.png"]:
+        trained = summary.steps_done > start_step and not summary.stopped_at_once  # else weights may be mid-step
+        if trained and samples[-1:] != [samples_dir / f"step-{summary.steps_done:06d}.png"]:
             sample(summary.steps_done)
         transformer_path = None
         if summary.steps_done > start_step:

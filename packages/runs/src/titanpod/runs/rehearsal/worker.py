@@ -16,7 +16,7 @@ from titanpod.device import process_info
 from titanpod.recipes.errors import print_error
 from titanpod.recipes.recipe import Recipe
 from titanpod.runs.pretrain import run_pretraining
-from titanpod.runs.process_exit import exit_rank
+from titanpod.runs.process_exit import exit_rank, run_exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,8 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyError, ValueError, RuntimeError, OSError) as error:
         print_error(error)
         return 1
-    summary = result.summary
-    return 1 if summary.stopped_because else 130 if summary.interrupted else 0
+    return run_exit_code(result.summary)
 
 
 if __name__ == "__main__":
