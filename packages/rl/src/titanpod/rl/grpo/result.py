@@ -64,7 +64,7 @@ class GRPOResult:
 
     @property
     def interrupted(self) -> bool:
-        """Stopped by Ctrl-C."""
+        """Stopped by a signal (SIGINT, Ctrl-C; or SIGTERM)."""
         return self.summary is not None and self.summary.interrupted
 
     @property
