@@ -17,8 +17,10 @@ class TrainConfig:
     """Optimizer steps to run."""
     lr: float = 3e-3
     """Peak learning rate, reached at the end of warmup."""
-    warmup_steps: int = 10
-    """Steps of linear warmup: warmup step k uses ``k / warmup_steps`` of ``lr``."""
+    warmup_steps: int | None = None
+    """Steps of linear warmup: warmup step k uses ``k / warmup_steps`` of ``lr``. ``None`` (the default)
+    scales with the run: ``min(10, steps // 10)`` (10 for 100 steps or more, 0 for fewer than 10); read the
+    number in effect from ``resolved_warmup_steps``. A number must be below ``steps``."""
     decay: str = "cosine"
     """Shape of the decay after warmup: ``cosine``, ``linear`` or ``constant``."""
     min_lr_ratio: float = 0.1
@@ -66,9 +68,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"train.steps must be at least 1, got {self.steps}.")
-        if not 0 <= self.warmup_steps < self.steps:
+        if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
             raise ValueError(
-                f"train.warmup_steps must be in [0, steps), got {self.warmup_steps} for {self.steps} steps."
+                f"train.warmup_steps={self.warmup_steps} does not fit train.steps={self.steps}: warmup must be 0 or "
+                f"more and end before the last step. Set --train.warmup-steps below {self.steps}, or leave it unset "
+                f"to scale with the run (min(10, steps // 10): {default_warmup_steps(self.steps)} here)."
             )
         _check_choice("decay", self.decay, ("cosine", "linear", "constant"))
         if self.log_every < 1:
@@ -86,6 +90,16 @@ class TrainConfig:
                 f"train.memory_policy={self.memory_policy!r} rewrites the captured step graph, so it needs "
                 "train.step_mode='whole_step'; use memory_policy='save' with eager or per_block steps."
             )
+
+    @property
+    def resolved_warmup_steps(self) -> int:
+        """The warmup in effect: ``warmup_steps``, or when unset ``min(10, steps // 10)``."""
+        return default_warmup_steps(self.steps) if self.warmup_steps is None else self.warmup_steps
+
+
+def default_warmup_steps(steps: int) -> int:
+    """The warmup of a run of ``steps`` steps that sets none: ``min(10, steps // 10)``."""
+    return min(10, steps // 10)
 
 
 def _check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:

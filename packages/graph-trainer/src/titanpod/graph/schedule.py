@@ -10,10 +10,10 @@ from titanpod.graph.config import TrainConfig
 def lr_multiplier(step: int, config: TrainConfig) -> float:
     """Fraction of ``config.lr`` to use at ``step`` (1-based: the first update is step 1).
 
-    Warmup rises linearly over ``warmup_steps`` to 1 (step ``warmup_steps`` gets 1); decay
+    Warmup rises linearly over ``resolved_warmup_steps`` to 1 (the last warmup step gets 1); decay
     then falls from 1 at that step to ``min_lr_ratio`` at the last step.
     """
-    warmup = config.warmup_steps
+    warmup = config.resolved_warmup_steps
     if step <= warmup:
         return step / warmup
     if config.decay == "constant":

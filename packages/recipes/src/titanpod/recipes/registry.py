@@ -31,7 +31,8 @@ def _debug(name: str, family: str, steps: int = 100) -> Recipe:
         model=ModelConfig(family=family, flavor="debug"),
         device=DeviceConfig(lane="auto"),
         data=DataConfig(source="builtin", tokenizer="builtin", seq_len=256, batch_size=8),
-        train=TrainConfig(steps=steps, lr=3e-3, warmup_steps=10, decay="cosine", min_lr_ratio=0.1, log_every=10),
+        # warmup_steps unset: min(10, steps // 10), so --train.steps 5 needs no --train.warmup-steps
+        train=TrainConfig(steps=steps, lr=3e-3, decay="cosine", min_lr_ratio=0.1, log_every=10),
         output=OutputConfig(),
         target=TargetConfig(chip="cpu", chips=1),
     )

@@ -302,7 +302,7 @@ def scale_recipe(
         train=dataclasses.replace(
             train,
             steps=STEPS,
-            warmup_steps=max(1, min(train.warmup_steps, STOP_AT - 1)),
+            warmup_steps=max(1, min(train.resolved_warmup_steps, STOP_AT - 1)),
             log_every=1,
             stop_at_step=0,
         ),
