@@ -21,9 +21,13 @@ from titanpod.parallel import DATA_AXES, PLANS
 from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.recipe import NamedRun, Recipe
 from titanpod.runs.init_from import build_pretrained_model, pretrained_for
+from titanpod.runs.process_count import check_process_count
 from titanpod.runs.session import RunSession
 from titanpod.runs.session import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
 from titanpod.runs.validation import validation_loss
+
+ENTRY_MODULE = "titanpod.pretrain.cli"
+"""The module torchrun starts for a pretraining job (``titanpod-pretrain``)."""
 
 ResumableRun = TypeVar("ResumableRun", bound=NamedRun)
 """A recipe kind with ``name``, ``output`` and ``checkpoint`` (pretraining, SFT)."""
@@ -114,6 +118,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     """
     info = process_info()
     backend = get_backend(recipe.device.lane)
+    check_process_count(recipe.parallel, backend, info.world_size, ENTRY_MODULE)  # before any work
     torch.manual_seed(recipe.train.seed)
     pretrained = pretrained_for(recipe)  # a folder that does not fit fails before anything is built
     if pretrained is None:

@@ -34,6 +34,7 @@ from titanpod.parallel.torch_executor import ParallelModel, parallelize
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.evaluation import Evaluation, evaluate
 from titanpod.runs.pretrain import build_seeded_model, describe_step
+from titanpod.runs.process_count import check_process_count
 from titanpod.runs.process_exit import run_exit_code
 from titanpod.runs.session import RunSession
 
@@ -204,6 +205,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
             f"SFT runs on lanes where each process drives one device (cpu, cuda, tpu); the {backend.lane} lane "
             "is not available for it yet: choose another with --device.lane."
         )
+    check_process_count(recipe.parallel, backend, process_info().world_size, "titanpod.posttrain.cli")
     torch.manual_seed(recipe.train.seed)
     tokenizer = load_sft_tokenizer(recipe.data.tokenizer)
     model, started_from, pretrained, seeded = build_sft_model(recipe, backend)

@@ -21,6 +21,7 @@ from titanpod.recipes.posttrain.grpo_recipe import MISSING_INIT_FROM, GRPORecipe
 from titanpod.rl.grpo.batches import GRPOBatch
 from titanpod.rl.grpo.prompts import PromptPlan, PromptShare, prompt_share
 from titanpod.rl.grpo.rewards import Reward
+from titanpod.runs.process_count import check_process_count
 
 
 def load_policy(recipe: GRPORecipe, device: torch.device) -> tuple[str, Transformer, SFTTokenizer]:
@@ -56,6 +57,7 @@ def check_launch(recipe: GRPORecipe, backend: Backend, world_size: int) -> None:
             f"GRPO runs on lanes where each process drives its own device (cpu, cuda, tpu); the {backend.lane} "
             "lane drives every device from one process and has no rollout engine yet: pick another --device.lane."
         )
+    check_process_count(recipe.parallel, backend, world_size, "titanpod.posttrain.cli")
     if world_size > 1 and recipe.rollout.mode != "local":
         raise ValueError(
             f"Under torchrun each GRPO process samples its share of the prompts with its own engine, so "

@@ -20,6 +20,7 @@ from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.runs.diffusion.batches import EncodingCache, FlowMatchingBatches
 from titanpod.runs.diffusion.components import DiffusionModels, build_diffusion_models
 from titanpod.runs.diffusion.sampling import generate
+from titanpod.runs.process_count import check_process_count
 from titanpod.runs.session import RunSession
 
 TRANSFORMER_FOLDER = "transformer"
@@ -77,6 +78,7 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
             "lane is not available for them yet: choose another with --device.lane."
         )
     info = process_info()
+    check_process_count(recipe.parallel, backend, info.world_size, "titanpod.diffusion.cli")
     if console is not None and info.is_main:
         console.print_json(recipe.to_json())
     device = backend.device(info.local_rank)
