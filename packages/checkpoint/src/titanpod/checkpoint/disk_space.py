@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import errno
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 
@@ -51,6 +55,31 @@ def disk_full_error(path: Path | str, needed_bytes: int, what: str = "the save")
         "The unfinished files were removed. Free some space (old runs, older checkpoints: checkpoint.keep_last) "
         "or write somewhere else (--output.runs-dir, --checkpoint.dir, or another output folder)."
     )
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes of the tensors in a nested dict/list ``state`` (a ``DTensor`` counts its local shard)."""
+    if isinstance(state, dict):
+        return sum(state_bytes(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(value) for value in state)
+    if isinstance(state, torch.Tensor):
+        local = state.to_local() if hasattr(state, "to_local") else state
+        return local.numel() * local.element_size()
+    return 0
+
+
+@contextmanager
+def disk_full_named(path: Any, needed_bytes: int, remove_partial: Callable[[], None], what: str) -> Iterator[None]:
+    """Run the block; when it fails for a full disk, call ``remove_partial`` (drop what was half written) and
+    raise a ``DiskFullError`` naming ``path`` and ``needed_bytes`` instead. Other errors pass unchanged."""
+    try:
+        yield
+    except BaseException as error:
+        if disk_full_cause(error) is None:
+            raise
+        remove_partial()
+        raise disk_full_error(path, needed_bytes, what) from error
 
 
 def _size(count: int) -> str:
