@@ -23,19 +23,37 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from titanpod.checkpoint.locations import Location, filesystem, is_url
 
-_ALLOWED_MODULE_PREFIXES = ("torch.distributed.checkpoint.",)
-_ALLOWED_GLOBALS = {
-    ("torch", "Size"),
-    ("collections", "OrderedDict"),
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("builtins", "slice"),
-    ("builtins", "getattr"),  # how torch pickles dtypes and memory formats: getattr(torch, "float32")
-    ("torch", "device"),
-    ("pathlib", "PosixPath"),  # the checkpoint id DCP records
-    ("torch.serialization", "_get_layout"),  # layouts are pickled by name: _get_layout("torch.strided")
-}
-_TORCH_ATTRIBUTES = {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"}
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+_DCP_FILESYSTEM = "torch.distributed.checkpoint.filesystem"
+_DTYPE_NAMES = frozenset(
+    {
+        "float64", "float32", "float16", "bfloat16", "complex128", "complex64",
+        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+        "int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8", "bool",
+    }
+)  # fmt: skip
+"""The dtypes a DCP checkpoint may record: a ``torch.dtype`` pickles as the global ``torch.<name>``."""
+
+ALLOWED_GLOBALS = frozenset(
+    {
+        (_DCP_METADATA, "Metadata"),
+        (_DCP_METADATA, "TensorStorageMetadata"),
+        (_DCP_METADATA, "ChunkStorageMetadata"),
+        (_DCP_METADATA, "BytesStorageMetadata"),
+        (_DCP_METADATA, "TensorProperties"),
+        (_DCP_METADATA, "MetadataIndex"),
+        (_DCP_METADATA, "StorageMeta"),
+        (_DCP_METADATA, "_MEM_FORMAT_ENCODING"),  # how TensorProperties pickles its memory format (an Enum)
+        (_DCP_FILESYSTEM, "_StorageInfo"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),  # layouts pickle by name: _get_layout("torch.strided"), a dict lookup
+        ("collections", "OrderedDict"),
+        ("pathlib", "PosixPath"),  # the checkpoint id a local save records
+        *(("torch", name) for name in _DTYPE_NAMES),
+    }
+)
+"""Every ``(module, name)`` a DCP ``.metadata`` pickle may name (torch 2.13, checked with ``pickletools`` on sync
+and async saves). Exact pairs only: no module prefix, no dotted name, no ``builtins`` callable."""
 
 
 class UnsafeCheckpointError(ValueError):
@@ -43,19 +61,25 @@ class UnsafeCheckpointError(ValueError):
 
 
 class _MetadataUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only ``ALLOWED_GLOBALS``; anything else raises before it is imported or called."""
+
     def find_class(self, module: str, name: str) -> Any:
-        if module.startswith(_ALLOWED_MODULE_PREFIXES) or (module, name) in _ALLOWED_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and (name in _TORCH_ATTRIBUTES or name in ("contiguous_format", "preserve_format")):
+        """The object ``module.name`` when that exact pair is allowed; ``UnsafeCheckpointError`` otherwise."""
+        if (module, name) in ALLOWED_GLOBALS:
             return super().find_class(module, name)
         raise UnsafeCheckpointError(
             f"The checkpoint metadata refers to {module}.{name}, which DCP metadata never contains; "
-            "it was not written by torch.distributed.checkpoint (or was tampered with), so it is not loaded."
+            "it was not written by torch.distributed.checkpoint (or was tampered with), so it is not loaded. "
+            "Use a checkpoint saved by titanpod, or resume from an earlier one."
         )
+
+    def persistent_load(self, pid: Any) -> Any:
+        """DCP metadata has no persistent ids: refuse them."""
+        raise UnsafeCheckpointError(f"The checkpoint metadata holds a persistent id ({pid!r}); DCP never writes one.")
 
 
 def load_metadata_bytes(data: bytes) -> Metadata:
-    """Unpickle DCP metadata with the allow-list above."""
+    """Unpickle DCP metadata with the allow-list above (``UnsafeCheckpointError`` for anything else)."""
     metadata = _MetadataUnpickler(io.BytesIO(data)).load()
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpointError(f"The checkpoint metadata holds a {type(metadata).__name__}, not DCP Metadata.")
