@@ -38,6 +38,7 @@ import json
 import os
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from titanpod.checkpoint.dcp_reader import quiet_single_process, safe_reader
+from titanpod.checkpoint.disk_space import disk_full_named, state_bytes
 from titanpod.checkpoint.errors import CheckpointError
 from titanpod.checkpoint.locations import (
     Location,
@@ -178,6 +180,7 @@ class Checkpointer:
         self._pending: tuple[Future[Any], Location, int, dict[str, Any]] | None = None
         self._last_saved_step: int | None = None
         self._async_group = None
+        self._pending_bytes = 0
 
     def check_step(self, step: TrainStep) -> None:
         """Refuse now, before training, a step whose state cannot be saved here (an unknown ``state_format``,
@@ -253,10 +256,12 @@ class Checkpointer:
             with quiet_single_process():
                 future = dcp.async_save(state, storage_writer=writer, process_group=self._async_group)
             self._pending = (future, target, step_number, data_state)
+            self._pending_bytes = state_bytes(state)
         else:
-            with quiet_single_process():
-                dcp.save(state, storage_writer=writer)
-            self._finish(target, step_number, data_state)
+            with self._disk_full_named(target, state_bytes(state)):
+                with quiet_single_process():
+                    dcp.save(state, storage_writer=writer)
+                self._finish(target, step_number, data_state)
 
     def poll(self) -> None:
         """Finish a background save whose files are written (call between steps)."""
@@ -269,8 +274,19 @@ class Checkpointer:
             return
         future, target, step_number, data_state = self._pending
         self._pending = None
-        future.result()
-        self._finish(target, step_number, data_state)
+        with self._disk_full_named(target, self._pending_bytes):
+            future.result()
+            self._finish(target, step_number, data_state)
+
+    def _disk_full_named(self, target: Location, needed_bytes: int) -> AbstractContextManager[None]:
+        """A full disk while saving into ``target``: its unfinished folder removed (rank 0; earlier checkpoints
+        are untouched), then a ``DiskFullError`` naming it and the bytes this process's state needs."""
+
+        def remove_partial() -> None:
+            if self.is_main and exists(target):
+                remove_tree(target, first=COMMIT_MARKER)
+
+        return disk_full_named(target, needed_bytes, remove_partial, "this process's trainer state")
 
     def _finish(self, target: Location, step_number: int, data_state: dict[str, Any]) -> None:
         """Rank 0, once every rank's files are written: ``trainer.json``, then the commit marker (last), then
