@@ -1,62 +1,100 @@
-"""Save and load throughput of a ~1.2 GB trainer state against the disk's plain write and read.
+"""Save and load time of a trainer-state checkpoint and a weights export, with and without SHA-256 checksums,
+against the disk's plain write and read.
 
-    uv run python tools/bench/checkpoint_io.py [--folder /tmp/titanpod-ckpt-bench] [--repeats 2]
+    uv run python tools/bench/checkpoint_io.py [--folder /tmp/titanpod-ckpt-bench] [--repeats 3] [--dim 512]
 
-The state is a ~100M-parameter Llama 3 shape (dim 768, 12 layers, vocabulary 16,384) with
-its AdamW moments: parameters, two moments and the step count, all fp32, about 1.2 GB.
-Measured in the same run, best of ``--repeats``:
+The state is a Llama 3 shape (dim ``--dim``, 8 layers, vocabulary 16,384; ~42M parameters with the
+default dim 512) with its AdamW moments: parameters, two moments and the step count, all fp32 (about
+0.5 GB; the weights export is a third of that). Measured in the same run, best of ``--repeats``:
 
-- plain write: the same number of bytes from memory to one file, then fsync;
-- plain read: that file back into memory;
-- save: ``Checkpointer.save`` (DCP files, fsync, trainer.json, rename), synchronous;
-- async save: how long training is blocked (the copy to host memory), and the time until
-  the checkpoint is complete;
-- load: ``Checkpointer.load`` into the live model and optimizer state (checks included).
+- plain write: the state's number of bytes from memory to one file, then fsync; plain read: it back;
+- save: ``Checkpointer.save`` (DCP files, fsync, trainer.json, rename), synchronous; hashed (each file
+  read back once and its SHA-256 recorded) and not (``Checkpointer.hash_files = False``, sizes only);
+- load: ``Checkpointer.load`` into the live model and optimizer state, of the hashed checkpoint (every
+  file hashed and checked first; the hashes a process remembers are forgotten before each load) and of
+  the unhashed one (sizes checked only);
+- async save: how long training is blocked, and the time until the checkpoint is complete (hashing
+  runs after the write, in the background), hashed and not;
+- weights export: ``save_weights`` (bytes hashed as they are written, ``checksums.json``) against the
+  same with the hashing writer replaced by a plain one; weights load: ``load_weights`` with
+  ``checksums.json`` (verified) and without (the folder loads unchecked).
 
-Reads are served from the page cache in both the plain and the checkpoint case (the
-files were just written); writes include fsync to the disk.
+Reads are served from the page cache (the files were just written); writes include fsync. The last
+line is the figures as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+
+def best(function: Callable[[], object], repeats: int, before: Callable[[], object] | None = None) -> float:
+    """The shortest of ``repeats`` timed calls of ``function`` (``before`` runs untimed ahead of each)."""
+    times = []
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@contextlib.contextmanager
+def unhashed_weight_writes() -> Iterator[None]:
+    """Weight files written with a plain writer: what saving cost before checksums (the recorded hashes are
+    then wrong, so the caller deletes ``checksums.json``)."""
+    from titanpod.checkpoint import checksums, safetensors_stream
+
+    class PlainWriter(checksums.HashingWriter):
+        def write(self, data: bytes | memoryview) -> int:
+            self.size += memoryview(data).nbytes
+            return self.handle.write(data)
+
+    safetensors_stream.HashingWriter = PlainWriter  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        safetensors_stream.HashingWriter = checksums.HashingWriter  # type: ignore[misc]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--folder", type=Path, default=Path("/tmp/titanpod-ckpt-bench"))
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dim", type=int, default=512)
     args = parser.parse_args()
 
     import torch
 
-    from titanpod.checkpoint import CheckpointConfig, Checkpointer
+    from titanpod.checkpoint import CheckpointConfig, Checkpointer, load_weights, save_weights
+    from titanpod.checkpoint.checksums import CHECKSUMS_FILE
+    from titanpod.checkpoint.checksums import forget_verified as forget
     from titanpod.device import get_backend
     from titanpod.graph import EagerStep, TrainConfig
     from titanpod.models import DecoderArgs, Transformer
 
-    shape = DecoderArgs(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, vocab_size=16384, ffn_dim=2048, max_seq_len=512)
+    shape = DecoderArgs(
+        dim=args.dim, n_layers=8, n_heads=8, n_kv_heads=4, vocab_size=16384, ffn_dim=3 * args.dim, max_seq_len=512
+    )
     model = Transformer(shape)
     model.init_weights(0)
     step = EagerStep(model, TrainConfig(), get_backend("cpu"))
     for moment in (*step.state.exp_avg, *step.state.exp_avg_sq):
         moment.normal_()
-    state_bytes = sum(p.numel() * 4 * 3 for p in model.parameters())
+    parameters = sum(p.numel() for p in model.parameters())
+    state_bytes = parameters * 4 * 3
     gb = state_bytes / 1e9
     shutil.rmtree(args.folder, ignore_errors=True)
     args.folder.mkdir(parents=True)
-
-    def best(function) -> float:
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            function()
-            times.append(time.perf_counter() - start)
-        return min(times)
+    repeats = args.repeats
 
     blob = torch.empty(state_bytes, dtype=torch.uint8).random_().numpy()
     plain = args.folder / "plain.bin"
@@ -71,41 +109,69 @@ def main() -> None:
         with plain.open("rb") as handle:
             handle.readinto(memoryview(blob))
 
-    write_s, read_s = best(plain_write), best(plain_read)
+    write_s, read_s = best(plain_write, repeats), best(plain_read, repeats)
     plain.unlink()
 
     recipe_json = '{"name": "bench", "model": {"family": "llama3", "flavor": "custom"}}'
-    sync = Checkpointer(args.folder / "sync", CheckpointConfig(keep_last=1), recipe_json, say=lambda m: None)
-    counter = iter(range(1, 1000))
-    save_s = best(lambda: sync.save(next(counter), model, step, {}))
-    latest = sorted((args.folder / "sync" / "checkpoints").glob("step-*"))[-1]
-    recipe = {"name": "bench", "model": {"family": "llama3", "flavor": "custom"}}
-    load_s = best(lambda: sync.load(latest, model, step, recipe))
+    recipe = json.loads(recipe_json)
+    counter = iter(range(1, 10_000))
+    figures: dict[str, float] = {}
+    for hashed in (False, True):
+        label = "hashed" if hashed else "unhashed"
+        sync = Checkpointer(args.folder / f"sync-{label}", CheckpointConfig(keep_last=1), recipe_json, lambda m: None)
+        sync.hash_files = hashed
+        figures[f"save_{label}"] = best(lambda: sync.save(next(counter), model, step, {}), repeats)  # noqa: B023
+        latest = sorted((args.folder / f"sync-{label}" / "checkpoints").glob("step-*"))[-1]
+        figures[f"load_{label}"] = best(lambda: sync.load(latest, model, step, recipe), repeats, forget)  # noqa: B023
+        background = Checkpointer(
+            args.folder / f"async-{label}", CheckpointConfig(keep_last=1, async_save=True), recipe_json, lambda m: None
+        )
+        background.hash_files = hashed
+        blocked, total = [], []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            background.save(next(counter), model, step, {})
+            blocked.append(time.perf_counter() - start)
+            background.wait()
+            total.append(time.perf_counter() - start)
+        figures[f"async_blocked_{label}"], figures[f"async_total_{label}"] = min(blocked), min(total)
 
-    background = Checkpointer(
-        args.folder / "async", CheckpointConfig(keep_last=1, async_save=True), recipe_json, say=lambda m: None
-    )
-    blocked, total = [], []
-    for number in range(1, args.repeats + 1):
-        start = time.perf_counter()
-        background.save(number, model, step, {})
-        blocked.append(time.perf_counter() - start)
-        background.wait()
-        total.append(time.perf_counter() - start)
-
-    print(f"trainer state: {gb:.2f} GB ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters)")
-    rows = [
-        ("plain write + fsync", write_s, None),
-        ("plain read", read_s, None),
-        ("checkpoint save (sync)", save_s, write_s),
-        ("checkpoint load", load_s, read_s),
-        ("async save: training blocked", min(blocked), write_s),
-        ("async save: until complete", min(total), write_s),
-    ]
-    for name, seconds, baseline in rows:
-        ratio = f"{seconds / baseline:5.2f}x plain" if baseline else ""
-        print(f"{name:30s} {seconds:6.2f} s  {gb / seconds:6.2f} GB/s  {ratio}")
+    weights_bytes = parameters * 4
+    weights = args.folder / "weights"
+    with unhashed_weight_writes():
+        figures["weights_save_unhashed"] = best(lambda: save_weights(model, weights), repeats)
+    (weights / CHECKSUMS_FILE).unlink()
+    figures["weights_load_unhashed"] = best(lambda: load_weights(model, weights), repeats, forget)
+    figures["weights_save_hashed"] = best(lambda: save_weights(model, weights), repeats)
+    figures["weights_load_hashed"] = best(lambda: load_weights(model, weights), repeats, forget)
     shutil.rmtree(args.folder, ignore_errors=True)
+
+    print(f"trainer state: {gb:.2f} GB ({parameters / 1e6:.1f}M parameters, fp32 + AdamW); ", end="")
+    print(f"weights: {weights_bytes / 1e9:.2f} GB; best of {repeats}")
+    print(f"{'plain write + fsync':34s} {write_s:6.2f} s  {gb / write_s:6.2f} GB/s")
+    print(f"{'plain read':34s} {read_s:6.2f} s  {gb / read_s:6.2f} GB/s")
+    print(f"{'':34s} {'unhashed':>8s}  {'hashed':>8s}  hashed/unhashed")
+    rows = [
+        ("checkpoint save (sync)", "save", gb),
+        ("checkpoint load", "load", gb),
+        ("async save: training blocked", "async_blocked", gb),
+        ("async save: until complete", "async_total", gb),
+        ("weights export (save_weights)", "weights_save", weights_bytes / 1e9),
+        ("weights load (load_weights)", "weights_load", weights_bytes / 1e9),
+    ]
+    ratios = {}
+    for name, key, size in rows:
+        off, on = figures[f"{key}_unhashed"], figures[f"{key}_hashed"]
+        ratios[f"{key}_ratio"] = on / off
+        print(f"{name:34s} {off:6.2f} s  {on:6.2f} s  {on / off:5.2f}x   ({size / on:.2f} GB/s hashed)")
+    summary = {
+        "state_gb": round(gb, 3),
+        "plain_write_s": write_s,
+        "plain_read_s": read_s,
+        **figures,
+        **{key: round(value, 3) for key, value in ratios.items()},
+    }
+    print(json.dumps({key: round(value, 3) if isinstance(value, float) else value for key, value in summary.items()}))
 
 
 if __name__ == "__main__":

@@ -7,3 +7,15 @@ class CheckpointMismatchError(ValueError):
 
 class CheckpointError(ValueError):
     """A trainer checkpoint cannot be used: what is wrong with it, and what to do."""
+
+
+def failure_text(error: BaseException) -> str:
+    """What went wrong, in one line per failure: a DCP ``CheckpointException`` (which gathers every rank's
+    error, tracebacks included, and is not an ``Exception``) as ``rank N: Type: message``; else ``str(error)``."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if not isinstance(error, CheckpointException):
+        return str(error)
+    return "; ".join(
+        f"rank {rank}: {type(failure).__name__}: {failure}" for rank, (failure, _) in sorted(error.failures.items())
+    )

@@ -7,11 +7,14 @@ or mis-shaped tensor is a ``CheckpointMismatchError`` that names it and its file
 Writing groups tensors, in order, into shards of at most a given size, with the index the
 way transformers and diffusers write it; each file's header is written first and then one tensor
 at a time (``safetensors_stream``), which may be gathered from many processes just before its turn.
+Each file is hashed as it is written and ``checksums.json`` records its size and SHA-256; finding a
+folder's files checks them against it first (``titanpod.checkpoint.checksums``).
 Only safetensors: pickles are never read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
+from titanpod.checkpoint.checksums import manifest_entry, verify_weight_files, write_weights_manifest
 from titanpod.checkpoint.errors import CheckpointMismatchError
 from titanpod.checkpoint.safetensors_stream import StreamedFile, TensorData, TensorEntry, data_order
 
@@ -134,11 +138,14 @@ class SafetensorsFiles:
     def find(cls, directory: Path | str, *names: WeightFileNames, hint: str = "") -> SafetensorsFiles:
         """The weights of ``directory``: the index or single file of the first of ``names`` (default
         transformers') found. ``FileNotFoundError`` when there is none, naming pickles if that is all there is;
-        ``hint`` is added to that message."""
+        ``hint`` is added to that message. Files the folder's ``checksums.json`` lists are checked against it
+        first: ``CheckpointError`` names one whose SHA-256 differs."""
         directory = Path(directory)
         for option in names or (TRANSFORMERS_FILES,):
             if (directory / option.index).is_file():
-                return cls(directory, read_index(directory / option.index))
+                files = read_index(directory / option.index)
+                verify_weight_files(directory, [option.index, *files])
+                return cls(directory, files)
             if (directory / option.single).is_file():
                 return cls.single(directory / option.single)
         pickles = sorted(path.name for pattern in PICKLE_PATTERNS for path in directory.glob(pattern))
@@ -152,7 +159,10 @@ class SafetensorsFiles:
 
     @classmethod
     def single(cls, path: Path) -> SafetensorsFiles:
-        """One safetensors file, its tensor names read from its header."""
+        """One safetensors file, its tensor names read from its header (after its SHA-256 is checked, when the
+        folder's ``checksums.json`` lists it)."""
+        if path.is_file():
+            verify_weight_files(path.parent, [path.name])
         return cls(path.parent, {path.name: list(open_safetensors(path).keys())})
 
     def _open(self) -> Iterator[tuple[str, list[str], Any]]:
@@ -290,12 +300,14 @@ def write_streamed(
     may gather each block just in time), so one block at a time need be in memory. It is called once per
     tensor, in an order fixed by ``entries`` alone: with ``directory=None`` the same calls happen and
     nothing is written (what ``fetch`` returns is iterated to its end and dropped), so every process of a
-    job can take part in gathering each block while one writes.
+    job can take part in gathering each block while one writes. The writing process also records each
+    file's size and SHA-256, taken as its bytes are written, in ``checksums.json``.
     """
     limit = None if max_shard_bytes is None else parse_size(max_shard_bytes)
     shards = plan_shards(entries, limit)
     header = {"format": "pt", **(metadata or {})}
     files = [names.single] if len(shards) == 1 else [names.shard(k, len(shards)) for k in range(1, len(shards) + 1)]
+    written: dict[str, dict[str, Any]] = {}
     for number, (file, shard) in enumerate(zip(files, shards, strict=True), 1):
         if directory is None:
             for entry in data_order(shard):
@@ -311,11 +323,16 @@ def write_streamed(
                     raise RuntimeError(f"No data for {entry.name} in the writing process; it cannot write {file}.")
                 stream.append(data)
                 del data  # before the next is fetched
+        written[file] = manifest_entry(stream.size, stream.sha256)
         if progress is not None:
             progress(f"wrote {file} ({number}/{len(shards)})")
     if len(shards) > 1 and directory is not None:
         weight_map = {entry.name: file for file, shard in zip(files, shards, strict=True) for entry in shard}
         total = sum(entry.nbytes for entry in entries)
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        (directory / names.index).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        index_bytes = (json.dumps(index, indent=2) + "\n").encode("utf-8")
+        (directory / names.index).write_bytes(index_bytes)
+        written[names.index] = manifest_entry(len(index_bytes), hashlib.sha256(index_bytes).hexdigest())
+    if directory is not None:
+        write_weights_manifest(directory, written)
     return sorted(set(files))

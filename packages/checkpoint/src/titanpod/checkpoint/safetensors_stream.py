@@ -1,6 +1,7 @@
 """One safetensors file written tensor by tensor: the header first, from names, dtypes and shapes alone,
 then each tensor's bytes as it arrives, whole or in row blocks, so no more than one block (at most
-``BLOCK_BYTES``) need be in memory; each block is converted to the stored dtype on its own.
+``BLOCK_BYTES``) need be in memory; each block is converted to the stored dtype on its own. Every byte
+is hashed as it is written: ``StreamedFile.sha256`` is the file's SHA-256, with no second read.
 
 The bytes are those ``safetensors.torch.save_file`` writes: the header is compact JSON of
 ``__metadata__`` then every tensor's dtype, shape and data offsets, padded with spaces to a multiple
@@ -16,9 +17,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
+
+from titanpod.checkpoint.checksums import HashingWriter
 
 BLOCK_BYTES = 16 * 2**20
 """Largest row block of a tensor converted and written, or gathered for writing, at once (one row at least):
@@ -125,10 +127,14 @@ class StreamedFile:
         """The entries in the order their tensors must be appended."""
         self._header = safetensors_header(entries, metadata)
         self._next = 0
-        self._handle: BinaryIO | None = None
+        self._handle: HashingWriter | None = None
+        self.sha256 = ""
+        """The SHA-256 (hex) of the whole file, once the ``with`` block has ended without error."""
+        self.size = 0
+        """The file's size in bytes, once the ``with`` block has ended without error."""
 
     def __enter__(self) -> StreamedFile:
-        self._handle = self.path.open("wb")
+        self._handle = HashingWriter(self.path.open("wb"))
         self._handle.write(self._header)
         return self
 
@@ -160,6 +166,7 @@ class StreamedFile:
 
     def __exit__(self, kind: object, error: object, traceback: object) -> None:
         assert self._handle is not None
-        self._handle.close()
+        self._handle.handle.close()
         if kind is None and self._next < len(self.order):
             raise RuntimeError(f"{self.path} is incomplete: {self.order[self._next].name} was never written.")
+        self.sha256, self.size = self._handle.sha256, self._handle.size

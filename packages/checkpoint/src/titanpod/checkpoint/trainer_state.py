@@ -5,8 +5,9 @@ A checkpoint is a folder ``<run>/checkpoints/step-NNNNNN/`` holding
 - ``state/``: torch.distributed.checkpoint (DCP) files of the tensors: the model's
   parameters, the AdamW moments and step count, and PyTorch's CPU random state. Sharded
   parameters and moments are saved as DTensors, so a checkpoint loads under any mesh.
-- ``trainer.json``: the step, the data loader's position, the recipe, and the size of
-  every file (a truncated file is caught before anything is read).
+- ``trainer.json``: the step, the data loader's position, the recipe, and the size and SHA-256
+  of every other file (a truncated or altered file is named before anything is read;
+  ``titanpod.checkpoint.checksums``). Under torchrun each rank hashes its share of the files.
 
 Where the step's state goes is what the step declares (``TrainStep.state_format``): a torch
 step's ``state_dict()`` (its optimizer state) goes to ``state/`` beside the model's parameters;
@@ -37,7 +38,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,10 +48,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
+from titanpod.checkpoint.checksums import damage, manifest_of
 from titanpod.checkpoint.dcp_reader import quiet_single_process, safe_reader
 from titanpod.checkpoint.disk_space import disk_full_named, state_bytes
-from titanpod.checkpoint.errors import CheckpointError
+from titanpod.checkpoint.errors import CheckpointError, failure_text
 from titanpod.checkpoint.locations import (
     Location,
     as_location,
@@ -96,7 +99,10 @@ __all__ = [
     "trainer_state_dict",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The ``trainer.json`` format written: 2 records each file's size and SHA-256, 1 its size alone."""
+READABLE_FORMATS = (1, 2)
+"""The ``trainer.json`` formats read (format 1 files are checked by size only)."""
 STATE_FOLDER = "state"
 ORBAX_FOLDER = "orbax"
 
@@ -180,6 +186,9 @@ class Checkpointer:
         self._pending: tuple[Future[Any], Location, int, dict[str, Any]] | None = None
         self._last_saved_step: int | None = None
         self._async_group = None
+        self._hasher: ThreadPoolExecutor | None = None
+        self.hash_files = True
+        """Record each file's SHA-256 in ``trainer.json`` (off only to measure what hashing costs)."""
         self._pending_bytes = 0
 
     def check_step(self, step: TrainStep) -> None:
@@ -255,7 +264,7 @@ class Checkpointer:
                 self._async_group = dist.new_group(backend="gloo")  # the background write's own collectives
             with quiet_single_process():
                 future = dcp.async_save(state, storage_writer=writer, process_group=self._async_group)
-            self._pending = (future, target, step_number, data_state)
+            self._pending = (self._hashed_after(future, target), target, step_number, data_state)
             self._pending_bytes = state_bytes(state)
         else:
             with self._disk_full_named(target, state_bytes(state)):
@@ -275,8 +284,8 @@ class Checkpointer:
         future, target, step_number, data_state = self._pending
         self._pending = None
         with self._disk_full_named(target, self._pending_bytes):
-            future.result()
-            self._finish(target, step_number, data_state)
+            manifest = future.result()
+            self._finish(target, step_number, data_state, manifest if self.is_main else None)
 
     def _disk_full_named(self, target: Location, needed_bytes: int) -> AbstractContextManager[None]:
         """A full disk while saving into ``target``: its unfinished folder removed (rank 0; earlier checkpoints
@@ -288,17 +297,36 @@ class Checkpointer:
 
         return disk_full_named(target, needed_bytes, remove_partial, "this process's trainer state")
 
-    def _finish(self, target: Location, step_number: int, data_state: dict[str, Any]) -> None:
-        """Rank 0, once every rank's files are written: ``trainer.json``, then the commit marker (last), then
-        locally the rename; then old checkpoints are pruned."""
+    def _hashed_after(self, future: Future[Any], target: Location) -> Future[Any]:
+        """Rank 0: a future of ``target``'s file manifest, its files hashed in a background thread once
+        ``future`` (the background write) is done, so training goes on meanwhile. Other ranks: ``future``."""
+        if not self.is_main:
+            return future
+        if self._hasher is None:
+            self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-hash")
+
+        def written_manifest() -> dict[str, Any]:
+            future.result()
+            return manifest_of(target, file_sizes(target), self.hash_files)
+
+        return self._hasher.submit(written_manifest)
+
+    def _finish(
+        self, target: Location, step_number: int, data_state: dict[str, Any], manifest: dict[str, Any] | None = None
+    ) -> None:
+        """Rank 0, once every rank's files are written: ``trainer.json`` (with ``manifest``, the files' sizes and
+        hashes, taken here unless given), then the commit marker (last), then locally the rename; then old
+        checkpoints are pruned."""
         if not self.is_main:
             return
+        if manifest is None:
+            manifest = manifest_of(target, file_sizes(target), self.hash_files)
         trainer = {
             "format": FORMAT_VERSION,
             "step": step_number,
             "data": data_state,
             "recipe": json.loads(self.recipe_json),
-            "files": file_sizes(target),
+            "files": manifest,
         }
         trainer_bytes = (json.dumps(trainer, indent=2) + "\n").encode()
         write_bytes(join(target, TRAINER_FILE), trainer_bytes)
@@ -322,7 +350,7 @@ class Checkpointer:
     def load(self, folder: Location, model: nn.Module, step: TrainStep, recipe: dict[str, Any]) -> ResumePoint:
         """Load a checkpoint into ``model`` and ``step`` in place (any mesh), after checking it fits."""
         folder = as_location(folder)
-        trainer = read_trainer_file(folder)
+        trainer = _read_checked(folder)
         check_same_run(trainer["recipe"], recipe, folder)
         if _check_format(step, "torch", "jax") == "jax":
             return self._load_orbax(folder, step, trainer)
@@ -334,9 +362,9 @@ class Checkpointer:
         try:
             with quiet_single_process():
                 dcp.load(state, storage_reader=safe_reader(join(folder, STATE_FOLDER)))
-        except Exception as error:  # DCP reports missing keys, bad shapes and unreadable data in many types
+        except (Exception, CheckpointException) as error:  # DCP's own CheckpointException is no Exception
             raise CheckpointError(
-                f"Cannot load the trainer state in {folder}: {error}. Resume from an earlier checkpoint "
+                f"Cannot load the trainer state in {folder}: {failure_text(error)}. Resume from an earlier checkpoint "
                 f"(--checkpoint.resume {parent(folder)}/step-NNNNNN) or start fresh (--checkpoint.resume never)."
             ) from error
         step.load_state_dict(state["optim"])  # DCP loaded into the step's own tensors; this checks them
@@ -375,9 +403,32 @@ def _check_format(step: TrainStep, *saved: str) -> str:
     return step.state_format
 
 
-def read_trainer_file(folder: Location) -> dict[str, Any]:
+def _read_checked(folder: Location) -> dict[str, Any]:
+    """``read_trainer_file`` on every rank, each hashing its share of the files; a damaged file found by any
+    rank is raised on all (so none goes on into DCP's collectives alone)."""
+    if not dist.is_initialized():
+        return read_trainer_file(folder)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    trainer, problem = None, None
+    try:
+        trainer = read_trainer_file(folder, share=(rank, world))
+    except (CheckpointError, OSError) as error:
+        problem = str(error)
+    group = dist.new_group(backend="gloo")
+    found: list[str | None] = [None] * world
+    dist.all_gather_object(found, problem, group=group)
+    dist.destroy_process_group(group)
+    first = next((message for message in found if message), None)
+    if first is not None:
+        raise CheckpointError(first)
+    assert trainer is not None
+    return trainer
+
+
+def read_trainer_file(folder: Location, share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
     """``trainer.json`` of a checkpoint, after checking its commit marker (required at a URL) and that every
-    file it lists is there, whole."""
+    file it lists is there, whole, with the SHA-256 it records (format 2). ``share=(rank, world)`` hashes
+    only every ``world``-th file from the ``rank``-th (sizes are all checked)."""
     folder = as_location(folder)
     path = join(folder, TRAINER_FILE)
     try:
@@ -388,17 +439,20 @@ def read_trainer_file(folder: Location) -> dict[str, Any]:
             f"{path} is missing or unreadable ({error}); {folder} is not a usable checkpoint."
         ) from error
     check_marker(folder, trainer_bytes)
-    if trainer.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{path} has format {trainer.get('format')!r}; this version reads {FORMAT_VERSION}.")
-    sizes = file_sizes(folder)
-    for name, size in trainer["files"].items():
-        found = sizes.get(name)
-        if found != size:
-            state = "missing" if found is None else f"{found:,} bytes instead of {size:,}"
-            raise CheckpointError(
-                f"The checkpoint {folder} is damaged: {name} is {state} (truncated or overwritten). "
-                "Resume from an earlier checkpoint or start fresh (--checkpoint.resume never)."
-            )
+    if trainer.get("format") not in READABLE_FORMATS:
+        raise CheckpointError(
+            f"{path} has format {trainer.get('format')!r}; this version reads {READABLE_FORMATS} (a newer titanpod "
+            "wrote it: update titanpod)."
+        )
+    rank, world = share
+    mine = [name for number, name in enumerate(trainer["files"]) if number % world == rank]
+    problem = damage(folder, trainer["files"], file_sizes(folder), mine)
+    if problem is not None:
+        name, state = problem
+        raise CheckpointError(
+            f"The checkpoint {folder} is damaged: {name} {state}. "
+            "Resume from an earlier checkpoint or start fresh (--checkpoint.resume never)."
+        )
     return trainer
 
 
