@@ -19,14 +19,17 @@ default dim 512) with its AdamW moments: parameters, two moments and the step co
   same with the hashing writer replaced by a plain one; weights load: ``load_weights`` with
   ``checksums.json`` (verified) and without (the folder loads unchecked).
 
-Reads are served from the page cache (the files were just written); writes include fsync. The last
-line is the figures as JSON.
+Hashed and unhashed runs alternate within each repeat, so a busy machine slows both alike. Reads are
+served from the page cache (the files were just written); writes include fsync. Also printed: how fast
+``hashlib.sha256`` digests memory here (the floor of what hashing adds). The last line is the figures
+as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -35,12 +38,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
-def best(function: Callable[[], object], repeats: int, before: Callable[[], object] | None = None) -> float:
-    """The shortest of ``repeats`` timed calls of ``function`` (``before`` runs untimed ahead of each)."""
+def best(function: Callable[[], object], repeats: int) -> float:
+    """The shortest of ``repeats`` timed calls of ``function``."""
     times = []
     for _ in range(repeats):
-        if before is not None:
-            before()
         start = time.perf_counter()
         function()
         times.append(time.perf_counter() - start)
@@ -112,44 +113,60 @@ def main() -> None:
     write_s, read_s = best(plain_write, repeats), best(plain_read, repeats)
     plain.unlink()
 
+    digest_buffer = os.urandom(256 * 2**20)
+    sha256_gb_s = 256 * 2**20 / 1e9 / best(lambda: hashlib.sha256(digest_buffer).digest(), repeats)
+
     recipe_json = '{"name": "bench", "model": {"family": "llama3", "flavor": "custom"}}'
     recipe = json.loads(recipe_json)
     counter = iter(range(1, 10_000))
-    figures: dict[str, float] = {}
-    for hashed in (False, True):
-        label = "hashed" if hashed else "unhashed"
-        sync = Checkpointer(args.folder / f"sync-{label}", CheckpointConfig(keep_last=1), recipe_json, lambda m: None)
-        sync.hash_files = hashed
-        figures[f"save_{label}"] = best(lambda: sync.save(next(counter), model, step, {}), repeats)  # noqa: B023
-        latest = sorted((args.folder / f"sync-{label}" / "checkpoints").glob("step-*"))[-1]
-        figures[f"load_{label}"] = best(lambda: sync.load(latest, model, step, recipe), repeats, forget)  # noqa: B023
-        background = Checkpointer(
-            args.folder / f"async-{label}", CheckpointConfig(keep_last=1, async_save=True), recipe_json, lambda m: None
-        )
-        background.hash_files = hashed
-        blocked, total = [], []
-        for _ in range(repeats):
+    times: dict[str, list[float]] = {}
+
+    def timed(key: str, function: Callable[[], object]) -> None:
+        forget()  # a load reads every file for its hash, as in a fresh process
+        start = time.perf_counter()
+        function()
+        times.setdefault(key, []).append(time.perf_counter() - start)
+
+    savers = {}
+    for label in ("unhashed", "hashed"):
+        for kind, config in (
+            ("sync", CheckpointConfig(keep_last=1)),
+            ("async", CheckpointConfig(keep_last=1, async_save=True)),
+        ):
+            savers[kind, label] = Checkpointer(args.folder / f"{kind}-{label}", config, recipe_json, lambda m: None)
+            savers[kind, label].hash_files = label == "hashed"
+    weights = {label: args.folder / f"weights-{label}" for label in ("unhashed", "hashed")}
+
+    def save_unhashed_weights() -> None:
+        with unhashed_weight_writes():
+            save_weights(model, weights["unhashed"])
+        (weights["unhashed"] / CHECKSUMS_FILE).unlink()  # its recorded hashes are wrong: load it unchecked
+
+    for _ in range(repeats):  # hashed and unhashed alternate, so a busy machine slows both alike
+        for label in ("unhashed", "hashed"):
+            sync, background = savers["sync", label], savers["async", label]
+            timed(f"save_{label}", lambda: sync.save(next(counter), model, step, {}))  # noqa: B023
+            latest = sorted((args.folder / f"sync-{label}" / "checkpoints").glob("step-*"))[-1]
+            timed(f"load_{label}", lambda: sync.load(latest, model, step, recipe))  # noqa: B023
             start = time.perf_counter()
             background.save(next(counter), model, step, {})
-            blocked.append(time.perf_counter() - start)
+            times.setdefault(f"async_blocked_{label}", []).append(time.perf_counter() - start)
             background.wait()
-            total.append(time.perf_counter() - start)
-        figures[f"async_blocked_{label}"], figures[f"async_total_{label}"] = min(blocked), min(total)
-
+            times.setdefault(f"async_total_{label}", []).append(time.perf_counter() - start)
+            if label == "hashed":
+                timed("weights_save_hashed", lambda: save_weights(model, weights["hashed"]))
+            else:
+                timed("weights_save_unhashed", save_unhashed_weights)
+            timed(f"weights_load_{label}", lambda: load_weights(model, weights[label]))  # noqa: B023
+    figures = {key: min(values) for key, values in times.items()}
     weights_bytes = parameters * 4
-    weights = args.folder / "weights"
-    with unhashed_weight_writes():
-        figures["weights_save_unhashed"] = best(lambda: save_weights(model, weights), repeats)
-    (weights / CHECKSUMS_FILE).unlink()
-    figures["weights_load_unhashed"] = best(lambda: load_weights(model, weights), repeats, forget)
-    figures["weights_save_hashed"] = best(lambda: save_weights(model, weights), repeats)
-    figures["weights_load_hashed"] = best(lambda: load_weights(model, weights), repeats, forget)
     shutil.rmtree(args.folder, ignore_errors=True)
 
     print(f"trainer state: {gb:.2f} GB ({parameters / 1e6:.1f}M parameters, fp32 + AdamW); ", end="")
     print(f"weights: {weights_bytes / 1e9:.2f} GB; best of {repeats}")
     print(f"{'plain write + fsync':34s} {write_s:6.2f} s  {gb / write_s:6.2f} GB/s")
     print(f"{'plain read':34s} {read_s:6.2f} s  {gb / read_s:6.2f} GB/s")
+    print(f"{'sha256 of memory (hashlib)':34s} {sha256_gb_s:6.2f} GB/s")
     print(f"{'':34s} {'unhashed':>8s}  {'hashed':>8s}  hashed/unhashed")
     rows = [
         ("checkpoint save (sync)", "save", gb),
@@ -168,6 +185,7 @@ def main() -> None:
         "state_gb": round(gb, 3),
         "plain_write_s": write_s,
         "plain_read_s": read_s,
+        "sha256_gb_s": sha256_gb_s,
         **figures,
         **{key: round(value, 3) for key, value in ratios.items()},
     }

@@ -7,7 +7,8 @@ A checkpoint is a folder ``<run>/checkpoints/step-NNNNNN/`` holding
   parameters and moments are saved as DTensors, so a checkpoint loads under any mesh.
 - ``trainer.json``: the step, the data loader's position, the recipe, and the size and SHA-256
   of every other file (a truncated or altered file is named before anything is read;
-  ``titanpod.checkpoint.checksums``). Under torchrun each rank hashes its share of the files.
+  ``titanpod.checkpoint.checksums``). Under torchrun each rank hashes its share of the files, on
+  save (rank 0 gathers the manifest) and on load.
 
 Where the step's state goes is what the step declares (``TrainStep.state_format``): a torch
 step's ``state_dict()`` (its optimizer state) goes to ``state/`` beside the model's parameters;
@@ -261,7 +262,7 @@ class Checkpointer:
         writer = _state_writer(join(target, STATE_FOLDER))
         if self.config.async_save:
             if dist.is_initialized() and self._async_group is None:
-                self._async_group = dist.new_group(backend="gloo")  # the background write's own collectives
+                self._async_group = dist.new_group(backend="gloo")  # the background write's (and hashing's) collectives
             with quiet_single_process():
                 future = dcp.async_save(state, storage_writer=writer, process_group=self._async_group)
             self._pending = (self._hashed_after(future, target), target, step_number, data_state)
@@ -270,7 +271,7 @@ class Checkpointer:
             with self._disk_full_named(target, state_bytes(state)):
                 with quiet_single_process():
                     dcp.save(state, storage_writer=writer)
-                self._finish(target, step_number, data_state)
+                self._finish(target, step_number, data_state, self._manifest(target))
 
     def poll(self) -> None:
         """Finish a background save whose files are written (call between steps)."""
@@ -298,18 +299,36 @@ class Checkpointer:
         return disk_full_named(target, needed_bytes, remove_partial, "this process's trainer state")
 
     def _hashed_after(self, future: Future[Any], target: Location) -> Future[Any]:
-        """Rank 0: a future of ``target``'s file manifest, its files hashed in a background thread once
-        ``future`` (the background write) is done, so training goes on meanwhile. Other ranks: ``future``."""
-        if not self.is_main:
-            return future
+        """A future of ``target``'s file manifest (``_manifest``: rank 0 gets it, other ranks ``None``), its files
+        hashed in a background thread once ``future`` (the background write) is done, so training goes on."""
         if self._hasher is None:
             self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-hash")
 
-        def written_manifest() -> dict[str, Any]:
+        def written_manifest() -> dict[str, Any] | None:
             future.result()
-            return manifest_of(target, file_sizes(target), self.hash_files)
+            return self._manifest(target)
 
         return self._hasher.submit(written_manifest)
+
+    def _manifest(self, target: Location) -> dict[str, Any] | None:
+        """The size and SHA-256 of every file in ``target``, once all are written (every rank calls this): each
+        rank hashes its share (every world-th file), rank 0 gathers them (and hashes any file a rank did not
+        list); other ranks get ``None``."""
+        sizes = file_sizes(target)
+        if not dist.is_initialized():
+            return manifest_of(target, sizes, self.hash_files)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        share = {name: size for number, (name, size) in enumerate(sizes.items()) if number % world == rank}
+        if self._async_group is None:
+            self._async_group = dist.new_group(backend="gloo")
+        parts: list[dict[str, Any]] | None = [{} for _ in range(world)] if self.is_main else None
+        dist.gather_object(manifest_of(target, share, self.hash_files), parts, dst=0, group=self._async_group)
+        if parts is None:
+            return None
+        found = {name: item for part in parts for name, item in part.items()}
+        missing = {name: size for name, size in sizes.items() if name not in found}
+        found.update(manifest_of(target, missing, self.hash_files))
+        return {name: found[name] for name in sizes}
 
     def _finish(
         self, target: Location, step_number: int, data_state: dict[str, Any], manifest: dict[str, Any] | None = None
