@@ -78,7 +78,9 @@ def test_a_checkpoint_saved_with_fsdp4_loads_with_fsdp2_and_one_process(tmp_path
                      "--output.run-name", "four", processes=4)  # fmt: skip
     assert saved.returncode == 0, saved.stderr[-4000:]
     checkpoint = tmp_path / "runs" / "four" / "checkpoints" / "step-000002"
-    resume = ["--train.steps", "2", "--checkpoint.resume", str(checkpoint)]
+    # a new mesh and per-process batch (the same global batch of 4): changes resume must be told to accept
+    resume = ["--train.steps", "2", "--checkpoint.resume", str(checkpoint),
+              "--checkpoint.allow-changes", "parallel.fsdp,data.batch_size"]  # fmt: skip
     two = pretrain(tmp_path, *resume, "--parallel.fsdp", "2", "--data.batch-size", "2", "--output.run-name", "two",
                    processes=2)  # fmt: skip
     assert two.returncode == 0, two.stderr[-4000:]

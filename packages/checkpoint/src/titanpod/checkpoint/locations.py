@@ -200,3 +200,15 @@ def remove_tree(location: Location, first: str | None = None) -> None:
     if fs.exists(path):
         fs.rm(path, recursive=True)
     fs.invalidate_cache(path)
+
+
+def move(source: Location, target: Location) -> None:
+    """Move the folder ``source`` (and everything in it) to ``target`` in the same place: a rename locally,
+    a copy then a delete on an object store (which has no rename)."""
+    if not is_url(source):
+        Path(source).rename(target)
+        return
+    fs, path = filesystem(str(source))
+    _, target_path = filesystem(str(target))
+    fs.mv(path, target_path, recursive=True)
+    fs.invalidate_cache(path)

@@ -10,6 +10,10 @@ folder a checkpoint: a step folder without one is a save that did not finish, an
 ignores it. Local folders are made whole by a rename (``.step-NNNNNN.partial`` becomes
 ``step-NNNNNN``), so there the marker is written too (a local checkpoint copied to a bucket stays
 valid) but not required (checkpoints written before markers existed still load).
+
+A step folder without ``trainer.json`` (part of a checkpoint copied by hand, say) is never
+resumed from and never deleted: resume names it and goes on with the newest complete one, and a
+save of that step moves it aside first (``step-NNNNNN.moved-<UTC time>``), saying so.
 """
 
 from __future__ import annotations
@@ -18,10 +22,23 @@ import fnmatch
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable
 
 from titanpod.checkpoint.errors import CheckpointError
-from titanpod.checkpoint.locations import Location, base_name, children, is_file, is_url, join, read_bytes, write_bytes
+from titanpod.checkpoint.locations import (
+    Location,
+    base_name,
+    children,
+    exists,
+    is_file,
+    is_url,
+    join,
+    move,
+    parent,
+    read_bytes,
+    write_bytes,
+)
 
 COMMIT_MARKER = "COMMITTED"
 """The file written last into a checkpoint folder: the save finished."""
@@ -66,7 +83,7 @@ def check_marker(folder: Location, trainer_bytes: bytes) -> None:
             return
         raise CheckpointError(
             f"{unfinished_message(folder)}; it is not a usable checkpoint. Resume from an earlier checkpoint "
-            "or start fresh (--checkpoint.resume never)."
+            "or start a new run (--output.run-name NEW)."
         ) from error
     except (OSError, ValueError) as error:
         raise CheckpointError(f"{path} is unreadable ({error}); {folder} is not a usable checkpoint.") from error
@@ -79,8 +96,8 @@ def check_marker(folder: Location, trainer_bytes: bytes) -> None:
 
 def complete_checkpoints(folder: Location, say: Callable[[str], None] | None = None) -> list[tuple[int, Location]]:
     """The complete checkpoints in ``folder`` (``step-NNNNNN`` with a trainer file and, at a URL, its
-    commit marker), oldest first. Step folders at a URL without a marker are left out, each named to
-    ``say`` when given."""
+    commit marker), oldest first. Step folders at a URL without a marker, and step folders without a
+    trainer file, are left out (and left as they are), each named to ``say`` when given."""
     found = []
     for path in children(folder):
         match = STEP_FOLDER.match(base_name(path))
@@ -92,7 +109,31 @@ def complete_checkpoints(folder: Location, say: Callable[[str], None] | None = N
             continue
         if is_file(join(path, TRAINER_FILE)):
             found.append((int(match.group(1)), path))
+        elif say is not None:
+            say(
+                f"checkpoint {path} has no {TRAINER_FILE} (not a complete checkpoint); "
+                "it is left as it is and not resumed from"
+            )
     return sorted(found)
+
+
+def step_folders(folder: Location) -> list[Location]:
+    """Every ``step-NNNNNN`` folder in ``folder``, complete or not, by name."""
+    return [path for path in children(folder) if STEP_FOLDER.match(base_name(path))]
+
+
+def set_aside(path: Location) -> str:
+    """Move the step folder ``path`` out of the way of a save of its step, to ``<name>.moved-<UTC time>``
+    beside it (a name no reader, pruner or cleaner takes for a checkpoint); returns what to say about it."""
+    what = "a complete checkpoint" if is_file(join(path, TRAINER_FILE)) else f"no {TRAINER_FILE}: incomplete"
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = join(parent(path), f"{base_name(path)}.moved-{stamp}")
+    count = 1
+    while exists(target):
+        target = join(parent(path), f"{base_name(path)}.moved-{stamp}-{count}")
+        count += 1
+    move(path, target)
+    return f"{path} was already there ({what}); moved it aside to {target} before saving that step"
 
 
 def unfinished_saves(folder: Location) -> list[Location]:

@@ -32,6 +32,12 @@ not finish: resume ignores it, naming it. Either kind of leftover is removed wit
 next time the run starts; pruning (``keep_last``) deletes a folder's marker before the rest.
 Saves can run in the background (``async_save``): tensors are copied to host memory, training
 goes on, and the checkpoint becomes complete when the write has finished.
+
+Never mix, never lose: ``resume never`` refuses a checkpoints folder that already holds step
+folders; resume refuses a checkpoint whose recipe differs in a field that changes the model, the
+data stream or the trajectory (``titanpod.checkpoint.recipe_changes``) unless
+``checkpoint.allow_changes`` lists it; a step folder without ``trainer.json`` is named and skipped
+by resume, and moved aside (not overwritten) by a save of its step.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from titanpod.checkpoint.errors import CheckpointError, failure_text
 from titanpod.checkpoint.locations import (
     Location,
     as_location,
+    base_name,
     exists,
     file_sizes,
     filesystem,
@@ -72,13 +79,16 @@ from titanpod.checkpoint.locations import (
     remove_tree,
     write_bytes,
 )
+from titanpod.checkpoint.recipe_changes import check_same_run
 from titanpod.checkpoint.step_folders import (
     COMMIT_MARKER,
     TRAINER_FILE,
     check_marker,
     complete_checkpoints,
     needs_marker,
+    set_aside,
     step_folder_name,
+    step_folders,
     unfinished_message,
     unfinished_saves,
     write_marker,
@@ -122,17 +132,25 @@ class CheckpointConfig:
     """Write in the background: training goes on while the files are written."""
     resume: str = "auto"
     """``auto``: continue from the newest complete checkpoint in the run directory, if any;
-    ``never``: start fresh (existing checkpoints are left alone); or the path of a checkpoint folder."""
+    ``never``: start fresh (refused where checkpoints already are: name a new run); or the path of a
+    checkpoint folder."""
     export_hf: bool = False
     """After the last step, also export the model as Hugging Face sharded safetensors to ``<run>/hf``."""
     dir: str = ""
     """Where checkpoints go: ``""`` means ``<run>/checkpoints``; else any local path or fsspec URL, such as
     ``gs://bucket/run/checkpoints`` (needs gcsfs), ``memory://run`` or ``file:///data/run/checkpoints``.
     At a URL a save is complete once its ``COMMITTED`` marker is written (there is no rename)."""
+    allow_changes: tuple[str, ...] = ()
+    """Recipe fields this run may change from the checkpoint it resumes, beyond the harmless ones
+    (``titanpod.checkpoint.recipe_changes.HARMLESS_CHANGES``): dotted names, each its own argument or
+    comma-separated, ``*`` matching any part (``--checkpoint.allow-changes data.seq_len,train.lr`` or
+    ``--checkpoint.allow-changes 'data.*' train.lr``). Needed only by the run that makes the change."""
 
     def __post_init__(self) -> None:
         if self.every < 0 or self.keep_last < 0:
             raise ValueError("checkpoint.every and checkpoint.keep_last must be 0 or more.")
+        names = tuple(name.strip() for entry in self.allow_changes for name in entry.split(",") if name.strip())
+        object.__setattr__(self, "allow_changes", names)  # a recipe file's list, or "a,b", as a tuple of names
 
 
 @dataclass(frozen=True)
@@ -213,6 +231,23 @@ class Checkpointer:
             dist.barrier()
         return removed
 
+    def check_fresh_start(self, run_dir: Path) -> None:
+        """With ``resume never``: refuse, before anything is written, a checkpoints folder that already holds
+        step folders (a fresh run's saves would mix with them, or replace them)."""
+        if self.config.resume != "never":
+            return
+        found = [str(base_name(path)) for path in step_folders(self.folder)]
+        if not found:
+            return
+        names = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        where, elsewhere = (
+            (run_dir, "") if self.folder == Path(run_dir) / "checkpoints" else (self.folder, " or --checkpoint.dir")
+        )
+        raise CheckpointError(
+            f"{where} already holds checkpoints ({names}): name a new run (--output.run-name ...{elsewhere}) "
+            "or resume them (--checkpoint.resume auto)."
+        )
+
     def resume_folder(self) -> Location | None:
         """The checkpoint ``config.resume`` points at: None to start fresh."""
         if self.config.resume == "never":
@@ -247,6 +282,8 @@ class Checkpointer:
         # Locally into a staging folder renamed when complete; at a URL (no rename) straight into the step folder.
         target = final if needs_marker(self.folder) else join(self.folder, f".{step_folder_name(step_number)}.partial")
         if self.is_main:
+            if exists(final):  # a folder left by another run, or without trainer.json: kept, never overwritten
+                self.say(set_aside(final))
             if exists(target):
                 remove_tree(target, first=COMMIT_MARKER)
             make_folder(target)
@@ -367,10 +404,12 @@ class Checkpointer:
             remove_tree(path, first=COMMIT_MARKER)
 
     def load(self, folder: Location, model: nn.Module, step: TrainStep, recipe: dict[str, Any]) -> ResumePoint:
-        """Load a checkpoint into ``model`` and ``step`` in place (any mesh), after checking it fits."""
+        """Load a checkpoint into ``model`` and ``step`` in place (any mesh), after checking it fits: its recipe
+        may differ from ``recipe`` only in harmless fields and ``checkpoint.allow_changes`` (those are said)."""
         folder = as_location(folder)
         trainer = _read_checked(folder)
-        check_same_run(trainer["recipe"], recipe, folder)
+        for change in check_same_run(trainer["recipe"], recipe, folder, self.config.allow_changes):
+            self.say(f"resuming with a changed recipe field (allowed by --checkpoint.allow-changes): {change}")
         if _check_format(step, "torch", "jax") == "jax":
             return self._load_orbax(folder, step, trainer)
         if not is_dir(join(folder, STATE_FOLDER)):
@@ -384,7 +423,7 @@ class Checkpointer:
         except (Exception, CheckpointException) as error:  # DCP's own CheckpointException is no Exception
             raise CheckpointError(
                 f"Cannot load the trainer state in {folder}: {failure_text(error)}. Resume from an earlier checkpoint "
-                f"(--checkpoint.resume {parent(folder)}/step-NNNNNN) or start fresh (--checkpoint.resume never)."
+                f"(--checkpoint.resume {parent(folder)}/step-NNNNNN) or start a new run (--output.run-name NEW)."
             ) from error
         step.load_state_dict(state["optim"])  # DCP loaded into the step's own tensors; this checks them
         torch.set_rng_state(state["rng"]["torch_cpu"])
@@ -470,22 +509,6 @@ def read_trainer_file(folder: Location, share: tuple[int, int] = (0, 1)) -> dict
         name, state = problem
         raise CheckpointError(
             f"The checkpoint {folder} is damaged: {name} {state}. "
-            "Resume from an earlier checkpoint or start fresh (--checkpoint.resume never)."
+            "Resume from an earlier checkpoint or start a new run (--output.run-name NEW)."
         )
     return trainer
-
-
-def check_same_run(saved: dict[str, Any], current: dict[str, Any], folder: Location) -> None:
-    """Refuse a checkpoint of another model or recipe, naming the fields that differ."""
-    differences = []
-    for section, keys in (("", ("name",)), ("model", ("family", "flavor"))):
-        for key in keys:
-            old = saved.get(section, {}).get(key) if section else saved.get(key)
-            new = current.get(section, {}).get(key) if section else current.get(key)
-            if old != new:
-                differences.append(f"{section + '.' if section else ''}{key}: checkpoint {old!r}, this run {new!r}")
-    if differences:
-        raise CheckpointError(
-            f"The checkpoint {folder} is from a different run ({'; '.join(differences)}). "
-            "Point --checkpoint.resume at a checkpoint of this recipe, or use --checkpoint.resume never."
-        )

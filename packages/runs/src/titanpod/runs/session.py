@@ -41,11 +41,12 @@ from titanpod.graph import JsonlWriter, StepMetrics, TensorBoardWriter, TrainSte
 from titanpod.graph.interrupt import signal_name
 from titanpod.graph.steps import Batch
 from titanpod.recipes.recipe import NamedRun, RunRecipe
+from titanpod.runs.recipe_history import RECIPE_FILE, record_recipe
 
 Written = TypeVar("Written")
 """What a trainer's final-weights writer returns (a path, a folder)."""
 
-METRICS_FILE, TENSORBOARD_FOLDER, RECIPE_FILE = "metrics.jsonl", "tensorboard", "recipe.json"
+METRICS_FILE, TENSORBOARD_FOLDER = "metrics.jsonl", "tensorboard"
 
 
 class ResumableData(Protocol):
@@ -63,6 +64,10 @@ class ResumableData(Protocol):
 def prepare_run_dir(recipe: NamedRun) -> Path:
     """Create the run directory and write the recipe into it; fail early if it cannot be written.
 
+    A ``recipe.json`` already there (an earlier run of the directory) is left as it is: the session
+    replaces it, keeping it in ``recipe-history/``, once ``resume`` has accepted the new recipe
+    (``titanpod.runs.recipe_history``).
+
     Under torchrun every rank must call it: rank 0 picks the name and the others receive it.
     """
     name = recipe.output.run_name or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -75,7 +80,8 @@ def prepare_run_dir(recipe: NamedRun) -> Path:
         return run_dir
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / RECIPE_FILE).write_text(recipe.to_json(), encoding="utf-8")
+        if not (run_dir / RECIPE_FILE).exists():
+            (run_dir / RECIPE_FILE).write_text(recipe.to_json(), encoding="utf-8")
     except OSError as error:
         raise OSError(
             f"Cannot write the run directory {run_dir}: {error.strerror}. "
@@ -96,7 +102,8 @@ class RunSession:
 
     def __init__(self, recipe: RunRecipe, backend: Backend, console: Console | None = None) -> None:
         """Join the process group under torchrun (single-controller lanes run one process), create the
-        run directory (rank 0 writes ``recipe.json``), and remove checkpoints whose save never completed.
+        run directory (rank 0 writes ``recipe.json``), refuse ``checkpoint.resume never`` where checkpoints
+        already are (before anything else is written), and remove checkpoints whose save never completed.
 
         ``console`` is used on rank 0 only; pass the same on every rank or ``None`` for a quiet run.
         """
@@ -112,14 +119,15 @@ class RunSession:
         """The console on rank 0; ``None`` on other ranks and for a quiet run."""
         self.run_dir = prepare_run_dir(recipe)
         """The run directory (the same path on every rank)."""
+        self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
+        """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
+        self.checkpointer.check_fresh_start(self.run_dir)
         self.writers: list[JsonlWriter | TensorBoardWriter] = []
         """The metrics writers (rank 0 only): ``metrics.jsonl``, and ``tensorboard/`` with ``output.tensorboard``."""
         if self.info.is_main:
             self.writers.append(JsonlWriter(self.run_dir / METRICS_FILE))
             if recipe.output.tensorboard:
                 self.writers.append(TensorBoardWriter(self.run_dir / TENSORBOARD_FOLDER))
-        self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
-        """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
         self.checkpointer.remove_partial()
         self.start_step = 0
         """Steps done before this run started (set by ``resume``)."""
@@ -167,22 +175,30 @@ class RunSession:
         ``data`` the batches whose position is restored. ``data_state`` returns the position to save
         (default ``data.state_dict``); every rank calls it at each save, so it may be a collective
         (``titanpod.data.gather_data_state``). Returns the steps already done (0 when starting fresh).
-        Every rank must call it.
+        Every rank must call it. Once the checkpoint is accepted (or the run starts fresh), rank 0 writes
+        ``recipe.json``, keeping a different earlier one in ``recipe-history/``.
         """
         self.model, self.step = model, step
         self.checkpointer.check_step(step)  # a state that cannot be saved where checkpoints go fails now
         self._data_state = data_state if data_state is not None else data.state_dict
         folder = self.checkpointer.resume_folder()
         if folder is None:
+            self._record_recipe()
             return self.start_step
         point = self.checkpointer.load(folder, model, step, self.recipe.to_dict())
         data.load_state_dict(point.data_state)
         self.start_step = point.step
+        self._record_recipe()
         steps = self.recipe.train.steps
         self.say(f"resumed from {folder}: {self.start_step} of {steps} steps done")
         if self.start_step >= steps:
             self.say("nothing left to train: raise --train.steps to continue this run")
         return self.start_step
+
+    def _record_recipe(self) -> None:
+        """Rank 0: this run's recipe as ``recipe.json``, a different earlier one kept in ``recipe-history/``."""
+        if self.is_main and (kept := record_recipe(self.run_dir, self.recipe.to_json())) is not None:
+            self.say(f"{RECIPE_FILE} now holds this run's recipe; the earlier one is kept as {kept}")
 
     def save_checkpoint(self, step_number: int) -> None:
         """Save the trainer state after ``step_number`` steps (every rank; in the background with

@@ -1,0 +1,101 @@
+"""Whether a checkpoint may be continued under this run's recipe: the one rule resume applies.
+
+Every recipe field is compared, flattened to dotted names (``data.seq_len``, ``model.shape.dim``),
+except those in ``HARMLESS_CHANGES``: fields that say how long, where, how often or how fast a run
+goes, never what it trains or on what. A field outside that list that differs (the model, the data
+stream, the optimizer, the schedule, the precision) is refused, each named with both values, unless
+``checkpoint.allow_changes`` lists it. Patterns use ``fnmatch``: ``*`` matches any part of a name.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from titanpod.checkpoint.errors import CheckpointError
+from titanpod.checkpoint.locations import Location
+
+HARMLESS_CHANGES: tuple[str, ...] = (
+    "train.steps",  # extends (or shortens) the run; the schedule is stretched over the new length
+    "train.stop_at_step",  # where this part of the run stops
+    "train.log_every",
+    "train.step_mode",  # how a step runs (eager, per_block, whole_step), not what it computes
+    "train.memory_policy",
+    "train.compiler",
+    "train.skip_nonfinite",
+    "checkpoint.*",  # when and where checkpoints go, and this list's escape hatch itself
+    "output.*",
+    "device.*",
+    "target.*",  # read by --dry-run only
+    "kernels.*",  # implementations of the same ops
+    "parallel.tp",  # how the model is laid out over processes; the data-parallel degree (dp_replicate,
+    "parallel.ep",  # fsdp) is compared, as it sets the global batch
+    "parallel.sequence_parallel",
+    "model.recompute_blocks",  # diffusion: memory, not maths
+    "model.encodings_cache",
+    "data.validation_batches",  # validation and evaluation read the model; they do not train it
+    "data.validation_every",
+    "eval.*",
+    "samples.*",
+    "rollout.ray_address",  # GRPO: the resources rollouts run on
+    "rollout.worker_cpus",
+    "rollout.worker_gpus",
+    "rollout.vllm_gpu_memory_utilization",
+)
+"""Recipe fields (``fnmatch`` patterns of dotted names) a resumed run may change without a word."""
+
+_ABSENT = "<absent>"
+
+
+def check_same_run(
+    saved: dict[str, Any], current: dict[str, Any], folder: Location, allowed: Sequence[str] = ()
+) -> list[str]:
+    """Refuse to continue the checkpoint in ``folder`` (written with recipe ``saved``) under the recipe ``current``
+    when a field outside ``HARMLESS_CHANGES`` and ``allowed`` differs; ``CheckpointError`` names each such field
+    with both values, and an ``allowed`` pattern that names no field of either recipe.
+
+    Returns the differences ``allowed`` let through (``"data.seq_len: checkpoint 32, this run 64"``), to report.
+    """
+    old, new = _flatten(_as_json(saved)), _flatten(_as_json(current))
+    unknown = [pattern for pattern in allowed if not fnmatch.filter([*old, *new], pattern)]
+    if unknown:
+        raise CheckpointError(
+            f"checkpoint.allow_changes names {', '.join(map(repr, unknown))}, which is no field of this recipe; "
+            "give dotted field names such as data.seq_len or train.lr (a * matches any part: data.*)."
+        )
+    refused, let_through = [], []
+    for name in sorted(set(old) | set(new)):
+        before, after = old.get(name, _ABSENT), new.get(name, _ABSENT)
+        if before == after or any(fnmatch.fnmatchcase(name, pattern) for pattern in HARMLESS_CHANGES):
+            continue
+        difference = f"{name}: checkpoint {before!r}, this run {after!r}"
+        allowed_here = any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
+        (let_through if allowed_here else refused).append((name, difference))
+    if refused:
+        raise CheckpointError(
+            f"The checkpoint {folder} is from a different run: {'; '.join(text for _, text in refused)}. "
+            "These change the model, the data stream or the training trajectory, so resuming would mix two runs. "
+            "Resume with the recipe the checkpoint was written with, start a new run (--output.run-name NEW), "
+            "or accept the changes with "
+            f"--checkpoint.allow-changes {','.join(name for name, _ in refused)}."
+        )
+    return [text for _, text in let_through]
+
+
+def _as_json(recipe: dict[str, Any]) -> Any:
+    """The recipe as JSON reads it back (tuples become lists), so a saved and a live recipe compare."""
+    return json.loads(json.dumps(recipe))
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of dotted names: ``{"data": {"seq_len": 32}}`` -> ``{"data.seq_len": 32}``."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
