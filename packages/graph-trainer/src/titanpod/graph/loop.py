@@ -23,6 +23,7 @@ from titanpod.graph.metrics import StepMetrics, mfu
 from titanpod.graph.schedule import lr_multiplier
 from titanpod.graph.step_base import Batch, StepOutput, TrainStep
 from titanpod.graph.steps import build_step
+from titanpod.graph.stop_agreement import StopAgreement
 
 
 class LossModel(Protocol):
@@ -166,6 +167,7 @@ def train(
         pending.clear()
         return window
 
+    agreement = StopAgreement(backend)
     with _progress(console) as progress, stop_after_step() as stop:
         task = progress.add_task("train", total=config.steps, completed=start_step, loss="-", tps="-", dropped="")
         try:
@@ -226,8 +228,9 @@ def train(
                 progress.update(task, completed=step_number)
                 if after_step is not None:
                     after_step(step_number)
-                if stop.requested and step_number < last_step:
-                    interrupted, stop_signal = True, stop.signum
+                signum = agreement.signal(stop)  # every process stops after the same step
+                if signum is not None and step_number < last_step:
+                    interrupted, stop_signal = True, signum
                     break
         except KeyboardInterrupt:  # a second signal, Ctrl-C outside the main thread: maybe inside a step
             interrupted, stop_signal, stopped_at_once = True, stop.signal_at_once(), True

@@ -35,6 +35,7 @@ from titanpod.checkpoint import save_hf_checkpoint, save_model
 from titanpod.device import process_info
 from titanpod.graph import JsonlWriter, TrainSummary, build_step, mfu
 from titanpod.graph.interrupt import stop_after_step
+from titanpod.graph.stop_agreement import StopAgreement
 from titanpod.models import Transformer, parameter_count
 from titanpod.recipes.posttrain.grpo_recipe import GRPORecipe
 from titanpod.rl.grpo.held_out import HeldOut
@@ -159,6 +160,7 @@ def run_steps(
     shown_errors, interrupted, stopped_because = 0, False, None
     stop_signal, stopped_at_once = None, False
     began = first_done = time.perf_counter()
+    agreement = StopAgreement(setup.backend)
     with stop_after_step() as stop:
         try:
             for step_number in range(start + 1, last + 1):
@@ -190,8 +192,9 @@ def run_steps(
                 if recipe.checkpoint.every and step_number % recipe.checkpoint.every == 0:
                     session.save_checkpoint(step_number)
                 session.checkpointer.poll()
-                if stop.requested and step_number < last:
-                    interrupted, stop_signal = True, stop.signum
+                signum = agreement.signal(stop)  # every process stops after the same step
+                if signum is not None and step_number < last:
+                    interrupted, stop_signal = True, signum
                     break
         except KeyboardInterrupt:  # a second signal, Ctrl-C outside the main thread: maybe inside a step
             interrupted, stop_signal, stopped_at_once = True, stop.signal_at_once(), True
