@@ -1,4 +1,4 @@
-"""Every checkpoint file's SHA-256 is recorded when it is written and checked before it is loaded."""
+"""Every checkpoint file's content hash (XXH3-128) is recorded when it is written and checked before it is loaded."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 
 from tests.graph.test_step_modes import BACKEND, TINY, random_batches, tiny_model
 from titanpod.checkpoint import (
@@ -29,8 +30,8 @@ from titanpod.models import Transformer
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def xxh3(path: Path) -> str:
+    return xxhash.xxh3_128(path.read_bytes()).hexdigest()
 
 
 def flip_bytes(path: Path) -> None:
@@ -60,24 +61,24 @@ def parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("async_save", [False, True])
-def test_trainer_json_records_each_files_size_and_sha256(tmp_path, async_save):
+def test_trainer_json_records_each_files_size_and_hash(tmp_path, async_save):
     _, _, folder = save_state(tmp_path, async_save)
     files = json.loads((folder / TRAINER_FILE).read_text())["files"]
     assert set(files) == {"state/.metadata", "state/__0_0.distcp"}  # trainer.json itself: the marker's hash
     for name, item in files.items():
-        assert item == {"size": (folder / name).stat().st_size, "sha256": sha256(folder / name)}
+        assert item == {"size": (folder / name).stat().st_size, "xxh3_128": xxh3(folder / name)}
 
 
 def test_a_flipped_byte_in_the_trainer_state_is_named_before_anything_loads(tmp_path):
     saver, _, folder = save_state(tmp_path)
     data_file = folder / "state" / "__0_0.distcp"
-    recorded, size = sha256(data_file), data_file.stat().st_size
+    recorded, size = xxh3(data_file), data_file.stat().st_size
     flip_bytes(data_file)
     assert data_file.stat().st_size == size
     fresh = EagerStep(tiny_model(), TrainConfig(), BACKEND)
     before = parameters(fresh.model)
     expected = (
-        rf"The checkpoint {re.escape(str(folder))} is damaged: state/__0_0\.distcp has SHA-256 {sha256(data_file)}, "
+        rf"The checkpoint {re.escape(str(folder))} is damaged: state/__0_0\.distcp has xxh3_128 {xxh3(data_file)}, "
         rf"the manifest says {recorded} \(flipped bytes or an overwrite\)\. Resume from an earlier checkpoint"
     )
     with pytest.raises(CheckpointError, match=expected):
@@ -101,6 +102,23 @@ def test_a_checkpoint_with_an_old_size_only_manifest_still_loads(tmp_path):
     assert all(torch.equal(loaded[name], saved[name]) for name in saved)
 
 
+def test_a_manifest_written_with_sha256_is_still_checked(tmp_path):
+    saver, _, folder = save_state(tmp_path)
+    trainer = json.loads((folder / TRAINER_FILE).read_text())
+    trainer["files"] = {
+        name: {"size": item["size"], "sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest()}
+        for name, item in trainer["files"].items()
+    }
+    trainer_bytes = (json.dumps(trainer, indent=2) + "\n").encode()
+    (folder / TRAINER_FILE).write_bytes(trainer_bytes)
+    write_marker(folder, 1, trainer_bytes)
+    fresh = EagerStep(tiny_model(), TrainConfig(), BACKEND)
+    assert saver.load(folder, fresh.model, fresh, {}).step == 1  # whole: loads
+    flip_bytes(folder / "state" / "__0_0.distcp")
+    with pytest.raises(CheckpointError, match=r"state/__0_0\.distcp has sha256 \w{64}, the manifest says"):
+        saver.load(folder, fresh.model, fresh, {})
+
+
 def test_a_state_that_does_not_fit_is_a_checkpoint_error_not_dcps_base_exception(tmp_path):
     saver, _, folder = save_state(tmp_path)
     wider = Transformer(TINY.__class__(**{**TINY.__dict__, "dim": 128}))
@@ -115,10 +133,10 @@ def test_a_flipped_byte_in_exported_weights_is_named(tmp_path):
     save_model(model, "llama3", tmp_path / "model")
     weights = tmp_path / "model" / "model.safetensors"
     recorded = json.loads((tmp_path / "model" / CHECKSUMS_FILE).read_text())["files"]
-    assert recorded == {"model.safetensors": {"size": weights.stat().st_size, "sha256": sha256(weights)}}
+    assert recorded == {"model.safetensors": {"size": weights.stat().st_size, "xxh3_128": xxh3(weights)}}
     assert torch.equal(load_model(tmp_path / "model")[1].output.weight, model.output.weight)  # whole: loads
     flip_bytes(weights)
-    with pytest.raises(CheckpointError, match=r"damaged: model\.safetensors has SHA-256 \w{64}, the manifest says"):
+    with pytest.raises(CheckpointError, match=r"damaged: model\.safetensors has xxh3_128 \w{32}, the manifest says"):
         load_weights(tiny_model(), tmp_path / "model")
 
 
@@ -128,10 +146,10 @@ def test_a_flipped_byte_in_one_shard_of_a_hugging_face_export_is_named(tmp_path)
     recorded = json.loads((folder / CHECKSUMS_FILE).read_text())["files"]
     shards = sorted(folder.glob("model-*.safetensors"))
     assert len(shards) > 2 and set(recorded) == {path.name for path in shards} | {"model.safetensors.index.json"}
-    assert all(recorded[path.name]["sha256"] == sha256(path) for path in shards)
+    assert all(recorded[path.name]["xxh3_128"] == xxh3(path) for path in shards)
     load_hf_checkpoint(folder)  # whole: loads
     flip_bytes(shards[1])
-    with pytest.raises(CheckpointError, match=rf"damaged: {shards[1].name} has SHA-256 \w{{64}}, the manifest says"):
+    with pytest.raises(CheckpointError, match=rf"damaged: {shards[1].name} has xxh3_128 \w{{32}}, the manifest says"):
         load_hf_checkpoint(folder)
 
 

@@ -1,6 +1,10 @@
-"""SHA-256 of checkpoint files: taken as they are written (or read back once), kept in a manifest, checked on load.
+"""Content hashes of checkpoint files: taken as they are written (or read back once), kept in a manifest,
+checked on load.
 
-A manifest maps a file's ``/``-separated path inside its folder to ``{"size": n, "sha256": hex}``
+The hash is XXH3-128 (``xxhash``): it finds flipped bytes and overwrites as surely as a cryptographic
+hash does (it is not meant to resist a forger, and neither is a manifest stored beside the files), at
+several times SHA-256's speed, so checking costs a checkpoint little beside reading it.
+A manifest maps a file's ``/``-separated path inside its folder to ``{"size": n, "xxh3_128": hex}``
 (``trainer.json``'s ``files`` for trainer state; ``checksums.json`` beside exported weights). Manifests
 written before hashes existed hold the size alone (a plain int); those files are checked by size only.
 A file that differs is named with both hashes, so a flipped byte stops a load instead of training on it.
@@ -15,23 +19,33 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import xxhash
+
 from titanpod.checkpoint.errors import CheckpointError
 from titanpod.checkpoint.locations import Location, filesystem, is_url, join
 
 CHECKSUMS_FILE = "checksums.json"
-"""Beside exported weights: the size and SHA-256 of every weight file (and index) written there."""
+"""Beside exported weights: the size and hash of every weight file (and index) written there."""
+HASH = "xxh3_128"
+"""The hash new manifests record (the entry's key); entries keyed ``sha256`` are still checked."""
+_HASHES = {"xxh3_128": lambda: xxhash.xxh3_128(), "sha256": hashlib.sha256}
 CHUNK_BYTES = 8 * 2**20
 """Bytes read at a time when a file is hashed after writing."""
 
 Manifest = Mapping[str, Any]
-"""Path inside a folder -> ``{"size": n, "sha256": hex}`` (or a plain int size, from older manifests)."""
+"""Path inside a folder -> ``{"size": n, "xxh3_128": hex}`` (or a plain int size, from older manifests)."""
 
-_verified: dict[tuple[str, int, int, int], str] = {}  # (path, inode, size, mtime_ns) -> sha256 found
+_verified: dict[tuple[str, str, int, int, int], str] = {}  # (hash, path, inode, size, mtime_ns) -> hex found
 
 
-def manifest_entry(size: int, sha256: str) -> dict[str, Any]:
-    """One manifest entry."""
-    return {"size": size, "sha256": sha256}
+def manifest_entry(size: int, digest: str) -> dict[str, Any]:
+    """One manifest entry: the file's size and its ``HASH`` (hex)."""
+    return {"size": size, HASH: digest}
+
+
+def digest_bytes(data: bytes) -> str:
+    """The ``HASH`` (hex) of ``data``."""
+    return xxhash.xxh3_128(data).hexdigest()
 
 
 def entry_size(item: Any) -> int:
@@ -39,23 +53,28 @@ def entry_size(item: Any) -> int:
     return int(item["size"]) if isinstance(item, Mapping) else int(item)
 
 
-def entry_sha256(item: Any) -> str | None:
-    """The SHA-256 an entry records; ``None`` for an entry from before hashes (a plain int)."""
-    return item.get("sha256") if isinstance(item, Mapping) else None
+def entry_hash(item: Any) -> tuple[str, str] | None:
+    """``(hash name, hex)`` an entry records; ``None`` for an entry from before hashes (a plain int)."""
+    if not isinstance(item, Mapping):
+        return None
+    for name in _HASHES:
+        if name in item:
+            return name, item[name]
+    return None
 
 
-def file_sha256(location: Location) -> str:
-    """The SHA-256 (hex) of the file at ``location``, a local path or an fsspec URL, read once in chunks."""
+def file_digest(location: Location, hash_name: str = HASH) -> str:
+    """The ``hash_name`` (hex) of the file at ``location``, a local path or an fsspec URL, read once in chunks."""
     if is_url(location):
         fs, path = filesystem(str(location))
         with fs.open(path, "rb") as handle:
-            return _digest(handle)
+            return _digest(handle, hash_name)
     with Path(location).open("rb", buffering=0) as handle:
-        return _digest(handle)
+        return _digest(handle, hash_name)
 
 
-def _digest(handle: BinaryIO) -> str:
-    digest = hashlib.sha256()
+def _digest(handle: BinaryIO, hash_name: str) -> str:
+    digest = _HASHES[hash_name]()
     while chunk := handle.read(CHUNK_BYTES):
         digest.update(chunk)
     return digest.hexdigest()
@@ -66,7 +85,7 @@ def manifest_of(folder: Location, sizes: Mapping[str, int], hashed: bool = True)
     hashed; with ``hashed=False`` sizes alone (the form of manifests before hashes)."""
     if not hashed:
         return dict(sizes)
-    return {name: manifest_entry(size, file_sha256(join(folder, *name.split("/")))) for name, size in sizes.items()}
+    return {name: manifest_entry(size, file_digest(join(folder, *name.split("/")))) for name, size in sizes.items()}
 
 
 class HashingWriter:
@@ -78,7 +97,7 @@ class HashingWriter:
         """The file written to."""
         self.size = 0
         """Bytes written so far."""
-        self._digest = hashlib.sha256()
+        self._digest = xxhash.xxh3_128()
 
     def write(self, data: bytes | memoryview) -> int:
         """Write ``data`` and hash it."""
@@ -88,8 +107,8 @@ class HashingWriter:
         return written
 
     @property
-    def sha256(self) -> str:
-        """The SHA-256 (hex) of everything written so far."""
+    def digest(self) -> str:
+        """The ``HASH`` (hex) of everything written so far."""
         return self._digest.hexdigest()
 
 
@@ -107,24 +126,25 @@ def damage(
             state = "missing" if found is None else f"{found:,} bytes instead of {entry_size(item):,}"
             return name, f"is {state} (truncated or overwritten)"
     for name in manifest if names is None else names:
-        expected = entry_sha256(manifest[name])
-        if expected is None:
+        recorded = entry_hash(manifest[name])
+        if recorded is None:
             continue
-        actual = _checked_sha256(join(folder, *name.split("/")))
+        hash_name, expected = recorded
+        actual = _checked_digest(join(folder, *name.split("/")), hash_name)
         if actual != expected:
-            return name, f"has SHA-256 {actual}, the manifest says {expected} (flipped bytes or an overwrite)"
+            return name, f"has {hash_name} {actual}, the manifest says {expected} (flipped bytes or an overwrite)"
     return None
 
 
-def _checked_sha256(location: Location) -> str:
-    """``file_sha256``, remembered for a local file until it changes (size, inode or modification time), so a
+def _checked_digest(location: Location, hash_name: str) -> str:
+    """``file_digest``, remembered for a local file until it changes (size, inode or modification time), so a
     file opened several times in one load is read for its hash once."""
     if is_url(location):
-        return file_sha256(location)
+        return file_digest(location, hash_name)
     stat = os.stat(location)
-    key = (str(Path(location).resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    key = (hash_name, str(Path(location).resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
     if key not in _verified:
-        _verified[key] = file_sha256(location)
+        _verified[key] = file_digest(location, hash_name)
     return _verified[key]
 
 
@@ -139,7 +159,7 @@ def write_weights_manifest(directory: Path, written: Mapping[str, Mapping[str, A
     path = directory / CHECKSUMS_FILE
     manifest = read_weights_manifest(directory) or {}
     manifest.update(written)
-    body = {"format": 1, "algorithm": "sha256", "files": dict(sorted(manifest.items()))}
+    body = {"format": 1, "algorithm": HASH, "files": dict(sorted(manifest.items()))}
     path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
 
 
@@ -153,7 +173,7 @@ def read_weights_manifest(directory: Path) -> dict[str, Any] | None:
         files = json.loads(path.read_text(encoding="utf-8"))["files"]
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise CheckpointError(
-            f"{path} is unreadable ({error}); it should list the size and SHA-256 of each weight file. "
+            f"{path} is unreadable ({error}); it should list the size and hash of each weight file. "
             "Re-export the weights, or delete it to load them unchecked."
         ) from error
     return dict(files)

@@ -7,14 +7,13 @@ or mis-shaped tensor is a ``CheckpointMismatchError`` that names it and its file
 Writing groups tensors, in order, into shards of at most a given size, with the index the
 way transformers and diffusers write it; each file's header is written first and then one tensor
 at a time (``safetensors_stream``), which may be gathered from many processes just before its turn.
-Each file is hashed as it is written and ``checksums.json`` records its size and SHA-256; finding a
+Each file is hashed as it is written and ``checksums.json`` records its size and hash; finding a
 folder's files checks them against it first (``titanpod.checkpoint.checksums``).
 Only safetensors: pickles are never read.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from titanpod.checkpoint.checksums import manifest_entry, verify_weight_files, write_weights_manifest
+from titanpod.checkpoint.checksums import digest_bytes, manifest_entry, verify_weight_files, write_weights_manifest
 from titanpod.checkpoint.errors import CheckpointMismatchError
 from titanpod.checkpoint.safetensors_stream import StreamedFile, TensorData, TensorEntry, data_order
 
@@ -139,7 +138,7 @@ class SafetensorsFiles:
         """The weights of ``directory``: the index or single file of the first of ``names`` (default
         transformers') found. ``FileNotFoundError`` when there is none, naming pickles if that is all there is;
         ``hint`` is added to that message. Files the folder's ``checksums.json`` lists are checked against it
-        first: ``CheckpointError`` names one whose SHA-256 differs."""
+        first: ``CheckpointError`` names one whose hash differs."""
         directory = Path(directory)
         for option in names or (TRANSFORMERS_FILES,):
             if (directory / option.index).is_file():
@@ -159,7 +158,7 @@ class SafetensorsFiles:
 
     @classmethod
     def single(cls, path: Path) -> SafetensorsFiles:
-        """One safetensors file, its tensor names read from its header (after its SHA-256 is checked, when the
+        """One safetensors file, its tensor names read from its header (after its hash is checked, when the
         folder's ``checksums.json`` lists it)."""
         if path.is_file():
             verify_weight_files(path.parent, [path.name])
@@ -301,7 +300,7 @@ def write_streamed(
     tensor, in an order fixed by ``entries`` alone: with ``directory=None`` the same calls happen and
     nothing is written (what ``fetch`` returns is iterated to its end and dropped), so every process of a
     job can take part in gathering each block while one writes. The writing process also records each
-    file's size and SHA-256, taken as its bytes are written, in ``checksums.json``.
+    file's size and hash, taken as its bytes are written, in ``checksums.json``.
     """
     limit = None if max_shard_bytes is None else parse_size(max_shard_bytes)
     shards = plan_shards(entries, limit)
@@ -323,7 +322,7 @@ def write_streamed(
                     raise RuntimeError(f"No data for {entry.name} in the writing process; it cannot write {file}.")
                 stream.append(data)
                 del data  # before the next is fetched
-        written[file] = manifest_entry(stream.size, stream.sha256)
+        written[file] = manifest_entry(stream.size, stream.digest)
         if progress is not None:
             progress(f"wrote {file} ({number}/{len(shards)})")
     if len(shards) > 1 and directory is not None:
@@ -332,7 +331,7 @@ def write_streamed(
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         index_bytes = (json.dumps(index, indent=2) + "\n").encode("utf-8")
         (directory / names.index).write_bytes(index_bytes)
-        written[names.index] = manifest_entry(len(index_bytes), hashlib.sha256(index_bytes).hexdigest())
+        written[names.index] = manifest_entry(len(index_bytes), digest_bytes(index_bytes))
     if directory is not None:
         write_weights_manifest(directory, written)
     return sorted(set(files))

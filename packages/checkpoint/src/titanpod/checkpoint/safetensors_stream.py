@@ -1,7 +1,8 @@
 """One safetensors file written tensor by tensor: the header first, from names, dtypes and shapes alone,
 then each tensor's bytes as it arrives, whole or in row blocks, so no more than one block (at most
 ``BLOCK_BYTES``) need be in memory; each block is converted to the stored dtype on its own. Every byte
-is hashed as it is written: ``StreamedFile.sha256`` is the file's SHA-256, with no second read.
+is hashed as it is written: ``StreamedFile.digest`` is the file's hash (``checksums.HASH``), with no
+second read.
 
 The bytes are those ``safetensors.torch.save_file`` writes: the header is compact JSON of
 ``__metadata__`` then every tensor's dtype, shape and data offsets, padded with spaces to a multiple
@@ -128,8 +129,8 @@ class StreamedFile:
         self._header = safetensors_header(entries, metadata)
         self._next = 0
         self._handle: HashingWriter | None = None
-        self.sha256 = ""
-        """The SHA-256 (hex) of the whole file, once the ``with`` block has ended without error."""
+        self.digest = ""
+        """The hash (hex) of the whole file, once the ``with`` block has ended without error."""
         self.size = 0
         """The file's size in bytes, once the ``with`` block has ended without error."""
 
@@ -169,4 +170,4 @@ class StreamedFile:
         self._handle.handle.close()
         if kind is None and self._next < len(self.order):
             raise RuntimeError(f"{self.path} is incomplete: {self.order[self._next].name} was never written.")
-        self.sha256, self.size = self._handle.sha256, self._handle.size
+        self.digest, self.size = self._handle.digest, self._handle.size

@@ -5,7 +5,7 @@ A checkpoint is a folder ``<run>/checkpoints/step-NNNNNN/`` holding
 - ``state/``: torch.distributed.checkpoint (DCP) files of the tensors: the model's
   parameters, the AdamW moments and step count, and PyTorch's CPU random state. Sharded
   parameters and moments are saved as DTensors, so a checkpoint loads under any mesh.
-- ``trainer.json``: the step, the data loader's position, the recipe, and the size and SHA-256
+- ``trainer.json``: the step, the data loader's position, the recipe, and the size and content hash (XXH3-128)
   of every other file (a truncated or altered file is named before anything is read;
   ``titanpod.checkpoint.checksums``). Under torchrun each rank hashes its share of the files, on
   save (rank 0 gathers the manifest) and on load.
@@ -111,7 +111,7 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 2
-"""The ``trainer.json`` format written: 2 records each file's size and SHA-256, 1 its size alone."""
+"""The ``trainer.json`` format written: 2 records each file's size and content hash, 1 its size alone."""
 READABLE_FORMATS = (1, 2)
 """The ``trainer.json`` formats read (format 1 files are checked by size only)."""
 STATE_FOLDER = "state"
@@ -207,7 +207,7 @@ class Checkpointer:
         self._async_group = None
         self._hasher: ThreadPoolExecutor | None = None
         self.hash_files = True
-        """Record each file's SHA-256 in ``trainer.json`` (off only to measure what hashing costs)."""
+        """Record each file's content hash in ``trainer.json`` (off only to measure what hashing costs)."""
         self._pending_bytes = 0
 
     def check_step(self, step: TrainStep) -> None:
@@ -348,7 +348,7 @@ class Checkpointer:
         return self._hasher.submit(written_manifest)
 
     def _manifest(self, target: Location) -> dict[str, Any] | None:
-        """The size and SHA-256 of every file in ``target``, once all are written (every rank calls this): each
+        """The size and content hash of every file in ``target``, once all are written (every rank calls this): each
         rank hashes its share (every world-th file), rank 0 gathers them (and hashes any file a rank did not
         list); other ranks get ``None``."""
         sizes = file_sizes(target)
@@ -485,7 +485,7 @@ def _read_checked(folder: Location) -> dict[str, Any]:
 
 def read_trainer_file(folder: Location, share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
     """``trainer.json`` of a checkpoint, after checking its commit marker (required at a URL) and that every
-    file it lists is there, whole, with the SHA-256 it records (format 2). ``share=(rank, world)`` hashes
+    file it lists is there, whole, with the content hash it records (format 2). ``share=(rank, world)`` hashes
     only every ``world``-th file from the ``rank``-th (sizes are all checked)."""
     folder = as_location(folder)
     path = join(folder, TRAINER_FILE)
