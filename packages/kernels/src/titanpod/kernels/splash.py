@@ -41,6 +41,19 @@ class SplashConfig:
     """Run Pallas in interpret mode; ``None`` does so unless the tensors are on a TPU (see ``pallas_interpret``)."""
 
 
+def splash_tiles(config: SplashConfig, S: int) -> tuple[int, int]:
+    """``(block_q, block_kv)`` for a sequence of ``S``: the configured tiles capped at ``S``; ``ValueError``
+    where the kernel cannot tile it (tiles must be multiples of ``LANES`` and divide ``S``)."""
+    block_q, block_kv = min(config.block_q, S), min(config.block_kv, S)
+    if S % block_q or S % block_kv or block_q % LANES or block_kv % LANES:
+        raise ValueError(
+            f"Splash attention needs tiles that are multiples of {LANES} and a sequence ({S}) that is a "
+            f"multiple of its tiles (block_q={block_q}, block_kv={block_kv}); change data.seq_len or "
+            "kernels.splash's block sizes, or use attention 'sdpa'."
+        )
+    return block_q, block_kv
+
+
 @dataclass
 class SplashAttention:
     """Callable with the ``AttentionOp`` signature: causal (optionally local) GQA attention,
@@ -62,13 +75,7 @@ class SplashAttention:
         import jax
         from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
-        block_q, block_kv = min(self.config.block_q, S), min(self.config.block_kv, S)
-        if S % block_q or S % block_kv or block_q % LANES or block_kv % LANES:
-            raise ValueError(
-                f"Splash attention needs tiles that are multiples of {LANES} and a sequence ({S}) that is a "
-                f"multiple of its tiles (block_q={block_q}, block_kv={block_kv}); change data.seq_len or the "
-                "kernel's block sizes, or use attention 'sdpa'."
-            )
+        block_q, block_kv = splash_tiles(self.config, S)
         if self.config.window is None:
             head_mask = splash.CausalMask((S, S))
         else:

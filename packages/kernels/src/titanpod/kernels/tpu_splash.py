@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from titanpod.kernels.splash import LANES, SplashConfig
+from titanpod.kernels.splash import SplashConfig, splash_tiles
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,7 @@ class TorchTpuSplashAttention:
             )
         import torch_tpu  # noqa: F401 - provides torch.tpu
 
-        S = q_BHSD.shape[2]
-        block_q, block_kv = min(self.config.block_q, S), min(self.config.block_kv, S)
-        if S % block_q or S % block_kv or block_q % LANES or block_kv % LANES:
-            raise ValueError(
-                f"splash_sdpa needs tiles that are multiples of {LANES} and a sequence ({S}) that is a multiple "
-                f"of its tiles (block_q={block_q}, block_kv={block_kv}); change data.seq_len or kernels.splash."
-            )
+        block_q, block_kv = splash_tiles(self.config, q_BHSD.shape[2])
         return torch.tpu.ops.splash_sdpa(  # type: ignore[attr-defined]
             q_BHSD, k_BKSD, v_BKSD,
             is_causal=True, local_window_size=self.config.window, enable_gqa=q_BHSD.shape[1] != k_BKSD.shape[1],
