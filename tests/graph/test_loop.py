@@ -95,6 +95,15 @@ def test_a_second_signal_stops_at_once_and_marks_the_steps_state_unsafe_to_save(
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
+def test_one_signal_delivered_twice_at_once_is_one_request():
+    # A signal to the process group reaches the run directly and again through `uv run`, which forwards it.
+    config = TrainConfig(steps=20, warmup_steps=1, log_every=4)
+    batches = signals_during(5, signal.SIGTERM, signal.SIGTERM)
+    summary = train(tiny_model(), batches, config, get_backend("cpu"), flops_per_token=1.0)
+    assert summary.interrupted and summary.stop_signal == signal.SIGTERM and not summary.stopped_at_once
+    assert summary.steps_done == 6 and len(summary.losses) == 6
+
+
 def test_an_exception_out_of_the_data_stops_with_the_finished_steps():
     def broken_after(n):
         yield from itertools.islice(repeating_batches(), n)

@@ -2,15 +2,23 @@
 
 The first signal asks the run to stop after the step in flight; a second one (of either kind) raises
 ``KeyboardInterrupt`` at once, wherever the run is, so what the run holds then may be mid-step.
+
+The same signal arriving again within ``DUPLICATE_WINDOW_S`` is one delivery, not a second request: a
+signal sent to a process group (Ctrl-C in a terminal, a scheduler's or a VM shutdown's SIGTERM) reaches
+the run directly and again through a wrapper that forwards it (``uv run`` does), microseconds apart.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+DUPLICATE_WINDOW_S = 0.25
+"""A repeat of the first signal within this many seconds is the same delivery forwarded, not a second request."""
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """The signals that stop a run: Ctrl-C, and what schedulers and preemptible VMs send."""
@@ -24,6 +32,8 @@ class StopRequest:
     """The first signal received (``signal.SIGINT`` or ``signal.SIGTERM``); ``None`` while none came."""
     second_signum: int | None = None
     """The signal that stopped the run at once (the second one); ``None`` while none came."""
+    received_at: float = 0.0
+    """When the first signal came (``time.monotonic()``)."""
 
     @property
     def requested(self) -> bool:
@@ -60,10 +70,13 @@ def stop_after_step() -> Iterator[StopRequest]:
         return
 
     def handle(signum: int, frame: object) -> None:
+        now = time.monotonic()
         if request.requested:
+            if signum == request.signum and now - request.received_at < DUPLICATE_WINDOW_S:
+                return  # the first signal again, forwarded by a wrapper process
             request.second_signum = signum
             raise KeyboardInterrupt(f"a second signal ({signal_name(signum)}): stopping at once")
-        request.signum = signum
+        request.signum, request.received_at = signum, now
 
     previous = {signum: signal.signal(signum, handle) for signum in STOP_SIGNALS}
     try:
