@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -50,6 +50,20 @@ class Backend(ABC):
     @abstractmethod
     def synchronize(self) -> None:
         """Block until all work queued on the device is done (for honest timings)."""
+
+    def compile_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """The whole training step (a captured graph) compiled as one program: ``torch.compile`` with the lane's
+        backend, the whole graph and static shapes. ``ValueError`` on a lane that compiles another way."""
+        if self.compile_backend is None:
+            raise ValueError(f"The {self.lane} lane compiles with jax.jit; use the xla step for it.")
+        return torch.compile(step, backend=self.compile_backend, fullgraph=True, dynamic=False)
+
+    def place_batch(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A batch tensor on this process's device (laid out over the mesh, where the lane shards batches itself)."""
+        return tensor.to(self.device())
+
+    def end_step(self) -> None:  # noqa: B027 - optional: only lazy lanes record work to cut
+        """Mark the end of a training step: a lazy lane (torch_xla) runs the step's recorded ops as one program."""
 
     @abstractmethod
     def memory_stats(self) -> MemoryStats:

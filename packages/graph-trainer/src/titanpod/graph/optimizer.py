@@ -72,12 +72,17 @@ def weight_decays(params: Sequence[torch.Tensor], config: TrainConfig) -> list[f
     return [config.weight_decay if p.ndim >= 2 else 0.0 for p in params]
 
 
+WITHOUT_FOREACH = frozenset({"xla"})
+"""Device types whose tensors torch's ``get_total_norm`` refuses to take through foreach kernels."""
+
+
 def total_grad_norm(grads: Sequence[torch.Tensor], foreach: bool = True) -> torch.Tensor:
     """The global L2 norm of ``grads``, whole even when the gradients are sharded DTensors.
 
     ``foreach=False`` computes the same norm tensor by tensor, for tensor types without
-    foreach kernels (torchax's).
+    foreach kernels (torchax's); torch_xla's lazy ``xla`` tensors always take that path.
     """
+    foreach = foreach and all(g.device.type not in WITHOUT_FOREACH for g in grads)
     norm = torch.nn.utils.get_total_norm(list(grads), foreach=foreach)
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 

@@ -64,6 +64,7 @@ class EagerStep(TrainStep):
             )
         for param in self.params:
             param.grad = None
+        self.backend.end_step()
         return StepOutput(torch.stack(losses).mean(), grad_norm, applied, metrics or {})
 
 
@@ -109,9 +110,7 @@ class WholeStep(TrainStep):
         apply_memory_policy(graph, self.config.memory_policy, self.backend.device_type)
         self.graph = graph
         if self.config.compiler == "auto":
-            if self.backend.compile_backend is None:
-                raise ValueError(f"The {self.backend.lane} lane compiles with jax.jit; use the xla step for it.")
-            self._program = torch.compile(graph, backend=self.backend.compile_backend, fullgraph=True, dynamic=False)
+            self._program = self.backend.compile_step(graph)
         else:
             self._program = graph
         self._shape = _shape_key(tokens_ABS, document_ids_ABS)
@@ -124,6 +123,7 @@ class WholeStep(TrainStep):
         assert self._program is not None
         inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(lr), ids_ABS)
         grad_norm, applied, metrics, *losses = self._program(*inputs)
+        self.backend.end_step()
         return StepOutput(torch.stack(losses).mean(), grad_norm, applied, metrics)
 
 

@@ -12,37 +12,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from titanpod.parallel.config import DATA_AXES
+from titanpod.parallel.mesh_dims import batch_mesh_dims, param_mesh_dims
 from titanpod.parallel.plan import ShardingPlan
 
 
-def _present(axes: Mapping[str, int], names: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(name for name in names if axes.get(name, 1) > 1)
-
-
 def param_partition_spec(plan: ShardingPlan, name: str, ndim: int, axes: Mapping[str, int]) -> Any:
-    """The ``PartitionSpec`` of parameter ``name``: its shard dimension over the data shard axes
-    (``fsdp``, plus ``ep`` for non-experts), its tp dimension over ``tp``, its expert dimension over ``ep``."""
+    """The ``PartitionSpec`` of parameter ``name`` (see ``titanpod.parallel.mesh_dims.param_mesh_dims``)."""
     from jax.sharding import PartitionSpec
 
-    rule = plan.rule_for(name)
-    expert = rule.ep_dim is not None
-    dims: list[list[str]] = [[] for _ in range(ndim)]
-    if rule.shard_dim is not None:
-        dims[rule.shard_dim].extend(_present(axes, ("fsdp",) if expert else ("fsdp", "ep")))
-    if rule.tp_dim is not None:
-        dims[rule.tp_dim].extend(_present(axes, ("tp",)))
-    if expert:
-        dims[rule.ep_dim].extend(_present(axes, ("ep",)))  # type: ignore[index]
-    return PartitionSpec(*(tuple(d) if len(d) > 1 else (d[0] if d else None) for d in dims))
+    return PartitionSpec(*param_mesh_dims(plan, name, ndim, axes))
 
 
 def batch_partition_spec(axes: Mapping[str, int], ndim: int = 2) -> Any:
     """The ``PartitionSpec`` of a batch: its first dimension split over every data axis."""
     from jax.sharding import PartitionSpec
 
-    data = _present(axes, DATA_AXES)
-    return PartitionSpec(data or None, *([None] * (ndim - 1)))
+    return PartitionSpec(*batch_mesh_dims(axes, ndim))
 
 
 def place_params(params: Mapping[str, Any], plan: ShardingPlan, mesh: Any, axes: Mapping[str, int]) -> dict[str, Any]:

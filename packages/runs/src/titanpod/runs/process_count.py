@@ -4,7 +4,8 @@ that starts them.
 On a multi-process lane (cpu, cuda, tpu, torch_xla) each degree of ``recipe.parallel`` is a number of
 processes that torchrun starts. One process started alone cannot shard anything, so ``--parallel.fsdp 4``
 without torchrun would train unsharded while its recipe.json says fsdp 4. A single-controller lane (xla)
-drives every device from one process and is never refused here.
+drives every device from one process and is never refused here, nor is torch_xla over several devices of one
+process (SPMD: ``titanpod.runs.torch_xla_spmd``).
 """
 
 from __future__ import annotations
