@@ -52,14 +52,17 @@ def test_overwrite_replaces_only_what_export_writes(tmp_path, checkpoint):
     assert convert_main(["export", str(checkpoint), str(out), "--max-shard-size", "10KB"]) == 0
     shards = sorted(path.name for path in out.glob("model-*.safetensors"))
     assert len(shards) > 1 and (out / "model.safetensors.index.json").is_file()
-    (out / "README.md").write_text("my model card")
+    (out / "USAGE.md").write_text("my notes")
+    (out / "README.md").write_text("an old card")
     (out / "notes").mkdir()
     assert convert_main(["export", str(checkpoint), str(out), "--overwrite"]) == 0
-    # the earlier export's index and shards are superseded by the single file; the user's files stay
+    # the earlier export's index and shards are superseded by the single file; the user's files stay,
+    # and the model card is one of the files export writes
     names = {path.name for path in out.iterdir()}
-    assert {"README.md", "notes", "config.json", "model.safetensors"} <= names
+    assert {"USAGE.md", "notes", "config.json", "model.safetensors"} <= names
     assert not names & {*shards, "model.safetensors.index.json"}
-    assert (out / "README.md").read_text() == "my model card"
+    assert (out / "USAGE.md").read_text() == "my notes"
+    assert (out / "README.md").read_text().startswith("---\nlibrary_name: transformers")
     assert json.loads((out / "config.json").read_text())["hidden_size"] == ARGS.dim
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 
 from tests.conftest import XLA_ENV
@@ -48,6 +49,8 @@ def test_short_run_writes_recipe_metrics_and_loadable_weights(tmp_path):
     assert all(row["loss"] > 0 and row["tokens_per_second"] > 0 for row in rows)
 
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    with Image.open(run_dir / "loss.png") as plot:  # the loss curve, drawn at the end
+        assert plot.format == "PNG"
 
     assert (run_dir / "checkpoints" / "step-000006" / "trainer.json").is_file()  # the trainer state, to resume
     step_dir = run_dir / "model"
@@ -92,7 +95,7 @@ def test_whole_step_mode_with_a_memory_policy_runs_from_the_command_line(tmp_pat
 
 
 def test_a_diverging_run_stops_with_a_message_when_asked(tmp_path):
-    diverging = ["--train.lr", "1e30", "--train.warmup-steps", "0", "--train.skip-nonfinite", "False"]
+    diverging = ["--train.lr", "1e30", "--train.warmup-steps", "0", "--train.no-skip-nonfinite"]
     result = pretrain(*SHORT_RUN[:2], *SHORT_RUN[6:], *diverging, "--output.run-name", "nan", cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "the gradient norm is nan" in result.stdout.replace("\n", " ").lower()

@@ -41,7 +41,7 @@ def write_data(folder: Path, kind: str) -> Path:
     ("recipe", "kind", "extra"),
     [
         ("llama3_debug", "jsonl", []),
-        ("qwen3_debug", "parquet", ["--data.text-field", "body", "--data.document-masking", "True"]),
+        ("qwen3_debug", "parquet", ["--data.text-field", "body", "--data.document-masking"]),
         ("qwen3_moe_debug", "json", []),
     ],
 )
@@ -63,7 +63,7 @@ def test_debug_recipes_train_on_local_files_and_report_validation_loss(tmp_path,
 
 def test_a_streamed_run_resumed_from_its_checkpoint_ends_with_the_same_weights(tmp_path):
     path = write_data(tmp_path, "jsonl")
-    data = ["--data.source", "jsonl", "--data.path", str(path), "--data.streaming", "True"]
+    data = ["--data.source", "jsonl", "--data.path", str(path), "--data.streaming"]
     straight = pretrain(*SHORT, *data, "--output.run-name", "straight", cwd=tmp_path)
     assert straight.returncode == 0, straight.stdout + straight.stderr
     first = pretrain(

@@ -94,4 +94,4 @@ def test_a_missing_or_broken_recipe_file_is_named(tmp_path, capsys):
     broken = tmp_path / "recipe.json"
     broken.write_text('{"name": 1')
     assert pretrain_main(["--recipe", str(broken)]) == 2
-    assert "is not a recipe file titanpod can read" in capsys.readouterr().err
+    assert f"--recipe {broken} is not valid JSON" in capsys.readouterr().err

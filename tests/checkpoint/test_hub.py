@@ -34,7 +34,8 @@ def test_push_creates_the_repository_then_uploads_the_folder(hf_checkpoints):
     assert api.calls == [
         ("create_repo", {"repo_id": "acme/tiny-qwen3", "private": True, "exist_ok": True, "repo_type": "model"}),
         ("upload_folder", {"repo_id": "acme/tiny-qwen3", "folder_path": str(folder),
-                           "commit_message": "Upload from titanpod", "repo_type": "model"}),
+                           "commit_message": "Upload from titanpod", "repo_type": "model", "revision": None,
+                           "create_pr": False}),
     ]  # fmt: skip
 
 

@@ -15,7 +15,7 @@ import pytest
 RUN = [
     "--train.steps", "24", "--train.warmup-steps", "2", "--train.log-every", "1",
     "--data.seq-len", "32", "--data.batch-size", "2",
-    "--checkpoint.every", "1", "--checkpoint.async-save", "True", "--checkpoint.keep-last", "3",
+    "--checkpoint.every", "1", "--checkpoint.async-save", "--checkpoint.keep-last", "3",
 ]  # fmt: skip
 ENV = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "COLUMNS": "200"}
 

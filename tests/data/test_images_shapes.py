@@ -7,7 +7,8 @@ import torch
 from PIL import Image
 
 from tests.conftest import run_python
-from titanpod.data.images import draw_shapes, fixed_prompts, save_image_grid, shapes_scene
+from titanpod.data.images import draw_shapes, fixed_prompts, image_grid, save_image_grid, shapes_scene
+from titanpod.data.images.grid import GUTTER
 from titanpod.data.images.shapes import BACKGROUNDS, COLOURS, KINDS, PLACES, POSITIONS, SIZES
 
 PLACE = {words: name for name, words in PLACES.items()} | {"in the centre": "centre"}
@@ -81,28 +82,48 @@ def test_fixed_prompts_are_fixed_cover_the_choices_and_parse_as_built_in_caption
     assert fixed_prompts(0) == []
 
 
-def test_a_grid_is_one_png_of_the_images_in_rows(tmp_path):
+def test_a_grid_enlarges_each_image_by_nearest_neighbour_to_at_least_128_pixels(tmp_path):
     images = torch.rand(5, 3, 16, 24) * 2 - 1
     images[0] = 1.0  # white
     images[1] = -1.0  # black
     path = save_image_grid(images, tmp_path / "samples" / "grid.png", columns=3)
+    factor = 8  # the shorter side, 16 pixels, times 8 is 128
+    cell_w, cell_h = 24 * factor, 16 * factor
     with Image.open(path) as grid:
-        assert grid.format == "PNG" and grid.size == (3 * 24, 2 * 16)
-        assert grid.getpixel((0, 0)) == (255, 255, 255) and grid.getpixel((24, 0)) == (0, 0, 0)
-        got = torch.frombuffer(bytearray(grid.crop((48, 0, 72, 16)).tobytes()), dtype=torch.uint8).view(16, 24, 3)
+        assert grid.format == "PNG" and grid.size == (3 * cell_w + 4 * GUTTER, 2 * cell_h + 3 * GUTTER)
+        left = GUTTER + 2 * (cell_w + GUTTER)  # the third cell of the first row
+        cell = grid.crop((left, GUTTER, left + cell_w, GUTTER + cell_h))
+        pixels = torch.frombuffer(bytearray(cell.tobytes()), dtype=torch.uint8).view(cell_h, cell_w, 3)
+        assert grid.getpixel((GUTTER, GUTTER)) == (255, 255, 255)
+        assert grid.getpixel((2 * GUTTER + cell_w, GUTTER)) == (0, 0, 0)
     expected = ((images[2].clamp(-1, 1) + 1) * 127.5).round().permute(1, 2, 0)
-    assert torch.equal(got.float(), expected)
+    blocks = expected.repeat_interleave(factor, 0).repeat_interleave(factor, 1)  # each pixel as a square block
+    assert torch.equal(pixels.float(), blocks)
     with Image.open(save_image_grid(images[:2], tmp_path / "row.png")) as row:
-        assert row.size == (2 * 24, 16)
+        assert row.size == (2 * cell_w + 3 * GUTTER, cell_h + 2 * GUTTER)
+    with Image.open(save_image_grid(torch.zeros(1, 3, 200, 300), tmp_path / "large.png")) as large:
+        assert large.size == (300 + 2 * GUTTER, 200 + 2 * GUTTER)  # large enough: kept at its size
 
 
-def test_a_grid_with_captions_writes_them_below_each_row(tmp_path):
-    images = torch.full((3, 3, 32, 32), -1.0)
-    path = save_image_grid(images, tmp_path / "grid.png", captions=fixed_prompts(3))
+def test_a_grid_wraps_each_caption_inside_its_own_cell(tmp_path):
+    images = torch.full((2, 3, 16, 16), -1.0)
+    long_caption = "a large purple triangle at the bottom and " + "unbreakable" * 6 + " on a white background"
+    path = save_image_grid(images, tmp_path / "grid.png", captions=[long_caption, ""], columns=2)
+    cell = 128
     with Image.open(path) as grid:
-        assert grid.size[0] == 3 * 32 and grid.size[1] > 32
-        band = grid.crop((0, 32, 32, grid.size[1])).convert("L")
-        assert min(band.tobytes()) < 128 and max(band.tobytes()) == 255  # dark text on white
+        band = grid.crop((0, GUTTER + cell + 1, grid.size[0], grid.size[1])).convert("L")
+        width, height = band.size
+        dark = [(x, y) for y in range(height) for x in range(width) if band.getpixel((x, y)) < 128]
+    assert height > 4 * 10  # the caption took several lines
+    assert dark, "the caption is drawn"
+    assert all(GUTTER <= x < GUTTER + cell for x, _ in dark)  # all of it in the first cell, none in the second
+
+
+def test_a_grid_as_an_image_is_what_save_image_grid_writes(tmp_path):
+    images = torch.rand(3, 3, 16, 16) * 2 - 1
+    grid = image_grid(images, captions=fixed_prompts(3))
+    with Image.open(save_image_grid(images, tmp_path / "grid.png", captions=fixed_prompts(3))) as saved:
+        assert grid.mode == "RGB" and grid.tobytes() == saved.convert("RGB").tobytes()
 
 
 def test_a_grid_refuses_a_wrong_shape_and_a_wrong_number_of_captions(tmp_path):

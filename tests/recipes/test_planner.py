@@ -143,8 +143,8 @@ def test_a_worker_vm_too_small_says_so_naming_host_memory_and_the_fix():
     text = console.export_text()
     assert not plan.fits and plan.device_fits and plan.host.fits is False
     assert "does not fit: host memory: a v5p worker VM needs 38.01 GiB at its trainer-state checkpoint" in text
-    assert "Fix: --checkpoint.async-save False writes one tensor at a time" in text
-    row = next(line for line in text.splitlines() if line.startswith("│ --checkpoint.async-save False"))
+    assert "Fix: --checkpoint.no-async-save writes one tensor at a time" in text
+    row = next(line for line in text.splitlines() if line.startswith("│ --checkpoint.no-async-save"))
     assert "yes" in row  # without async saves the peak is the final save's 16 GiB
 
 

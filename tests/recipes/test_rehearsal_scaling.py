@@ -9,6 +9,7 @@ from pathlib import Path
 import datasets
 import pytest
 
+from titanpod.graph import ProfileConfig
 from titanpod.models import build_model
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes import RECIPES, get_recipe
@@ -149,3 +150,14 @@ def test_judge_names_every_failed_check(tmp_path):
     assert any("not finite" in p for p in nan.problems)
     short = _result(good[:4], good, tmp_path)
     assert short.problems == ["no loss recorded at steps [5, 6]"]
+
+
+def test_a_rehearsal_neither_profiles_nor_logs_to_wandb(tmp_path):
+    recipe = get_recipe("llama3_8b")
+    recipe = dataclasses.replace(
+        recipe, profile=ProfileConfig("500-502"), output=dataclasses.replace(recipe.output, wandb="project")
+    )
+    small, rows = scale_recipe(recipe, "cpu", tmp_path / "runs", tmp_path / "dataset", tmp_path / "tokenizer.json")
+    assert small.profile.steps is None and small.output.wandb is None
+    row = next(row for row in rows if row.name == "profile.steps")
+    assert row.recipe == "500-502" and not row.kept

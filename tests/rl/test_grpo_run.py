@@ -10,10 +10,12 @@ import sys
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from titanpod.checkpoint import CheckpointConfig, load_model, save_model
 from titanpod.data.sft.tokenizer import load_sft_tokenizer
 from titanpod.data.tasks import Example, get_task
+from titanpod.graph import ProfileConfig
 from titanpod.models import DecoderArgs, build_model
 from titanpod.recipes.posttrain.grpo_recipe import GRPOConfig, GRPOModelConfig, GRPORecipe
 from titanpod.recipes.posttrain.registry import POSTTRAIN_RECIPES, grpo_debug
@@ -63,7 +65,11 @@ def test_a_step_trains_and_the_engine_holds_the_trainers_weights(tmp_path, sft_f
         calls.append(prompt)
         return float(len(calls) % 2)
 
-    result = run_grpo(tiny(tmp_path, sft_folder, "run", kl_beta=0.1, updates_per_step=2), reward=alternating)
+    recipe = tiny(tmp_path, sft_folder, "run", kl_beta=0.1, updates_per_step=2)
+    recipe = dataclasses.replace(
+        recipe, profile=ProfileConfig("2"), output=dataclasses.replace(recipe.output, tensorboard=True)
+    )
+    result = run_grpo(recipe, reward=alternating)
     assert result.steps_done == 2 and len(calls) == 2 * 2 * 3
     assert [row.weights_version for row in result.history] == [1, 2]
     assert result.weights_version == 2 and result.skipped_samples == 0
@@ -83,6 +89,12 @@ def test_a_step_trains_and_the_engine_holds_the_trainers_weights(tmp_path, sft_f
     assert record["after"]["sampled_accuracy"] == result.sampled_after and record["after"]["samples_per_prompt"] == 4
     assert (result.weights_path.parent / "tokenizer.json").is_file()
     assert (result.run_dir / "checkpoints" / "step-000002" / "trainer.json").is_file()
+    [trace] = list((result.run_dir / "profile").glob("rank0.*.pt.trace.json"))  # profile.steps 2
+    assert {event.get("name") for event in json.loads(trace.read_text())["traceEvents"]} >= {"step 2"}
+    board = EventAccumulator(str(result.run_dir / "tensorboard"))
+    board.Reload()
+    assert board.Scalars("hparams/final_loss")[0].value == pytest.approx(result.history[-1].loss)
+    assert [event.step for event in board.Scalars("train/reward_mean")] == [1, 2]
 
 
 def test_engine_checksum_equals_trainer_after_each_step(tmp_path, sft_folder, monkeypatch):

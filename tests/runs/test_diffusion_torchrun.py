@@ -24,7 +24,7 @@ LR = 2e-3  # flux_debug's
 RUN = [
     "--recipe", "flux_debug", "--device.lane", "cpu", "--train.steps", str(STEPS), "--train.warmup-steps", "1",
     "--train.log-every", "1", "--data.resolution", "16", "--data.batch-size", "2", "--data.shapes-count", "32",
-    "--samples.prompts", "2", "--samples.steps", "2", "--output.tensorboard", "False",
+    "--samples.prompts", "2", "--samples.steps", "2", "--output.no-tensorboard",
 ]  # fmt: skip
 WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
 FINAL_SAMPLES = f"samples/step-{STEPS:06d}.png"

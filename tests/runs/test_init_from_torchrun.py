@@ -20,7 +20,7 @@ def test_fsdp2_pretraining_starts_from_a_hugging_face_folder_and_saves_its_weigh
     run = [
         "--model.init-from", str(folder), "--parallel.fsdp", "2", "--train.steps", "1", "--train.warmup-steps", "0",
         "--train.lr", "0", "--data.seq-len", "32", "--data.batch-size", "2", "--output.run-name", "from-hf",
-        "--output.tensorboard", "False",
+        "--output.no-tensorboard",
     ]  # fmt: skip
     done = run_cli("titanpod.pretrain.cli", run, tmp_path, processes=2)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
@@ -40,8 +40,7 @@ def test_fsdp2_sft_starts_from_a_hugging_face_folder_and_exports_its_weights(tmp
     run = [
         "--recipe", "sft_debug", "--model.init-from", str(folder), "--parallel.fsdp", "2", "--train.steps", "1",
         "--train.warmup-steps", "0", "--train.lr", "0", "--data.train-examples", "64", "--data.seq-len", "32",
-        "--data.batch-size", "2", "--eval.enabled", "False", "--output.run-name", "sft", "--output.tensorboard",
-        "False",
+        "--data.batch-size", "2", "--eval.no-enabled", "--output.run-name", "sft", "--output.no-tensorboard",
     ]  # fmt: skip
     done = run_cli("titanpod.posttrain.cli", run, tmp_path, processes=2)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

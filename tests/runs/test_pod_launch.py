@@ -84,7 +84,7 @@ def test_the_agent_is_torchrun_and_its_exit_code_and_signals_come_back(tmp_path)
 
 
 RUN = ["--train.steps", "3", "--train.warmup-steps", "1", "--train.log-every", "1", "--data.seq-len", "32",
-       "--checkpoint.at-end", "False"]  # fmt: skip
+       "--checkpoint.no-at-end"]  # fmt: skip
 
 
 def losses(run_dir: Path) -> list[float]:

@@ -11,6 +11,7 @@ from titanpod.graph import TrainConfig
 from titanpod.recipes.posttrain.registry import sft_debug
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig, SFTDataConfig, SFTModelConfig, SFTRecipe
 from titanpod.recipes.recipe import OutputConfig
+from titanpod.runs.loss_plot import read_loss_history
 from titanpod.runs.sft import run_sft
 
 
@@ -33,6 +34,10 @@ def test_a_stopped_and_resumed_run_ends_with_the_weights_of_an_unbroken_one(tmp_
     rest = run_sft(tiny(tmp_path, "split"))
     assert rest.summary.start_step == 3 and rest.summary.steps_done == 6
     assert rest.summary.losses == whole.summary.losses[3:]
+    history = read_loss_history(tmp_path / "split" / "metrics.jsonl")  # what split/loss.png draws
+    assert (tmp_path / "split" / "loss.png").is_file() and history.steps == [2, 3, 4, 6]  # stopped at 3, resumed
+    unbroken = {report.step: report.loss for report in whole.summary.reports}
+    assert history.losses[0] == unbroken[2] and history.losses[-1] == unbroken[6]
     _, expected = load_model(whole.weights_path.parent)
     _, resumed = load_model(rest.weights_path.parent)
     for (name, a), (_, b) in zip(expected.state_dict().items(), resumed.state_dict().items(), strict=True):

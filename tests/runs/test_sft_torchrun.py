@@ -19,8 +19,8 @@ STEPS = 5
 RUN = [
     "--recipe", "sft_debug", "--device.lane", "cpu", "--train.steps", str(STEPS), "--train.warmup-steps", "1",
     "--train.log-every", "1", "--data.train-examples", "64", "--data.seq-len", "32", "--data.batch-size", "2",
-    "--eval.examples", "4", "--eval.max-new-tokens", "3", "--eval.show", "0", "--checkpoint.export-hf", "False",
-    "--output.tensorboard", "False",
+    "--eval.examples", "4", "--eval.max-new-tokens", "3", "--eval.show", "0", "--checkpoint.no-export-hf",
+    "--output.no-tensorboard",
 ]  # fmt: skip
 
 

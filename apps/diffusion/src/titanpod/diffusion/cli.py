@@ -5,21 +5,23 @@ titanpod-diffusion --list-recipes
 titanpod-diffusion --recipe flux1_12b --dry-run      # memory per device and step time on its target slice
 titanpod-diffusion --recipe flux1_12b --rehearse     # run it here, small, with every setting (see README)
 titanpod-diffusion --train.steps 100 --data.batch-size 8
+titanpod-diffusion --recipe mine.toml --print-recipe  # a TOML file (base = "flux_debug" plus what differs), resolved
 titanpod-diffusion sample --checkpoint runs/flux_debug-... --prompt "a large red circle on the left"
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import torch
 import tyro
 from rich.console import Console
 from rich.table import Table
 
+from titanpod.recipes.command_line import PlainHelpRegistry, parse_args, recipe_argument
 from titanpod.recipes.diffusion import (
     DEFAULT_DIFFUSION_RECIPE,
     DIFFUSION_RECIPES,
@@ -27,36 +29,92 @@ from titanpod.recipes.diffusion import (
     get_diffusion_recipe,
 )
 from titanpod.recipes.errors import print_error
+from titanpod.recipes.recipe_files import is_recipe_file, load_recipe_file
 from titanpod.runs.diffusion.run import DiffusionResult, run_diffusion
 from titanpod.runs.process_exit import exit_rank, run_exit_code
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainCommand:
+    """What the command line asks for: a recipe, and whether to train it, plan it, rehearse it or print it."""
+
+    recipe: Annotated[DiffusionRecipe, tyro.conf.arg(name="")]
+    """The recipe with every override applied."""
+    recipe_name: Annotated[str, tyro.conf.arg(name="recipe")] = DEFAULT_DIFFUSION_RECIPE
+    """A recipe name (see --list-recipes), or a recipe file: a run's recipe.json, or a TOML file with
+    ``base = "NAME"`` and the fields that differ. It gives every other flag its default."""
+    list_recipes: tyro.conf.FlagCreatePairsOff[bool] = False
+    """List the named recipes and exit."""
+    print_recipe: tyro.conf.FlagCreatePairsOff[bool] = False
+    """Print the resolved recipe as JSON (a recipe file --recipe reads back) and exit without running."""
+    dry_run: tyro.conf.FlagCreatePairsOff[bool] = False
+    """Plan on the recipe's target slice instead of training: memory per device and step time."""
+    rehearse: tyro.conf.FlagCreatePairsOff[bool] = False
+    """Run the recipe on this machine at a small size with every setting it makes."""
+    chip: str | None = None
+    """Short for --target.chip: the chip kind --dry-run plans for (``v5p``, ``v6e``, ``h100`` ...)."""
+    chips: int | None = None
+    """Short for --target.chips: the chips in the slice --dry-run plans for."""
+
+    @property
+    def action(self) -> str:
+        """What to do with the recipe: ``print``, ``dry_run``, ``rehearse`` or ``train``."""
+        chosen = {"print": self.print_recipe, "dry_run": self.dry_run, "rehearse": self.rehearse}
+        return next((name for name, on in chosen.items() if on), "train")
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleCommand:
+    """Draw images from a finished titanpod-diffusion run's transformer, one per prompt, into one PNG grid."""
+
+    checkpoint: str
+    """A run directory (holding recipe.json and transformer/)."""
+    prompt: tyro.conf.UseAppendAction[tuple[str, ...]]
+    """A prompt; repeat --prompt for more images."""
+    steps: int | None = None
+    """Euler steps; ``None``: the recipe's ``samples.steps``."""
+    cfg_scale: float | None = None
+    """Classifier-free guidance; ``None``: the recipe's ``samples.cfg_scale``."""
+    seed: int = 0
+    """Seed of the starting noise."""
+    out: str | None = None
+    """PNG to write; ``None``: ``<checkpoint>/samples/sample.png``."""
+
+
+def load_recipe(name: str) -> DiffusionRecipe:
+    """The named recipe, or the recipe in file ``name`` (.json or .toml); errors name the recipe or the file."""
+    if is_recipe_file(name):
+        return load_recipe_file(Path(name), get_diffusion_recipe, lambda data: DiffusionRecipe)
+    return get_diffusion_recipe(name)
+
+
 def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, str] | None:
-    """The recipe with every override applied and what to do with it (``train``, ``dry_run`` or
-    ``rehearse``); ``None`` after ``--list-recipes``."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--recipe", default=DEFAULT_DIFFUSION_RECIPE)
-    parser.add_argument("--list-recipes", action="store_true")
-    parser.add_argument("--dry-run", action="store_true")
-    parser.add_argument("--rehearse", action="store_true")
-    parser.add_argument("--chip")
-    parser.add_argument("--chips")
-    known, rest = parser.parse_known_args(argv)
-    if known.list_recipes:
-        for name, build in DIFFUSION_RECIPES.items():
-            print(f"{name:16s} {(build.__doc__ or '').strip()}")
-        return None
-    rest += ["--target.chip", known.chip] if known.chip else []
-    rest += ["--target.chips", known.chips] if known.chips else []
-    recipe = tyro.cli(
-        DiffusionRecipe,
-        default=get_diffusion_recipe(known.recipe),
-        args=rest,
+    """The recipe with every override applied and what to do with it (``train``, ``dry_run``, ``rehearse`` or
+    ``print``); ``None`` after ``--list-recipes``. A value tyro refuses raises ``SystemExit(2)``."""
+    name = recipe_argument(argv, DEFAULT_DIFFUSION_RECIPE)
+    command = parse_args(
+        TrainCommand,
+        TrainCommand(recipe=load_recipe(name), recipe_name=name),
+        argv,
         prog="titanpod-diffusion",
-        description=f"Train the diffusion recipe chosen with --recipe (default {DEFAULT_DIFFUSION_RECIPE}).",
-        config=(tyro.conf.FlagConversionOff,),
+        description=(
+            f"Train the diffusion recipe chosen with --recipe (default {DEFAULT_DIFFUSION_RECIPE}; see "
+            "--list-recipes), or plan (--dry-run), rehearse (--rehearse) or print it (--print-recipe). Every recipe "
+            f"field below overrides it; the defaults shown are those of {name}. Images from a finished run: "
+            "titanpod-diffusion sample --help."
+        ),
+        recipe_type=DiffusionRecipe,
     )
-    return recipe, "dry_run" if known.dry_run else "rehearse" if known.rehearse else "train"
+    if command.list_recipes:
+        for recipe_name, build in DIFFUSION_RECIPES.items():
+            print(f"{recipe_name:16s} {(build.__doc__ or '').strip()}")
+        return None
+    recipe = command.recipe
+    if command.chip is not None or command.chips is not None:
+        chip = recipe.target.chip if command.chip is None else command.chip
+        chips = recipe.target.chips if command.chips is None else command.chips
+        recipe = dataclasses.replace(recipe, target=dataclasses.replace(recipe.target, chip=chip, chips=chips))
+    return recipe, command.action
 
 
 def sample_command(argv: list[str], console: Console) -> int:
@@ -67,16 +125,9 @@ def sample_command(argv: list[str], console: Console) -> int:
     from titanpod.runs.diffusion.run import TRANSFORMER_FOLDER
     from titanpod.runs.diffusion.sampling import generate
 
-    parser = argparse.ArgumentParser(prog="titanpod-diffusion sample", description=sample_command.__doc__)
-    parser.add_argument("--checkpoint", required=True, help="a run directory (holding recipe.json and transformer/)")
-    parser.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for more images")
-    parser.add_argument("--steps", type=int, default=None, help="Euler steps (default: the recipe's)")
-    parser.add_argument(
-        "--cfg-scale", type=float, default=None, help="classifier-free guidance (default: the recipe's)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="PNG to write (default: <checkpoint>/samples/sample.png)")
-    args = parser.parse_args(argv)
+    args = tyro.cli(SampleCommand, args=argv, prog="titanpod-diffusion sample", registry=PlainHelpRegistry())
+    if not args.prompt:
+        raise ValueError("titanpod-diffusion sample draws one image per --prompt: give at least one.")
     run_dir = Path(args.checkpoint)
     if not (run_dir / "recipe.json").is_file() or not (run_dir / TRANSFORMER_FOLDER).is_dir():
         raise FileNotFoundError(
@@ -85,14 +136,15 @@ def sample_command(argv: list[str], console: Console) -> int:
     recipe = DiffusionRecipe.load(run_dir / "recipe.json")
     model = dataclasses.replace(recipe.model, transformer_weights=str(run_dir / TRANSFORMER_FOLDER))
     models = build_diffusion_models(dataclasses.replace(recipe, model=model), torch.device("cpu"))
+    prompts = list(args.prompt)
     config = SampleConfig(
-        prompts=len(args.prompt),
+        prompts=len(prompts),
         steps=args.steps or recipe.samples.steps,
         cfg_scale=recipe.samples.cfg_scale if args.cfg_scale is None else args.cfg_scale,
         seed=args.seed,
     )
-    images = generate(models, args.prompt, recipe.data.resolution, config, recipe.model.guidance)
-    out = save_image_grid(images, args.out or run_dir / "samples" / "sample.png", captions=args.prompt)
+    images = generate(models, prompts, recipe.data.resolution, config, recipe.model.guidance)
+    out = save_image_grid(images, args.out or run_dir / "samples" / "sample.png", captions=prompts)
     console.print(f"wrote {out}", soft_wrap=True)
     return 0
 
@@ -128,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         if parsed is None:
             return 0
         recipe, action = parsed
+        if action == "print":
+            print(recipe.to_json(), end="")
+            return 0
         if action == "rehearse":
             from titanpod.recipes.rehearsal.diffusion import rehearse_diffusion
 

@@ -8,29 +8,32 @@ titanpod-posttrain --data.source jsonl --data.path chats.jsonl --eval.task rever
 titanpod-posttrain --output.run-name try1 --resume   # continue try1 from its newest checkpoint
 titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft200/model         # GRPO from an SFT model
 titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft200/model --rollout.mode ray --rollout.workers 2
-titanpod-posttrain --help                            # every field of the recipe"""
+titanpod-posttrain --recipe mine.toml --print-recipe  # a TOML file (base = "sft_debug" plus what differs), resolved
+titanpod-posttrain --help                            # every flag, and every field of the recipe"""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Generic, Protocol, TypeVar
 
 import tyro
 from rich.console import Console
 from rich.table import Table
 
 from titanpod.device import process_info
+from titanpod.recipes.command_line import parse_args, recipe_argument
 from titanpod.recipes.errors import print_error
+from titanpod.recipes.posttrain.grpo_recipe import GRPORecipe
 from titanpod.recipes.posttrain.registry import (
     DEFAULT_POSTTRAIN_RECIPE,
     POSTTRAIN_RECIPES,
-    PosttrainRecipe,
     get_posttrain_recipe,
 )
+from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
+from titanpod.recipes.recipe_files import is_recipe_file, load_recipe_file
 from titanpod.rl.grpo.run import run_grpo
 from titanpod.runs.pretrain import with_resume
 from titanpod.runs.process_exit import exit_rank
@@ -57,42 +60,68 @@ RUNNERS: Mapping[str, Callable[[Any, Console | None], PosttrainResult]] = {"sft"
 """The runner of each recipe kind."""
 
 
+RecipeT = TypeVar("RecipeT")
+
+
 @dataclasses.dataclass(frozen=True)
-class Command:
-    """What the command line asks for: a recipe with its overrides, and the entry that runs it."""
+class Command(Generic[RecipeT]):
+    """What the command line asks for: a recipe with its overrides, its kind, and whether to run or print it."""
 
-    entry: PosttrainRecipe
-    """The named recipe's entry (its kind and runner)."""
-    recipe: Any
+    recipe: Annotated[RecipeT, tyro.conf.arg(name="")]
     """The recipe with every override applied."""
+    recipe_name: Annotated[str, tyro.conf.arg(name="recipe")] = DEFAULT_POSTTRAIN_RECIPE
+    """A recipe name (see --list-recipes), or a recipe file: a run's recipe.json, or a TOML file with
+    ``base = "NAME"`` and the fields that differ. It gives every other flag its default."""
+    list_recipes: tyro.conf.FlagCreatePairsOff[bool] = False
+    """List the named recipes and exit."""
+    print_recipe: tyro.conf.FlagCreatePairsOff[bool] = False
+    """Print the resolved recipe as JSON (a recipe file --recipe reads back) and exit without running."""
+    resume: tyro.conf.FlagCreatePairsOff[bool] = False
+    """Continue --output.run-name (or the newest run of the recipe that has one) from its newest checkpoint."""
+
+    @property
+    def kind(self) -> str:
+        """The recipe's kind, which picks its runner: ``sft`` or ``grpo``."""
+        return recipe_kind(self.recipe)
 
 
-def parse_command(argv: list[str]) -> Command | None:
-    """The recipe named by ``--recipe`` with the remaining flags applied; ``None`` after ``--list-recipes``."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--recipe", default=DEFAULT_POSTTRAIN_RECIPE)
-    parser.add_argument("--list-recipes", action="store_true")
-    parser.add_argument("--resume", action="store_true")
-    known, rest = parser.parse_known_args(argv)
-    if known.list_recipes:
-        for name, entry in POSTTRAIN_RECIPES.items():
-            print(f"{name:20s} {entry.kind:5s} {entry.description}")
-        return None
-    entry = get_posttrain_recipe(known.recipe)
-    base = entry.build()
-    recipe = tyro.cli(
-        type(base),
-        default=base,
-        args=rest,
+def recipe_kind(recipe: object) -> str:
+    """``grpo`` for a ``GRPORecipe``, else ``sft``."""
+    return "grpo" if isinstance(recipe, GRPORecipe) else "sft"
+
+
+def recipe_class(data: Mapping[str, Any]) -> type:
+    """The recipe class of a whole post-training recipe file: GRPO recipes have a ``grpo`` section."""
+    return GRPORecipe if "grpo" in data else SFTRecipe
+
+
+def parse_command(argv: list[str]) -> Command[Any] | None:
+    """The recipe named by ``--recipe`` with the remaining flags applied; ``None`` after ``--list-recipes``.
+
+    A value tyro refuses raises ``SystemExit(2)`` after saying so on stderr.
+    """
+    name = recipe_argument(argv, DEFAULT_POSTTRAIN_RECIPE)
+    if is_recipe_file(name):
+        base = load_recipe_file(Path(name), lambda named: get_posttrain_recipe(named).build(), recipe_class)
+    else:
+        base = get_posttrain_recipe(name).build()
+    command = parse_args(
+        Command[type(base)],  # type: ignore[misc]
+        Command(recipe=base, recipe_name=name),
+        argv,
         prog="titanpod-posttrain",
         description=(
-            f"Post-train with the recipe chosen with --recipe NAME (default {DEFAULT_POSTTRAIN_RECIPE}; see "
-            f"--list-recipes). Every field below overrides it. Now showing: {known.recipe} ({entry.kind}). "
-            "--resume continues --output.run-name (or the newest run of the recipe) from its newest checkpoint."
+            f"Post-train with the recipe chosen with --recipe (default {DEFAULT_POSTTRAIN_RECIPE}; see "
+            f"--list-recipes), or print it (--print-recipe). Every recipe field below overrides it; the defaults "
+            f"shown are those of {name} ({recipe_kind(base)})."
         ),
-        config=(tyro.conf.FlagConversionOff,),
+        recipe_type=type(base),
     )
-    return Command(entry, with_resume(recipe) if known.resume else recipe)
+    if command.list_recipes:
+        for recipe_name, entry in POSTTRAIN_RECIPES.items():
+            print(f"{recipe_name:20s} {entry.kind:5s} {entry.description}")
+        return None
+    return dataclasses.replace(command, recipe=with_resume(command.recipe)) if command.resume else command
 
 
 def print_summary(console: Console, result: PosttrainResult) -> None:
@@ -113,11 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if command is None:
         return 0
+    if command.print_recipe:
+        print(command.recipe.to_json(), end="")
+        return 0
     main_process = process_info().is_main  # under torchrun only rank 0 speaks
     if main_process:
         console.print_json(command.recipe.to_json())
     try:
-        result = RUNNERS[command.entry.kind](command.recipe, console if main_process else None)
+        result = RUNNERS[command.kind](command.recipe, console if main_process else None)
     # NotImplementedError is a RuntimeError; ImportError names a missing optional dependency (Ray).
     except (KeyError, ValueError, RuntimeError, OSError, ImportError) as error:
         print_error(error)

@@ -9,17 +9,19 @@ titanpod-pretrain --recipe llama3_405b --dry-run   # memory per device and step 
 titanpod-pretrain --recipe llama3_405b --dry-run --chip v5p --chips 512
 titanpod-pretrain --recipe llama3_405b --rehearse  # run it here, small, with every setting, and check resume
 titanpod-pretrain --recipe runs/try1/recipe.json   # a recipe file (any run's recipe.json)
-titanpod-pretrain --help                           # every field of the recipe
+titanpod-pretrain --recipe mine.toml --train.lr 1e-3  # a TOML file: base = "llama3_debug" plus what differs
+titanpod-pretrain --recipe mine.toml --print-recipe  # the resolved recipe as JSON, without running
+titanpod-pretrain --help                           # every flag, and every field of the recipe
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Annotated, Literal
 
 import tyro
 from rich.console import Console
@@ -27,8 +29,11 @@ from rich.table import Table
 
 from titanpod.device import process_info
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
+from titanpod.recipes.command_line import parse_args, recipe_argument
 from titanpod.recipes.errors import print_error
 from titanpod.recipes.planner.report import dry_run
+from titanpod.recipes.recipe_files import is_recipe_file
+from titanpod.recipes.recipe_files import load_recipe_file as read_recipe_file
 from titanpod.runs import PretrainResult, run_pretraining
 from titanpod.runs.pretrain import with_resume
 from titanpod.runs.process_exit import exit_rank, run_exit_code
@@ -37,78 +42,75 @@ from titanpod.runs.rehearsal import rehearse
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """What the command line asks for: a recipe, and whether to train it or only plan it."""
+    """What the command line asks for: a recipe, and whether to train it, plan it, rehearse it or print it."""
 
-    recipe: Recipe
+    recipe: Annotated[Recipe, tyro.conf.arg(name="")]
     """The recipe with every override applied."""
-    dry_run: bool = False
-    """Plan on the recipe's target slice instead of training."""
-    rehearse: bool = False
+    recipe_name: Annotated[str, tyro.conf.arg(name="recipe")] = DEFAULT_RECIPE
+    """A recipe name (see --list-recipes), or a recipe file: a run's recipe.json, or a TOML file with
+    ``base = "NAME"`` and the fields that differ. It gives every other flag its default."""
+    list_recipes: tyro.conf.FlagCreatePairsOff[bool] = False
+    """List the named recipes and exit."""
+    print_recipe: tyro.conf.FlagCreatePairsOff[bool] = False
+    """Print the resolved recipe as JSON (a recipe file --recipe reads back) and exit without running."""
+    resume: tyro.conf.FlagCreatePairsOff[bool] = False
+    """Continue --output.run-name (or the newest run of the recipe that has one) from its newest checkpoint."""
+    dry_run: tyro.conf.FlagCreatePairsOff[bool] = False
+    """Plan on the recipe's target slice instead of training: memory per device and step time."""
+    rehearse: tyro.conf.FlagCreatePairsOff[bool] = False
     """Run the recipe on this machine at a small size with every setting it makes, and check it resumes exactly."""
-    rehearse_lanes: tuple[str, ...] | None = None
-    """Lanes to rehearse on (``cpu``, ``xla``); ``None``: the recipe's, or both for a TPU recipe."""
+    rehearse_lanes: tuple[Literal["cpu", "xla"], ...] | None = None
+    """Lanes to rehearse on; ``None``: the recipe's, or both for a TPU recipe."""
+    chip: str | None = None
+    """Short for --target.chip: the chip kind --dry-run plans for (``v5p``, ``v6e``, ``h100`` ...)."""
+    chips: int | None = None
+    """Short for --target.chips: the chips in the slice --dry-run plans for."""
 
 
 def parse_command(argv: list[str]) -> Command | None:
     """The recipe named by ``--recipe`` with the remaining flags applied; ``None`` after ``--list-recipes``.
 
-    ``--chip`` and ``--chips`` are short for ``--target.chip`` and ``--target.chips``.
+    ``--chip`` and ``--chips`` are short for ``--target.chip`` and ``--target.chips``. A value tyro refuses (a
+    choice that does not exist, a number that is not one) raises ``SystemExit(2)`` after saying so on stderr.
     """
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--recipe", default=DEFAULT_RECIPE)
-    parser.add_argument("--list-recipes", action="store_true")
-    parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--dry-run", action="store_true")
-    parser.add_argument("--rehearse", action="store_true")
-    parser.add_argument("--rehearse-lanes")
-    parser.add_argument("--chip")
-    parser.add_argument("--chips")
-    known, rest = parser.parse_known_args(argv)
-    if known.chip is not None:
-        rest += ["--target.chip", known.chip]
-    if known.chips is not None:
-        rest += ["--target.chips", known.chips]
-    if known.list_recipes:
-        for name, build in RECIPES.items():
-            print(f"{name:24s} {(build.__doc__ or '').strip().splitlines()[0]}")
-        return None
-    base = load_recipe_file(Path(known.recipe)) if known.recipe.endswith(".json") else get_recipe(known.recipe)
-    recipe = tyro.cli(
-        Recipe,
-        default=base,
-        args=rest,
+    name = recipe_argument(argv, DEFAULT_RECIPE)
+    base = load_recipe_file(Path(name)) if is_recipe_file(name) else get_recipe(name)
+    command = parse_args(
+        Command,
+        Command(recipe=base, recipe_name=name),
+        split_lanes(argv),
         prog="titanpod-pretrain",
         description=(
-            f"Train the recipe chosen with --recipe NAME (default {DEFAULT_RECIPE}; see --list-recipes). "
-            f"Every field below overrides it. Now showing: {known.recipe}. --dry-run plans the recipe on "
-            "--chips (--target.chips) chips of kind --chip (--target.chip) without training."
+            f"Train the recipe chosen with --recipe (default {DEFAULT_RECIPE}; see --list-recipes), or plan "
+            f"(--dry-run), rehearse (--rehearse) or print it (--print-recipe). Every recipe field below overrides "
+            f"it; the defaults shown are those of {name}."
         ),
-        config=(tyro.conf.FlagConversionOff,),
+        recipe_type=Recipe,
     )
-    lanes = None
-    if known.rehearse_lanes is not None:
-        lanes = tuple(lane.strip() for lane in known.rehearse_lanes.split(",") if lane.strip())
-        unknown = sorted(set(lanes) - {"cpu", "xla"})
-        if unknown or not lanes:
-            raise ValueError(f"--rehearse-lanes takes cpu, xla or cpu,xla; got {known.rehearse_lanes!r}.")
-    return Command(
-        with_resume(recipe) if known.resume else recipe,
-        dry_run=known.dry_run,
-        rehearse=known.rehearse,
-        rehearse_lanes=lanes,
-    )
+    if command.list_recipes:
+        for recipe_name, build in RECIPES.items():
+            print(f"{recipe_name:24s} {(build.__doc__ or '').strip().splitlines()[0]}")
+        return None
+    recipe = command.recipe
+    if command.chip is not None or command.chips is not None:
+        chip = recipe.target.chip if command.chip is None else command.chip
+        chips = recipe.target.chips if command.chips is None else command.chips
+        recipe = dataclasses.replace(recipe, target=dataclasses.replace(recipe.target, chip=chip, chips=chips))
+    return dataclasses.replace(command, recipe=with_resume(recipe) if command.resume else recipe)
+
+
+def split_lanes(argv: list[str]) -> list[str]:
+    """``argv`` with a comma-separated ``--rehearse-lanes cpu,xla`` written as tyro reads it (``cpu xla``)."""
+    out: list[str] = []
+    for arg in argv:
+        out += arg.split(",") if out[-1:] == ["--rehearse-lanes"] else [arg]
+    return out
 
 
 def load_recipe_file(path: Path) -> Recipe:
-    """The recipe saved in ``path`` (a run's recipe.json); ``ValueError`` names the file and what is wrong."""
-    if not path.is_file():
-        raise ValueError(
-            f"--recipe {path}: no such recipe file; give a recipe.json path or a name from --list-recipes."
-        )
-    try:
-        return Recipe.load(path)
-    except (ValueError, TypeError) as error:  # bad JSON, unknown or mistyped fields
-        raise ValueError(f"--recipe {path} is not a recipe file titanpod can read: {error}") from error
+    """The recipe in ``path`` (a run's recipe.json, or a TOML file; see ``titanpod.recipes.recipe_files``);
+    ``ValueError`` names the file and what is wrong."""
+    return read_recipe_file(path, get_recipe, lambda data: Recipe)
 
 
 def parse_recipe(argv: list[str]) -> Recipe | None:
@@ -155,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     if command is None:
         return 0
     recipe = command.recipe
+    if command.print_recipe:
+        print(recipe.to_json(), end="")
+        return 0
     if command.dry_run:
         try:
             plan = dry_run(recipe, console)

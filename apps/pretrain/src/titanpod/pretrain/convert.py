@@ -1,11 +1,14 @@
 """``titanpod-convert``: Hugging Face checkpoints in and out.
 
     titanpod-convert import SOURCE OUT      # HF folder or Hub id -> titanpod checkpoint
-    titanpod-convert export CKPT OUT        # titanpod checkpoint -> HF folder (sharded safetensors)
+    titanpod-convert export CKPT OUT        # titanpod checkpoint, trainer checkpoint or run -> HF folder
     titanpod-convert push FOLDER REPO_ID    # upload an exported folder to the Hub
 
 A titanpod checkpoint is a folder with ``model.safetensors`` (titanpod tensor names) and
-``model.json`` (family and shape); ``titanpod-pretrain`` writes one to ``<run>/model``.
+``model.json`` (family, shape, special token ids); ``titanpod-pretrain`` writes one to ``<run>/model``.
+``import`` copies the source's tokenizer and generation files into it; ``export`` writes config.json, the
+safetensors, the tokenizer files, generation_config.json and a README.md model card (``convert_source``
+says what it reads from each kind of CKPT).
 
 OUT must be a new or empty folder, outside the source (and not holding it). With ``--overwrite`` an
 existing folder is written into: the files the command writes replace their namesakes, weight files
@@ -15,79 +18,186 @@ other file stays.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Annotated, Literal
 
+import tyro
 from rich.console import Console
 
-from titanpod.checkpoint import load_hf_checkpoint, load_model, push, resolve_source, save_hf_checkpoint, save_model
+from titanpod.checkpoint import load_hf_checkpoint, push, resolve_source, save_hf_checkpoint, save_model
+from titanpod.checkpoint.companion_files import has_tokenizer, read_companions
 from titanpod.checkpoint.hf_files import DEFAULT_MAX_SHARD_BYTES
-from titanpod.checkpoint.model_files import read_model_description
+from titanpod.checkpoint.model_card import CARD_FILE
 from titanpod.checkpoint.safetensors_io import dtype_from_name
 from titanpod.models import parameter_count
+from titanpod.pretrain.convert_source import open_export_source
 from titanpod.pretrain.convert_target import check_not_nested, check_output_folder
+from titanpod.recipes.command_line import PlainHelpRegistry, boolean_flags, flags_from_values, plain_help
 from titanpod.recipes.errors import print_error
 
-OVERWRITE_HELP = "write into a non-empty OUT: replace only the files this writes, keep every other file"
+DEFAULT_COMMIT_MESSAGE = "Upload from titanpod"
+"""The commit message of a push that names none."""
+PROG = "titanpod-convert"
+"""The command's name in usage and help."""
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+"""The weight types a conversion can write."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="titanpod-convert", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    to_titanpod = commands.add_parser(
-        "import", help="Hugging Face checkpoint (folder or Hub id) -> titanpod checkpoint"
+@dataclasses.dataclass(frozen=True)
+class ImportCommand:
+    """Hugging Face checkpoint (folder or Hub id) -> titanpod checkpoint."""
+
+    source: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="SOURCE")]
+    """a folder with config.json and safetensors, or a Hub id like org/name"""
+    out: Annotated[tyro.conf.Positional[Path], tyro.conf.arg(metavar="OUT")]
+    """titanpod checkpoint folder to write"""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit)"""
+    dtype: Dtype | None = None
+    """convert weights to this type (default: as stored)"""
+    overwrite: tyro.conf.FlagCreatePairsOff[bool] = False
+    """write into a non-empty OUT: replace only the files this writes, keep every other file"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportCommand:
+    """titanpod checkpoint -> Hugging Face folder."""
+
+    checkpoint: Annotated[tyro.conf.Positional[Path], tyro.conf.arg(metavar="CHECKPOINT")]
+    """titanpod model folder (<run>/model, an import), trainer checkpoint (<run>/checkpoints/step-NNNNNN) or run
+    directory (its model/, else its newest checkpoint)"""
+    out: Annotated[tyro.conf.Positional[Path], tyro.conf.arg(metavar="OUT")]
+    """Hugging Face folder to write"""
+    max_shard_size: str = f"{DEFAULT_MAX_SHARD_BYTES // 1000**3}GB"
+    """largest safetensors shard, e.g. 5GB, 500MB"""
+    dtype: Dtype | None = None
+    """write weights of this type (default: as stored)"""
+    overwrite: tyro.conf.FlagCreatePairsOff[bool] = False
+    """write into a non-empty OUT: replace only the files this writes, keep every other file"""
+
+
+@dataclasses.dataclass(frozen=True)
+class PushCommand:
+    """Upload an exported Hugging Face folder to the Hub."""
+
+    folder: Annotated[tyro.conf.Positional[Path], tyro.conf.arg(metavar="FOLDER")]
+    """an exported Hugging Face folder (titanpod-convert export OUT)"""
+    repo_id: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="REPO_ID")]
+    """org/name"""
+    revision: Annotated[str | None, tyro.conf.arg(aliases=("--branch",))] = None
+    """branch to push to (created if missing)"""
+    create_pr: tyro.conf.FlagCreatePairsOff[bool] = False
+    """open a pull request instead of committing"""
+    commit_message: str = DEFAULT_COMMIT_MESSAGE
+    """the commit's (or pull request's) title"""
+    private: bool = True
+    """create the repository private (--no-private, or --public, creates it public)"""
+
+
+ConvertCommand = (
+    Annotated[ImportCommand, tyro.conf.subcommand("import")]
+    | Annotated[ExportCommand, tyro.conf.subcommand("export")]
+    | Annotated[PushCommand, tyro.conf.subcommand("push")]
+)
+"""One of the three subcommands."""
+
+
+def parse_command(argv: Sequence[str]) -> ImportCommand | ExportCommand | PushCommand:
+    """``argv`` parsed into its subcommand. A value tyro refuses (an unknown ``--dtype``) is reported on stderr
+    with the usage and raises ``SystemExit(2)``; ``--help`` raises ``SystemExit(0)``."""
+    flags = {
+        **boolean_flags(ImportCommand),
+        **boolean_flags(ExportCommand),
+        **boolean_flags(PushCommand),
+    }
+    args = ["--no-private" if arg == "--public" else arg for arg in flags_from_values(argv, flags)]
+    return tyro.cli(
+        ConvertCommand,  # type: ignore[arg-type]
+        args=args,
+        prog=PROG,
+        description=plain_help(__doc__.splitlines()[0]),
+        registry=PlainHelpRegistry(),
+        config=(tyro.conf.OmitSubcommandPrefixes,),
     )
-    to_titanpod.add_argument("source", help="a folder with config.json and safetensors, or a Hub id like org/name")
-    to_titanpod.add_argument("out", type=Path, help="titanpod checkpoint folder to write")
-    to_titanpod.add_argument("--revision", help="Hub revision (branch, tag or commit)")
-    to_titanpod.add_argument("--dtype", help="convert weights to float32, bfloat16 or float16 (default: as stored)")
-    to_titanpod.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    to_hf = commands.add_parser("export", help="titanpod checkpoint -> Hugging Face folder")
-    to_hf.add_argument("checkpoint", type=Path, help="titanpod checkpoint folder (model.safetensors + model.json)")
-    to_hf.add_argument("out", type=Path, help="Hugging Face folder to write")
-    to_hf.add_argument("--max-shard-size", default=f"{DEFAULT_MAX_SHARD_BYTES // 1000**3}GB", help="e.g. 5GB, 500MB")
-    to_hf.add_argument("--dtype", help="write float32, bfloat16 or float16 (default: as stored)")
-    to_hf.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    upload = commands.add_parser("push", help="upload an exported Hugging Face folder to the Hub")
-    upload.add_argument("folder", type=Path)
-    upload.add_argument("repo_id", help="org/name")
-    upload.add_argument("--public", action="store_true", help="create the repository public (default private)")
-    return parser
 
 
-def run(args: argparse.Namespace, console: Console) -> None:
+def _tokenizer_line(files: Mapping[str, object], source: Path) -> str:
+    """Which tokenizer and generation files went along, in words."""
+    if has_tokenizer(files):
+        return f"with tokenizer files: {', '.join(sorted(files))}"
+    return f"without a tokenizer: {source} has none (AutoTokenizer will not load the output)"
+
+
+def run(args: ImportCommand | ExportCommand | PushCommand, console: Console) -> None:
     """Carry out one parsed command, printing progress to ``console``."""
     start = time.perf_counter()
     say = console.print
-    if args.command == "import":
+    if isinstance(args, ImportCommand):
         check_output_folder(args.out, "import", args.overwrite)
         source = resolve_source(args.source, args.revision)
         check_not_nested(args.out, source)
         dtype = dtype_from_name(args.dtype) if args.dtype else None
         loaded = load_hf_checkpoint(source, dtype=dtype, progress=say)
-        save_model(loaded.model, loaded.family, args.out, {"source": str(args.source)}, overwrite=args.overwrite)
+        companions = read_companions(source)
+        about = (
+            {"source": str(args.source), "revision": args.revision} if args.revision else {"source": str(args.source)}
+        )
+        save_model(
+            loaded.model,
+            loaded.family,
+            args.out,
+            {"source": str(args.source)},
+            extra_files=companions,
+            overwrite=args.overwrite,
+            special_tokens=loaded.special_tokens,
+            about=about,
+        )
         say(f"imported {loaded.family} ({parameter_count(loaded.model):,} parameters) from {source} into {args.out}")
-    elif args.command == "export":
-        read_model_description(args.checkpoint)  # not a checkpoint: say so first
+        say(_tokenizer_line(companions, source))
+    elif isinstance(args, ExportCommand):
         check_output_folder(args.out, "export", args.overwrite)
-        check_not_nested(args.out, args.checkpoint)
-        family, model = load_model(args.checkpoint)
+        found = open_export_source(args.checkpoint)  # not a checkpoint: said before anything is written
+        check_not_nested(args.out, found.read_from)
         dtype = dtype_from_name(args.dtype) if args.dtype else None
         save_hf_checkpoint(
-            model, family, args.out, args.max_shard_size, dtype=dtype, progress=say, overwrite=args.overwrite
+            found.model,
+            found.family,
+            args.out,
+            args.max_shard_size,
+            dtype=dtype,
+            progress=say,
+            overwrite=args.overwrite,
+            special_tokens=found.special_tokens,
+            extra_files={**found.files, CARD_FILE: found.card.render()},
         )
-        say(f"exported {family} ({parameter_count(model):,} parameters) to {args.out}")
+        count = parameter_count(found.model)
+        say(f"exported {found.family} ({count:,} parameters) from {found.read_from} to {args.out}")
+        say(_tokenizer_line(found.files, found.read_from))
     else:
-        files = push(args.folder, args.repo_id, private=not args.public)
-        say(f"pushed {len(files)} files from {args.folder} to {args.repo_id}")
+        files = push(
+            args.folder,
+            args.repo_id,
+            private=args.private,
+            revision=args.revision,
+            create_pr=args.create_pr,
+            commit_message=args.commit_message,
+        )
+        where = f"{args.repo_id}@{args.revision}" if args.revision else args.repo_id
+        say(
+            f"pushed {len(files)} files from {args.folder} to {where}"
+            + (" as a pull request" if args.create_pr else "")
+        )
     say(f"done in {time.perf_counter() - start:.1f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``titanpod-convert``; returns the process exit code."""
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_command(sys.argv[1:] if argv is None else argv)
     console = Console()
     try:
         run(args, console)

@@ -3,12 +3,14 @@ safetensors, read and written one shard at a time, so a large model never sits i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from titanpod.checkpoint.companion_files import Files
 from titanpod.checkpoint.hf_folder import (
     CONFIG_FILE,
     config_errors_named,
@@ -22,6 +24,7 @@ from titanpod.checkpoint.safetensors_io import (
     SafetensorsFiles,
     dtype_from_name,
 )
+from titanpod.checkpoint.special_tokens import GENERATION_CONFIG_FILE, SpecialTokens
 from titanpod.models import Transformer, build_model
 from titanpod.models.adapters import DecoderAdapter, family_of_hf_config
 
@@ -46,6 +49,8 @@ class LoadedCheckpoint:
     """titanpod model family (``llama3``, ``qwen3``, ``qwen3_moe``)."""
     model: Transformer
     """The model, on the requested device, with every parameter filled from the files."""
+    special_tokens: SpecialTokens = field(default_factory=SpecialTokens)
+    """The bos, eos and pad ids config.json (or generation_config.json) states."""
 
 
 def load_hf_checkpoint(
@@ -73,7 +78,7 @@ def load_hf_checkpoint(
         recorded = str(config.get("dtype", config.get("torch_dtype", "float32")))
         dtype = dtype_from_name(recorded) if recorded in ("float32", "bfloat16", "float16") else torch.float32
     load_adapted(model, adapter, files, "model", device, dtype, progress)
-    return LoadedCheckpoint(family, model)
+    return LoadedCheckpoint(family, model, SpecialTokens.from_folder(directory))
 
 
 def save_hf_checkpoint(
@@ -84,8 +89,14 @@ def save_hf_checkpoint(
     dtype: torch.dtype | None = None,
     progress: Progress | None = None,
     overwrite: bool = True,
+    special_tokens: SpecialTokens | None = None,
+    extra_files: Files | None = None,
 ) -> Path:
     """Write ``model`` as a Hugging Face checkpoint: config.json and safetensors shards.
+
+    ``special_tokens`` go into config.json and, unless ``extra_files`` brings its own, into a
+    generation_config.json; ``extra_files`` (name -> text or bytes: tokenizer files, a model card) are
+    written beside the weights, in the same atomic write.
 
     Shards are ``model-0000k-of-0000n.safetensors`` with ``model.safetensors.index.json``
     when more than one is needed (``max_shard_size``, e.g. ``5GB``), else one
@@ -97,7 +108,22 @@ def save_hf_checkpoint(
     """
     dtype = dtype or model.tok_embeddings.weight.dtype
     adapter = DecoderAdapter(family)
-    return save_adapted(model, adapter, directory, TRANSFORMERS_FILES, max_shard_size, dtype, progress, overwrite)
+    special_tokens = special_tokens or SpecialTokens()
+    files = dict(extra_files or {})
+    if special_tokens and GENERATION_CONFIG_FILE not in files:
+        files[GENERATION_CONFIG_FILE] = json.dumps(special_tokens.generation_config(), indent=2) + "\n"
+    return save_adapted(
+        model,
+        adapter,
+        directory,
+        TRANSFORMERS_FILES,
+        max_shard_size,
+        dtype,
+        progress,
+        overwrite,
+        config_extra=special_tokens.as_config(),
+        extra_files=files,
+    )
 
 
 def iter_hf_tensors(directory: Path | str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from titanpod.checkpoint.atomic import atomic_directory
+from titanpod.checkpoint.companion_files import Files, write_files
 from titanpod.checkpoint.model_tensors import ModelTensors, is_sharded, writes_here
 from titanpod.checkpoint.safetensors_io import (
     Progress,
@@ -89,9 +90,12 @@ def save_adapted(
     dtype: torch.dtype,
     progress: Progress | None = None,
     overwrite: bool = True,
+    config_extra: dict[str, Any] | None = None,
+    extra_files: Files | None = None,
 ) -> Path:
     """Write ``model`` in ``adapter``'s form: config.json and safetensors in ``dtype``, sharded past
-    ``max_shard_bytes`` (an int or e.g. ``5GB``) under ``names``.
+    ``max_shard_bytes`` (an int or e.g. ``5GB``) under ``names``. ``config_extra`` is merged into config.json
+    (e.g. the special token ids); ``extra_files`` (name -> text or bytes) are written beside the weights.
 
     The config is made before anything is written, so args the format cannot represent fail
     first. The folder appears only when complete; a non-empty one is refused unless ``overwrite``, and then
@@ -102,7 +106,7 @@ def save_adapted(
     its shards.
     """
     check_writable_dtype(dtype)
-    config = adapter.hf_config_from_args(model.args, dtype)
+    config = {**adapter.hf_config_from_args(model.args, dtype), **(config_extra or {})}
     params = dict(model.named_parameters())
     source = ModelTensors(adapter.hf_layout(model.args), params, dtype)
     directory = Path(directory)
@@ -116,4 +120,5 @@ def save_adapted(
     ) as staging:
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         write_streamed(staging, source.entries, source.fetch, names, max_shard_bytes, progress=progress)
+        write_files(staging, extra_files or {})
     return directory

@@ -8,11 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from titanpod.checkpoint.companion_files import COMPANION_FILES
 from titanpod.checkpoint.hf_folder import CONFIG_FILE
 from titanpod.checkpoint.hub_errors import is_connection_error, repo_url, unreachable_error
+from titanpod.checkpoint.model_card import CARD_FILE
 from titanpod.checkpoint.safetensors_io import TRANSFORMERS_FILES, read_index
 
-CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken"]
+CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.jinja", "merges.txt"]
 """Files a pull fetches: configs, index, shards and tokenizer files; never pickles."""
 
 
@@ -51,11 +53,29 @@ class HubApi(Protocol):
 
     def create_repo(self, repo_id: str, *, private: bool | None, exist_ok: bool, repo_type: str) -> Any: ...
 
-    def upload_folder(self, *, repo_id: str, folder_path: str, commit_message: str, repo_type: str) -> Any: ...
+    def create_branch(self, repo_id: str, *, branch: str, exist_ok: bool, repo_type: str) -> Any: ...
+
+    def upload_folder(
+        self,
+        *,
+        repo_id: str,
+        folder_path: str,
+        commit_message: str,
+        repo_type: str,
+        revision: str | None,
+        create_pr: bool,
+    ) -> Any: ...
 
 
 def check_checkpoint_folder(folder: Path) -> list[str]:
-    """The files of a complete Hugging Face checkpoint folder; ``FileNotFoundError`` names what is missing."""
+    """The files of a complete Hugging Face checkpoint folder (config, weights, then the tokenizer, generation
+    and model card files it has); ``FileNotFoundError`` names what is missing."""
+    folder = Path(folder)
+    extras = [name for name in (*COMPANION_FILES, CARD_FILE) if (folder / name).is_file()]
+    return [*_weight_files(folder), *extras]
+
+
+def _weight_files(folder: Path) -> list[str]:
     folder = Path(folder)
     if not (folder / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"{folder} has no {CONFIG_FILE}; export the checkpoint first.")
@@ -76,13 +96,18 @@ def push(
     *,
     private: bool = True,
     commit_message: str = "Upload from titanpod",
+    revision: str | None = None,
+    create_pr: bool = False,
     api: HubApi | None = None,
     token: str | None = None,
 ) -> list[str]:
-    """Check ``folder`` is a complete checkpoint, create ``repo_id`` if needed and upload it.
+    """Check ``folder`` is a complete checkpoint, create ``repo_id`` if needed (``private`` or public) and upload
+    the whole folder, model card included, as one commit titled ``commit_message``.
 
-    Returns the checkpoint files uploaded. ``api`` defaults to ``huggingface_hub.HfApi(token=token)``.
-    When the Hub cannot be reached, a ``HubUnreachableError`` names the repository URL and what to do.
+    ``revision`` names the branch to commit to (created from the main branch when missing); with ``create_pr``
+    the upload opens a pull request (against ``revision``, or the main branch) instead of committing. Returns
+    the checkpoint files uploaded. ``api`` defaults to ``huggingface_hub.HfApi(token=token)``. When the Hub cannot
+    be reached, a ``HubUnreachableError`` names the repository URL and what to do.
     """
     files = check_checkpoint_folder(Path(folder))
     if api is None:
@@ -91,7 +116,16 @@ def push(
         api = HfApi(token=token)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message, repo_type="model")
+        if revision is not None and not create_pr:
+            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+        api.upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            commit_message=commit_message,
+            repo_type="model",
+            revision=revision,
+            create_pr=create_pr,
+        )
     except Exception as error:
         if not is_connection_error(error):
             raise

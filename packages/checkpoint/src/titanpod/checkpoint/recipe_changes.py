@@ -4,7 +4,9 @@ Every recipe field is compared, flattened to dotted names (``data.seq_len``, ``m
 except those in ``HARMLESS_CHANGES``: fields that say how long, where, how often or how fast a run
 goes, never what it trains or on what. A field outside that list that differs (the model, the data
 stream, the optimizer, the schedule, the precision) is refused, each named with both values, unless
-``checkpoint.allow_changes`` lists it. Patterns use ``fnmatch``: ``*`` matches any part of a name.
+``checkpoint.allow_changes`` lists it. Patterns use ``fnmatch``: ``*`` matches any part of a name. A field
+one recipe lacks (added to titanpod after the checkpoint was written) and the other leaves at ``None`` is
+no change: ``None`` is how an optional setting says "as before".
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ HARMLESS_CHANGES: tuple[str, ...] = (
     "train.skip_nonfinite",
     "checkpoint.*",  # when and where checkpoints go, and this list's escape hatch itself
     "output.*",
+    "profile.*",  # which steps are traced
     "device.*",
     "target.*",  # read by --dry-run only
     "kernels.*",  # implementations of the same ops
@@ -68,6 +71,11 @@ def check_same_run(
     refused, let_through = [], []
     for name in sorted(set(old) | set(new)):
         before, after = old.get(name, _ABSENT), new.get(name, _ABSENT)
+        if before in (_ABSENT, None) and after in (
+            _ABSENT,
+            None,
+        ):  # a field newer than the checkpoint, left unset: nothing changes
+            continue
         if before == after or any(fnmatch.fnmatchcase(name, pattern) for pattern in HARMLESS_CHANGES):
             continue
         difference = f"{name}: checkpoint {before!r}, this run {after!r}"

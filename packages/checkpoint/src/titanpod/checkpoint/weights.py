@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from titanpod.checkpoint.atomic import atomic_directory
+from titanpod.checkpoint.companion_files import Files, write_files
 from titanpod.checkpoint.model_tensors import ModelTensors, identity_layout, is_sharded, writes_here
 from titanpod.checkpoint.safetensors_io import (
     TRANSFORMERS_FILES,
@@ -42,13 +43,13 @@ def save_weights(
     model: nn.Module,
     directory: Path,
     metadata: Mapping[str, object] | None = None,
-    extra_files: Mapping[str, str] | None = None,
+    extra_files: Files | None = None,
     overwrite: bool = True,
 ) -> Path:
     """Write ``model``'s weights to ``directory/model.safetensors``, atomically; return the file.
 
     ``metadata`` is stored as JSON strings in the safetensors header; ``extra_files`` maps
-    file names to text written beside the weights (a recipe, a config). The directory
+    file names to text (or bytes) written beside the weights (a recipe, a config). The directory
     appears only when everything in it is complete. A non-empty ``directory`` is refused unless
     ``overwrite``; then only the files written (and an earlier write's weight files) are replaced,
     other files stay (``atomic_directory``). A full disk is a ``DiskFullError`` naming the folder.
@@ -69,8 +70,7 @@ def save_weights(
     superseded = partial(previous_weight_files, TRANSFORMERS_FILES)
     with atomic_directory(Path(directory), overwrite=overwrite, superseded=superseded, needed_bytes=needed) as staging:
         write_streamed(staging, source.entries, source.fetch, TRANSFORMERS_FILES, metadata=header)
-        for name, text in (extra_files or {}).items():
-            (staging / name).write_text(text, encoding="utf-8")
+        write_files(staging, extra_files or {})
     return Path(directory) / WEIGHTS_FILE
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+from typing import Literal, get_args
 
+TextSource = Literal["builtin", "synthetic", "json", "jsonl", "parquet", "text", "hub"]
+"""What ``DataConfig.source`` accepts."""
 FILE_SOURCES = ("json", "jsonl", "parquet", "text")
 """Sources read from local files through the ``datasets`` library."""
-SOURCES = ("builtin", "synthetic", *FILE_SOURCES, "hub")
+SOURCES: tuple[str, ...] = get_args(TextSource)
 """Every value ``DataConfig.source`` accepts."""
 
 
@@ -25,7 +28,7 @@ class DataConfig:
     A ``shuffle_buffer`` is refilled on resume (the ``datasets`` library does not save it).
     """
 
-    source: str = "builtin"
+    source: TextSource = "builtin"
     """builtin (shipped corpus), synthetic (random ids), local files (json, jsonl, parquet, text) or hub."""
     path: str | None = None
     """Local files: a file, a directory or a glob such as ``data/*.jsonl.gz``. ``hub``: a dataset id (allenai/c4)."""
@@ -41,6 +44,8 @@ class DataConfig:
     """Streamed data: documents in the shuffle buffer, 0 reads in order (only then is a resume exact)."""
     tokenizer: str = "builtin"
     """``builtin``, a ``tokenizer.json`` path (or its directory), or a Hub model id such as meta-llama/Llama-3.1-8B."""
+    tokenizer_revision: str | None = None
+    """A Hub tokenizer's revision: a branch, tag or commit (``None``: the main branch); local paths ignore it."""
     seq_len: int = 256
     """Tokens per training sequence."""
     batch_size: int = 8

@@ -97,7 +97,7 @@ def build_data(config: DataConfig, vocab_size: int, seed: int, rank: int, world_
         raise ValueError(f"rank {rank} is not one of the {world_size} data-parallel ranks.")
     if config.source == "synthetic":
         return _synthetic(config, vocab_size, seed, rank)
-    tokenizer = resolve_tokenizer(config.tokenizer)
+    tokenizer = resolve_tokenizer(config.tokenizer, config.tokenizer_revision)
     check_fits(tokenizer, config.tokenizer, vocab_size)
     if config.is_streaming:
         return _streamed(config, tokenizer, seed, rank, world_size)

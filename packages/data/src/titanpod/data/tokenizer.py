@@ -29,20 +29,21 @@ def load_tokenizer(path: Path | str) -> Tokenizer:
         raise ValueError(f"{path} is not a valid Hugging Face tokenizer.json: {error}") from error
 
 
-def resolve_tokenizer(spec: str) -> Tokenizer:
-    """The tokenizer ``data.tokenizer`` names: ``builtin``, a local path, or a Hub model id (downloaded)."""
+def resolve_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
+    """The tokenizer ``data.tokenizer`` names: ``builtin``, a local path, or a Hub model id (downloaded at
+    ``revision``: a branch, tag or commit; default the main branch)."""
     if spec == "builtin":
         return load_tokenizer(builtin_tokenizer_path())
     if Path(spec).exists() or not _HUB_ID.match(spec):
         return load_tokenizer(spec)
-    return load_tokenizer(_download_tokenizer(spec))
+    return load_tokenizer(_download_tokenizer(spec, revision))
 
 
-def _download_tokenizer(repo_id: str) -> Path:
+def _download_tokenizer(repo_id: str, revision: str | None = None) -> Path:
     from huggingface_hub import hf_hub_download
 
     try:
-        return Path(hf_hub_download(repo_id, "tokenizer.json"))
+        return Path(hf_hub_download(repo_id, "tokenizer.json", revision=revision))
     except Exception as error:  # offline, unknown repo, gated repo, no tokenizer.json: all end the same way
         deepest: BaseException = error
         for _ in range(8):  # the innermost cause says most: "offline mode is enabled", "401 ... gated"

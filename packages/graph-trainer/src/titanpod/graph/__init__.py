@@ -5,6 +5,7 @@ from titanpod.graph.loop import LossModel, TrainSummary, train
 from titanpod.graph.memory_policy import ActivationPlan, apply_memory_policy
 from titanpod.graph.metrics import JsonlWriter, StepMetrics, TensorBoardWriter, mfu
 from titanpod.graph.optimizer import AdamWState, adamw_update_, init_adamw_state, total_grad_norm
+from titanpod.graph.profiling import ProfileConfig, StepProfiler
 from titanpod.graph.schedule import lr_multiplier
 from titanpod.graph.step_base import Batch, StepOutput, TrainStep
 from titanpod.graph.steps import EagerStep, WholeStep, build_step
@@ -18,8 +19,10 @@ __all__ = [
     "EagerStep",
     "JsonlWriter",
     "LossModel",
+    "ProfileConfig",
     "StepMetrics",
     "StepOutput",
+    "StepProfiler",
     "TensorBoardWriter",
     "TrainConfig",
     "TrainStep",

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-STEP_MODES = ("eager", "per_block", "whole_step")
-MEMORY_POLICIES = ("save", "recompute", "selective", "offload")
-PRECISIONS = ("fp32", "bf16")
+StepMode = Literal["eager", "per_block", "whole_step"]
+"""What ``TrainConfig.step_mode`` accepts."""
+MemoryPolicy = Literal["save", "recompute", "selective", "offload"]
+"""What ``TrainConfig.memory_policy`` accepts."""
+Precision = Literal["fp32", "bf16"]
+"""What ``TrainConfig.precision`` accepts."""
+Decay = Literal["cosine", "linear", "constant"]
+"""What ``TrainConfig.decay`` accepts."""
+Compiler = Literal["auto", "none"]
+"""What ``TrainConfig.compiler`` accepts."""
+
+STEP_MODES: tuple[str, ...] = get_args(StepMode)
+MEMORY_POLICIES: tuple[str, ...] = get_args(MemoryPolicy)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 @dataclass(frozen=True)
@@ -21,7 +33,7 @@ class TrainConfig:
     """Steps of linear warmup: warmup step k uses ``k / warmup_steps`` of ``lr``. ``None`` (the default)
     scales with the run: ``min(10, steps // 10)`` (10 for 100 steps or more, 0 for fewer than 10); read the
     number in effect from ``resolved_warmup_steps``. A number must be below ``steps``."""
-    decay: str = "cosine"
+    decay: Decay = "cosine"
     """Shape of the decay after warmup: ``cosine``, ``linear`` or ``constant``."""
     min_lr_ratio: float = 0.1
     """The learning rate at the last step, as a fraction of ``lr``."""
@@ -39,22 +51,22 @@ class TrainConfig:
     """Seed for weight init and data order."""
     log_every: int = 10
     """Read losses back from the device and write metrics every this many steps."""
-    step_mode: str = "eager"
+    step_mode: StepMode = "eager"
     """How a step runs: ``eager`` (op by op), ``per_block`` (each transformer block
     compiled by ``torch.compile``), or ``whole_step`` (forward, loss, backward and the
     AdamW update captured as one graph and compiled as one program)."""
-    memory_policy: str = "save"
+    memory_policy: MemoryPolicy = "save"
     """What the whole-step graph keeps for the backward: ``save`` (every activation),
     ``recompute`` (only block inputs; the rest is recomputed in the backward),
     ``selective`` (block inputs and matmul/attention outputs; cheap ops are recomputed),
     ``offload`` (as ``recompute``, with the block inputs kept in host memory)."""
-    compiler: str = "auto"
+    compiler: Compiler = "auto"
     """Compiler for ``per_block`` and ``whole_step``: ``auto`` (the lane's: inductor on
     cpu/cuda, the tpu backend on tpu, ``jax.jit`` on xla) or ``none`` (run the captured
     graph as it is, op by op: for debugging and quick tests)."""
     grad_accum_steps: int = 1
     """Micro-batches whose gradients are averaged into one optimizer step."""
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     """Compute precision: ``fp32``, or ``bf16`` (autocast; parameters, gradients and
     optimizer state stay fp32)."""
     stop_at_step: int = 0
@@ -74,12 +86,12 @@ class TrainConfig:
                 f"more and end before the last step. Set --train.warmup-steps below {self.steps}, or leave it unset "
                 f"to scale with the run (min(10, steps // 10): {default_warmup_steps(self.steps)} here)."
             )
-        _check_choice("decay", self.decay, ("cosine", "linear", "constant"))
+        _check_choice("decay", self.decay, get_args(Decay))
         if self.log_every < 1:
             raise ValueError(f"train.log_every must be at least 1, got {self.log_every}.")
         _check_choice("step_mode", self.step_mode, STEP_MODES)
         _check_choice("memory_policy", self.memory_policy, MEMORY_POLICIES)
-        _check_choice("compiler", self.compiler, ("auto", "none"))
+        _check_choice("compiler", self.compiler, get_args(Compiler))
         _check_choice("precision", self.precision, PRECISIONS)
         if not 0 <= self.stop_at_step <= self.steps:
             raise ValueError(f"train.stop_at_step must be in [0, steps={self.steps}], got {self.stop_at_step}.")

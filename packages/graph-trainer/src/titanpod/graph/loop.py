@@ -47,9 +47,11 @@ class TrainSummary:
     losses: list[float]
     """Training loss of every step this call ran, in order."""
     tokens_per_second: float
-    """Whole-job throughput over all steps but the first (which includes warm-up)."""
+    """Whole-job throughput over every step of this call but the first (which compiles and warms up): their tokens
+    over the time from the first step's end to the last report (to the loop's end when steps ran after it). It is
+    the reports' own figure over the same steps: their windows after the first step, weighted by time."""
     mfu: float
-    """Model FLOPs utilisation over the same steps."""
+    """Model FLOPs utilisation over the same steps (``titanpod.graph.mfu`` of ``tokens_per_second``)."""
     peak_memory_gib: float | None
     """Peak memory of this process's device; ``None`` where the device does not report it."""
     wall_seconds: float
@@ -72,10 +74,10 @@ class TrainSummary:
     """Steps done before this call (a resumed run); ``losses[0]`` is step ``start_step + 1``."""
 
 
-def _to_device(batch: Batch, device: torch.device) -> Batch:
+def _to_device(batch: Batch, backend: Backend) -> Batch:
     if isinstance(batch, Mapping):
-        return {name: tensor.to(device) for name, tensor in batch.items()}
-    return tuple(tensor.to(device) for tensor in batch)  # type: ignore[return-value]
+        return {name: backend.place_batch(tensor) for name, tensor in batch.items()}
+    return tuple(backend.place_batch(tensor) for tensor in batch)  # type: ignore[return-value]
 
 
 def _first_tensor_size(batch: Batch) -> int:
@@ -142,7 +144,6 @@ def train(
     """
     if start_step == 0:
         torch.manual_seed(config.seed)  # a resumed run keeps the random state its checkpoint restored
-    device = None if backend.single_controller else backend.device()  # a single controller's step places batches
     train_step = step if step is not None else build_step(model, config, backend)
     peak = backend.chip().peak_flops
     pending: list[StepOutput] = []
@@ -154,7 +155,7 @@ def train(
     tokens_since, tokens_after_first = 0, 0
     interrupted, stop_signal, stopped_at_once = False, None, False
     start = last_report = time.perf_counter()
-    first_step_end = start
+    measured_from = start  # throughput counts from the end of this call's first step (it compiles), set below
 
     def read_back(upto_step: int) -> torch.Tensor:
         """Bring the pending steps' losses and flags to the host (waits for the device)."""
@@ -174,8 +175,8 @@ def train(
             last_step = config.stop_at_step or config.steps
             for step_number in range(start_step + 1, last_step + 1):
                 micro_batches = [next(batches) for _ in range(config.grad_accum_steps)]
-                if device is not None:
-                    micro_batches = [_to_device(batch, device) for batch in micro_batches]
+                if not backend.single_controller:  # a single controller's step places batches itself
+                    micro_batches = [_to_device(batch, backend) for batch in micro_batches]
                 lr = config.lr * lr_multiplier(step_number, config)
                 out = train_step(micro_batches, lr)
                 if reduce_loss is not None:
@@ -186,9 +187,12 @@ def train(
                 count = count_tokens or _first_tensor_size
                 step_tokens = sum(count(batch) for batch in micro_batches) * data_parallel
                 tokens_since += step_tokens
+                reporting = step_number % config.log_every == 0 or step_number == last_step
                 if step_number == start_step + 1:
                     backend.synchronize()
-                    first_step_end = time.perf_counter()
+                    measured_from = time.perf_counter()
+                    if not reporting:  # the first report's window starts after the first step
+                        tokens_since, last_report = 0, measured_from
                 else:
                     tokens_after_first += step_tokens
                 if not config.skip_nonfinite and not bool(out.applied):
@@ -200,7 +204,7 @@ def train(
                         "train.skip_nonfinite=True to skip such steps."
                     )
                     break
-                if step_number % config.log_every == 0 or step_number == last_step:
+                if reporting:
                     grad_norm = float(out.grad_norm)
                     window = read_back(step_number)
                     now = time.perf_counter()
@@ -223,6 +227,8 @@ def train(
                     if on_report is not None:
                         on_report(report)
                     tokens_since, last_report = 0, now
+                    if step_number == start_step + 1:  # a report of the first step alone: the next window follows it
+                        measured_from = now
                     shown = f"dropped {report.dropped_tokens:,}" if report.dropped_tokens else ""
                     progress.update(task, loss=f"{report.loss:.4f}", tps=f"{tps:,.0f}", dropped=shown)
                 progress.update(task, completed=step_number)
@@ -239,7 +245,8 @@ def train(
     end = time.perf_counter()
     if pending:  # a step is pending only once it is done
         read_back(start_step + len(losses) + len(pending))
-    timed = end - first_step_end
+    timed_until = end if tokens_since else last_report  # steps after the last report count up to the end
+    timed = timed_until - measured_from
     tps_all = tokens_after_first / timed if tokens_after_first and timed > 0 else 0.0
     return TrainSummary(
         steps_done=start_step + len(losses),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ def mfu(flops_per_token: float, tokens_per_second: float, devices: int, peak_flo
     """Model FLOPs utilisation: achieved model FLOP/s over the devices' summed peak.
 
     ``flops_per_token x tokens_per_second / (devices x peak_flops_per_device)``, with
-    ``tokens_per_second`` counted over the whole job. See
+    ``tokens_per_second`` counted over the whole job (every data shard). See
     ``titanpod.models.decoder_flops_per_token`` for what the FLOPs count.
     """
     return flops_per_token * tokens_per_second / (devices * peak_flops_per_device)
@@ -31,11 +32,14 @@ class StepMetrics:
     lr: float
     """Learning rate used at ``step``."""
     tokens_per_second: float
-    """Tokens trained per second over the covered steps, whole job."""
+    """Tokens trained per second, whole job, over the report's window: the steps since the previous report, timed
+    from it to this one. The first step of a run (or of a resumed run), which compiles and warms up, is left out of
+    the first window (timed from that step's end), as it is from ``TrainSummary.tokens_per_second``; only a report
+    at that very step (``log_every`` 1) covers it, alone."""
     tflops_per_second: float
-    """Model TFLOP/s per device over the covered steps."""
+    """Model TFLOP/s per device over the report's window (as ``tokens_per_second``)."""
     mfu: float
-    """Model FLOPs utilisation over the covered steps (0..1)."""
+    """Model FLOPs utilisation over the report's window (as ``tokens_per_second``; 0..1)."""
     peak_memory_gib: float | None
     """Peak memory of this process's device so far (host RSS on a CPU); ``None`` (left out of the
     logs) where the device does not report it."""
@@ -76,14 +80,38 @@ class JsonlWriter:
         self._file.close()
 
 
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+    """A nested recipe dict as dotted names (``train.lr``) to numbers, booleans and strings: what hyper-parameter
+    tables take. ``None`` becomes ``"None"`` and a list its JSON text."""
+    flat: dict[str, bool | int | float | str] = {}
+    for name, value in config.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, dict):
+            flat.update(flat_config(value, f"{key}."))
+        elif isinstance(value, bool | int | float | str):
+            flat[key] = value
+        elif value is None:
+            flat[key] = "None"
+        else:
+            flat[key] = json.dumps(value)
+    return flat
+
+
+PNG_COLOURS = {0: 1, 2: 3, 4: 2, 6: 4}
+"""PNG colour type -> channels, as TensorBoard's image summary counts them (grey, RGB, grey + alpha, RGBA)."""
+
+
 class TensorBoardWriter:
-    """Writes each report's numbers as TensorBoard scalars (``train/loss``, ``train/mfu``, ...) at its step."""
+    """Writes each report's numbers as TensorBoard scalars (``train/loss``, ``train/mfu``, ...) at its step; also
+    the recipe as text, its fields as hyper-parameters with the final figures as their metrics, and images."""
 
     def __init__(self, log_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked for
 
         self.log_dir = log_dir
         self._writer = SummaryWriter(log_dir=str(log_dir))
+        self._config: dict[str, Any] | None = None
+        self._last_eval: dict[str, float] = {}
 
     def write(self, record: StepMetrics) -> None:
         """Add every field of ``record`` but ``step`` as a scalar at ``record.step``, and flush."""
@@ -96,6 +124,39 @@ class TensorBoardWriter:
         """Add ``values`` as scalars at ``step`` under ``eval/`` (e.g. ``eval/validation_loss``), and flush."""
         for name, value in values.items():
             self._writer.add_scalar(f"eval/{name}", value, step)
+        self._last_eval.update(values)
+        self._writer.flush()
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        """Add the recipe ``config`` as JSON text (tag ``recipe``); its fields become the hyper-parameters
+        ``write_summary`` records."""
+        self._config = config
+        self._writer.add_text("recipe", "```json\n" + json.dumps(config, indent=2) + "\n```", 0)
+        self._writer.flush()
+
+    def write_image(self, step: int, name: str, path: Path) -> None:
+        """Add the PNG file at ``path`` (a sample grid) as image ``name`` at ``step``, its bytes as they are."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        data = path.read_bytes()
+        if data[:8] != b"\x89PNG\r\n\x1a\n":
+            raise ValueError(f"{path} is not a PNG file; TensorBoard images are written from PNG files.")
+        width, height = struct.unpack(">II", data[16:24])
+        image = Summary.Image(height=height, width=width, colorspace=PNG_COLOURS[data[25]], encoded_image_string=data)
+        self._writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=name, image=image)]), step)
+        self._writer.flush()
+
+    def write_summary(self, figures: dict[str, float]) -> None:
+        """Record the recipe's fields (``write_config``) as hyper-parameters with ``figures`` and the last
+        ``eval/`` figures as their metrics (``hparams/final_loss``, ``hparams/validation_loss`` ...)."""
+        from torch.utils.tensorboard.summary import hparams
+
+        metrics = {f"hparams/{name}": float(value) for name, value in {**figures, **self._last_eval}.items()}
+        for summary in hparams(flat_config(self._config or {}), metrics):
+            self._writer._get_file_writer().add_summary(summary)
+        step = int(figures.get("steps_done", 0))
+        for name, value in metrics.items():
+            self._writer.add_scalar(name, value, step)
         self._writer.flush()
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from titanpod.kernels.chunked_loss import chunked_linear_cross_entropy
 from titanpod.kernels.grouped_matmul import GroupedMatmulConfig, MegabloxGroupedMatmul
@@ -13,18 +14,25 @@ from titanpod.kernels.tpu_splash import TorchTpuSplashAttention
 from titanpod.models import ModelOps, batched_expert_matmul, linear_cross_entropy, sdpa_attention
 from titanpod.models.common.ops import HeadLossOp
 
+AttentionKernel = Literal["sdpa", "splash", "splash_sdpa"]
+"""What ``KernelConfig.attention`` accepts."""
+HeadLossKernel = Literal["reference", "chunked", "pallas"]
+"""What ``KernelConfig.head_loss`` accepts."""
+ExpertMatmulKernel = Literal["loop", "gmm"]
+"""What ``KernelConfig.expert_matmul`` accepts."""
+
 
 @dataclass(frozen=True)
 class KernelConfig:
     """Which implementation fills each slot."""
 
-    attention: str = "sdpa"
+    attention: AttentionKernel = "sdpa"
     """``sdpa`` (PyTorch's scaled_dot_product_attention), ``splash`` (Pallas splash attention through
     JAX, every lane) or ``splash_sdpa`` (torch_tpu's own splash kernel: the tpu lane only, no packed documents)."""
-    head_loss: str = "reference"
+    head_loss: HeadLossKernel = "reference"
     """``reference`` (full logits + cross-entropy), ``chunked`` (PyTorch, never holds all logits) or
     ``pallas`` (Pallas kernels for the TPU, likewise)."""
-    expert_matmul: str = "loop"
+    expert_matmul: ExpertMatmulKernel = "loop"
     """``loop`` (the PyTorch reference: one batched matmul over the experts' fixed-size buffers) or ``gmm``
     (megablox grouped matmul)."""
     window: int | None = None
@@ -40,9 +48,9 @@ class KernelConfig:
 
 
 _CHOICES = {
-    "attention": ("sdpa", "splash", "splash_sdpa"),
-    "head_loss": ("reference", "chunked", "pallas"),
-    "expert_matmul": ("loop", "gmm"),
+    "attention": get_args(AttentionKernel),
+    "head_loss": get_args(HeadLossKernel),
+    "expert_matmul": get_args(ExpertMatmulKernel),
 }
 
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from titanpod.parallel.errors import PlanError
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+"""What ``ParallelConfig.param_dtype`` and ``reduce_dtype`` accept."""
 
 MESH_AXES = ("dp_replicate", "fsdp", "ep", "tp")
 """Mesh axes, outermost first. ``cp`` (context parallelism) is named in plans but not yet applied."""
@@ -27,9 +31,9 @@ class ParallelConfig:
     """Ranks that split attention heads and feed-forward width (tensor parallelism)."""
     sequence_parallel: bool = True
     """With tp > 1, also split the sequence of the activations between tp regions (norms, residuals)."""
-    param_dtype: str = "float32"
+    param_dtype: Dtype = "float32"
     """Dtype parameters are gathered in for compute (mixed precision keeps fp32 masters)."""
-    reduce_dtype: str = "float32"
+    reduce_dtype: Dtype = "float32"
     """Dtype gradients are reduced in."""
 
     def mesh_axes(self, world_size: int) -> dict[str, int]:

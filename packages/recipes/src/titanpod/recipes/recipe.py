@@ -7,12 +7,12 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Self
+from typing import Any, Literal, Protocol, Self
 
 from titanpod.checkpoint import CheckpointConfig
 from titanpod.data.config import DataConfig
 from titanpod.device import DeviceConfig
-from titanpod.graph import TrainConfig
+from titanpod.graph import ProfileConfig, TrainConfig
 from titanpod.kernels import KernelConfig
 from titanpod.models.common.args import DecoderArgs
 from titanpod.models.registry import get_flavor
@@ -65,7 +65,14 @@ class OutputConfig:
     save_weights: bool = True
     """Write the final weights as safetensors (with model.json and recipe.json) to ``<run>/model``."""
     tensorboard: bool = True
-    """Also write every metrics report as TensorBoard scalars under ``tensorboard/`` in the run directory."""
+    """Also write every metrics report as TensorBoard scalars under ``tensorboard/`` in the run directory, with
+    the recipe as text, its fields as hyper-parameters (the final loss as their metric) and diffusion samples."""
+    wandb: str | None = None
+    """Weights & Biases project to log the run to (metrics, the recipe as config, the final summary, diffusion
+    samples); ``None``: no W&B. Needs ``pip install 'titanpod-graph[wandb]'``."""
+    wandb_mode: Literal["online", "offline"] = "online"
+    """``online`` sends to the W&B server as the run goes (``wandb login`` first); ``offline`` needs no network
+    and keeps the run under ``<run>/wandb/`` for a later ``wandb sync``."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +138,11 @@ class RunRecipe(RecipeFile):
     """When the trainer state is saved, whether the run resumes, and the Hugging Face export (``export_hf``)."""
     output: OutputConfig = field(default_factory=OutputConfig)
     """What it writes."""
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    """Which steps to trace with the lane's profiler (off by default), into ``<run>/profile/``."""
+
+    def __post_init__(self) -> None:
+        self.profile.check_fits(self.train.steps)
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,12 @@ from titanpod.models import RegionValues, Transformer, build_model, parameter_co
 from titanpod.parallel import DATA_AXES, PLANS
 from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.recipe import NamedRun, Recipe
+from titanpod.runs.hf_export import training_extras
 from titanpod.runs.init_from import build_pretrained_model, pretrained_for
 from titanpod.runs.process_count import check_process_count
 from titanpod.runs.session import RunSession
 from titanpod.runs.session import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
+from titanpod.runs.torch_xla_spmd import start_spmd
 from titanpod.runs.validation import validation_loss
 
 ENTRY_MODULE = "titanpod.pretrain.cli"
@@ -118,7 +120,9 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     """
     info = process_info()
     backend = get_backend(recipe.device.lane)
-    check_process_count(recipe.parallel, backend, info.world_size, ENTRY_MODULE)  # before any work
+    spmd = start_spmd(recipe, backend, info.world_size)  # torch_xla over several devices: before any xla tensor
+    if spmd is None:
+        check_process_count(recipe.parallel, backend, info.world_size, ENTRY_MODULE)  # before any work
     torch.manual_seed(recipe.train.seed)
     pretrained = pretrained_for(recipe)  # a folder that does not fit fails before anything is built
     if pretrained is None:
@@ -134,6 +138,10 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         # batch_size is per data rank: this one process loads the batch of every data rank of the mesh.
         data_degree = math.prod(xla_axes[axis] for axis in DATA_AXES)
         data_config = dataclasses.replace(recipe.data, batch_size=recipe.data.batch_size * data_degree)
+    elif spmd is not None:  # one process drives the mesh; XLA partitions by the plan's annotations
+        spmd.shard(model, recipe)
+        data_rank, data_world = 0, 1
+        data_config = dataclasses.replace(recipe.data, batch_size=recipe.data.batch_size * spmd.data_degree)
     elif info.world_size > 1:
         sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend, initial_values)
         data_rank, data_world = sharded.data_rank, sharded.data_world
@@ -184,15 +192,28 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         )
 
         def write_weights() -> Path:
+            tokens = summary.steps_done * data_config.batch_size * recipe.data.seq_len * data_world
+            loss = summary.reports[-1].loss if summary.reports else None  # as metrics.jsonl logs it last
+            extras = training_extras(
+                recipe.to_dict(), recipe.model.family, parameters, summary.steps_done, tokens, loss
+            )
             weights = save_model(
                 model,
                 recipe.model.family,
                 session.run_dir / "model",
                 {"step": summary.steps_done},
-                extra_files={"recipe.json": recipe.to_json()},
+                extra_files={"recipe.json": recipe.to_json(), **extras.tokenizer_files},
+                special_tokens=extras.special_tokens,
+                about=extras.about,
             )
             if recipe.checkpoint.export_hf:
-                hf_path = save_hf_checkpoint(model, recipe.model.family, session.run_dir / "hf")
+                hf_path = save_hf_checkpoint(
+                    model,
+                    recipe.model.family,
+                    session.run_dir / "hf",
+                    special_tokens=extras.special_tokens,
+                    extra_files=extras.hf_files(),
+                )
                 session.say(f"exported the model as a Hugging Face checkpoint: {hf_path}")
             return weights
 

@@ -9,22 +9,22 @@ the rest to a ``RunSession``::
         summary = session.train(batches, flops_per_token=..., after_step=validate, at_end=score)
         session.save_final_weights(summary, lambda: save_model(model, family, session.run_dir / "model"))
 
-The session owns the run directory (rank 0 writes ``recipe.json``; under torchrun rank 0 picks
-the name and the others receive it), the console (rank 0 only), the metrics writers (rank 0:
-``metrics.jsonl`` and ``tensorboard/``), the trainer-state checkpoints (partial saves removed,
-resume, a save every ``checkpoint.every`` steps and at the end, a background save completed
-whatever happened), the final weights (a sharded model gathered one tensor at a time and streamed
-into its files by rank 0) and,
-on a clean exit, the process group's teardown. SIGINT (Ctrl-C) and SIGTERM are handled by
-``titanpod.graph.train``: the step in flight finishes and the summary comes back marked ``interrupted``;
-the session then saves the checkpoint and says so. A second signal stops at once, and nothing is
-saved (``TrainSummary.stopped_at_once``).
+The session owns the run directory (rank 0 writes ``recipe.json``; under torchrun rank 0 picks the name and
+the others receive it), the console (rank 0 only), the metrics writers (rank 0: ``metrics.jsonl`` and
+``tensorboard/``; ``loss.png`` drawn from them at the end), the trainer-state checkpoints (partial saves
+removed, resume, a save every ``checkpoint.every`` steps and at the end, a background save completed whatever
+happened), the final weights (a sharded model gathered one tensor at a time and streamed into its files by
+rank 0) and, on a clean exit, the process group's teardown. SIGINT (Ctrl-C) and SIGTERM are handled by
+``titanpod.graph.train``: the step in flight finishes and the summary comes back marked ``interrupted``; the
+session then saves the checkpoint and says so. A second signal stops at once, and nothing is saved
+(``TrainSummary.stopped_at_once``).
 """
 
 from __future__ import annotations
 
 import signal
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -37,16 +37,18 @@ from torch import nn
 
 from titanpod.checkpoint import Checkpointer, complete_checkpoints
 from titanpod.device import Backend, ensure_process_group, process_info
-from titanpod.graph import JsonlWriter, StepMetrics, TensorBoardWriter, TrainStep, TrainSummary, train
+from titanpod.graph import JsonlWriter, StepMetrics, StepProfiler, TensorBoardWriter, TrainStep, TrainSummary, train
 from titanpod.graph.interrupt import signal_name
 from titanpod.graph.steps import Batch
+from titanpod.graph.tracking import WandbWriter, final_figures
 from titanpod.recipes.recipe import NamedRun, RunRecipe
+from titanpod.runs.loss_plot import LOSS_PLOT_FILE, write_loss_plot
 from titanpod.runs.recipe_history import RECIPE_FILE, record_recipe
 
 Written = TypeVar("Written")
 """What a trainer's final-weights writer returns (a path, a folder)."""
 
-METRICS_FILE, TENSORBOARD_FOLDER = "metrics.jsonl", "tensorboard"
+METRICS_FILE, TENSORBOARD_FOLDER, PROFILE_FOLDER = "metrics.jsonl", "tensorboard", "profile"
 
 
 class ResumableData(Protocol):
@@ -122,12 +124,29 @@ class RunSession:
         self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
         """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
         self.checkpointer.check_fresh_start(self.run_dir)
-        self.writers: list[JsonlWriter | TensorBoardWriter] = []
-        """The metrics writers (rank 0 only): ``metrics.jsonl``, and ``tensorboard/`` with ``output.tensorboard``."""
+        self.writers: list[JsonlWriter | TensorBoardWriter | WandbWriter] = []
+        """The metrics writers (rank 0 only): ``metrics.jsonl``, ``tensorboard/`` with ``output.tensorboard``,
+        and a W&B run with ``output.wandb``."""
+        self.trackers: list[TensorBoardWriter | WandbWriter] = []
+        """The writers that also take the recipe, images and the final figures (TensorBoard, W&B)."""
         if self.info.is_main:
             self.writers.append(JsonlWriter(self.run_dir / METRICS_FILE))
             if recipe.output.tensorboard:
-                self.writers.append(TensorBoardWriter(self.run_dir / TENSORBOARD_FOLDER))
+                self.trackers.append(TensorBoardWriter(self.run_dir / TENSORBOARD_FOLDER))
+            if recipe.output.wandb:
+                name = self.run_dir.name
+                output = recipe.output
+                self.trackers.append(WandbWriter(output.wandb, output.wandb_mode, self.run_dir, name, recipe.to_dict()))
+            self.writers.extend(self.trackers)
+            for tracker in self.trackers:
+                if isinstance(tracker, TensorBoardWriter):
+                    tracker.write_config(recipe.to_dict())
+        self.profiler = None
+        """Traces the steps ``profile.steps`` names into ``<run>/profile`` (every rank its own file); ``None``
+        when profiling is off."""
+        if recipe.profile.steps is not None:
+            folder = self.run_dir / PROFILE_FOLDER
+            self.profiler = StepProfiler(recipe.profile, folder, backend.lane, self.info.rank, self.say)
         self.checkpointer.remove_partial()
         self.start_step = 0
         """Steps done before this run started (set by ``resume``)."""
@@ -161,6 +180,18 @@ class RunSession:
         """Append named figures at ``step_number`` (a validation loss, an accuracy) to every writer (rank 0)."""
         for writer in self.writers:
             writer.write_scalars(step_number, values)
+
+    def write_image(self, step_number: int, name: str, path: Path) -> None:
+        """Add the PNG file at ``path`` (a sample grid) as image ``name`` at ``step_number`` to TensorBoard and
+        W&B (rank 0)."""
+        for tracker in self.trackers:
+            tracker.write_image(step_number, name, path)
+
+    def write_summary(self, summary: TrainSummary) -> None:
+        """Hand the run's final figures (``titanpod.graph.tracking.final_figures``) to TensorBoard (as the
+        hyper-parameters' metrics) and W&B (as the run's summary), rank 0."""
+        for tracker in self.trackers:
+            tracker.write_summary(final_figures(summary))
 
     def resume(
         self,
@@ -223,21 +254,30 @@ class RunSession:
         (the trainer's validation or samples), then the interval checkpoint and a poll of a background
         save. After the loop ``at_end(summary)`` runs (a final evaluation; also after an interrupt, so
         it reads ``summary.interrupted``), then ``save_at_end``; after a signal the checkpoint comes first
-        (a scheduler's grace period is short), and after a stop at once ``at_end`` does not run.
+        (a scheduler's grace period is short), and after a stop at once ``at_end`` does not run. Then rank 0
+        draws ``loss.png`` (``draw_loss_plot``).
         ``data_parallel`` and ``reduce_loss`` are as in ``titanpod.graph.train``; the device count is
         the session's. A background save in flight is completed before this returns or raises.
         """
         model, step = self._registered()
         every = self.recipe.checkpoint.every
+        last_step = self.recipe.train.stop_at_step or self.recipe.train.steps
+        profiler = self.profiler
 
         def after_each(step_number: int) -> None:
+            if profiler is not None:
+                profiler.after_step(step_number)  # the trace ends with the step, before validation and saves
             if after_step is not None:
                 after_step(step_number)
             if every and step_number % every == 0:
                 self.save_checkpoint(step_number)
             self.checkpointer.poll()
+            if profiler is not None and step_number < last_step:
+                profiler.before_step(step_number + 1)
 
         try:
+            if profiler is not None:
+                profiler.before_step(self.start_step + 1)
             summary = train(
                 model,
                 batches,
@@ -259,9 +299,32 @@ class RunSession:
             self.save_at_end(summary)
             if at_end is not None and summary.interrupted and not summary.stopped_at_once:
                 at_end(summary)
+            self.draw_loss_plot()
+            self.write_summary(summary)
         finally:
+            if profiler is not None:
+                profiler.close()  # a trace cut short by a stop is still written
             self.checkpointer.wait()  # a background save in flight is completed, whatever happened
         return summary
+
+    def draw_loss_plot(self) -> Path | None:
+        """Rank 0: draw ``loss.png`` in the run directory (training and validation loss, and the learning rate,
+        titled with the recipe's name) from ``metrics.jsonl``, which a resumed run appends to: the plot covers the
+        whole run. Returns its path; ``None`` on other ranks, before any report, and when it cannot be drawn,
+        which is a warning and never a failed run."""
+        if not self.is_main:
+            return None
+        try:
+            path = write_loss_plot(self.run_dir, self.recipe.name, METRICS_FILE)
+        except Exception as error:  # a picture never costs a run
+            message = f"could not draw {LOSS_PLOT_FILE}: {type(error).__name__}: {error}"
+            if self.console is None:
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+            self.say(f"[yellow]{message}[/]")
+            return None
+        if path is not None:
+            self.say(f"loss curve: {path}")
+        return path
 
     def save_at_end(self, summary: TrainSummary) -> None:
         """The at-end checkpoint (``checkpoint.at_end``) when this run trained a step; after a signal, a line

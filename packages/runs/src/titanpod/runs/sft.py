@@ -33,6 +33,7 @@ from titanpod.parallel import PLANS
 from titanpod.parallel.torch_executor import ParallelModel, parallelize
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.evaluation import Evaluation, evaluate
+from titanpod.runs.hf_export import post_training_tokenizer, training_extras
 from titanpod.runs.pretrain import build_seeded_model, describe_step
 from titanpod.runs.process_count import check_process_count
 from titanpod.runs.process_exit import run_exit_code
@@ -282,18 +283,32 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
             write_eval_file(session.run_dir / EVAL_FILE, result.eval_task, evaluations)
 
         def write_weights() -> Path:
-            extra = {"recipe.json": recipe.to_json(), **tokenizer.files()}
+            loss = summary.reports[-1].loss if summary.reports else None  # as metrics.jsonl logs it last
+            extras = training_extras(
+                recipe.to_dict(),
+                recipe.model.family,
+                parameters,
+                summary.steps_done,
+                final_loss=loss,
+                tokenizer=post_training_tokenizer(tokenizer),
+            )
             weights = save_model(
                 model,
                 recipe.model.family,
                 session.run_dir / MODEL_FOLDER,
                 {"step": summary.steps_done},
-                extra_files=extra,
+                extra_files={"recipe.json": recipe.to_json(), **extras.tokenizer_files},
+                special_tokens=extras.special_tokens,
+                about=extras.about,
             )
             if recipe.checkpoint.export_hf:
-                result.hf_path = save_hf_checkpoint(model, recipe.model.family, session.run_dir / HF_FOLDER)
-                if session.is_main:
-                    tokenizer.save(result.hf_path)
+                result.hf_path = save_hf_checkpoint(
+                    model,
+                    recipe.model.family,
+                    session.run_dir / HF_FOLDER,
+                    special_tokens=extras.special_tokens,
+                    extra_files=extras.hf_files(),
+                )
                 session.say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
             return weights
 

@@ -6,7 +6,7 @@ imported only when a folder or the Hub is read, PIL only when an image is drawn,
 """
 
 from titanpod.data.images.config import IMAGE_SOURCES, ImageDataConfig
-from titanpod.data.images.grid import save_image_grid
+from titanpod.data.images.grid import image_grid, save_image_grid
 from titanpod.data.images.pipeline import (
     ImageBatch,
     ImageBatches,
@@ -32,6 +32,7 @@ __all__ = [
     "drops_caption",
     "fixed_prompts",
     "gather_image_state",
+    "image_grid",
     "save_image_grid",
     "shapes_scene",
 ]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from titanpod.data.config import closest
 
-IMAGE_SOURCES = ("shapes", "imagefolder", "hub")
+ImageSource = Literal["shapes", "imagefolder", "hub"]
+"""What ``ImageDataConfig.source`` accepts."""
+IMAGE_SOURCES: tuple[str, ...] = get_args(ImageSource)
 """Every value ``ImageDataConfig.source`` accepts."""
 RESOLUTION_STEP = 16
 """Image sides must be a multiple of this: FLUX's autoencoder downsamples 8x and the transformer packs 2x2 latent
@@ -21,7 +24,7 @@ class ImageDataConfig:
     ``(images_BCHW, captions)`` with float32 pixels in [-1, 1].
     """
 
-    source: str = "shapes"
+    source: ImageSource = "shapes"
     """shapes (built-in synthetic shapes with exact captions), imagefolder (a local folder) or hub (a Hub dataset)."""
     path: str | None = None
     """``imagefolder``: a folder of images with a metadata.jsonl or metadata.csv (``file_name`` and caption columns).

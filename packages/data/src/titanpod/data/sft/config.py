@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from titanpod.data.config import closest
 from titanpod.data.tasks import TASKS
 
-SFT_SOURCES = ("task", "jsonl")
+SFTSource = Literal["task", "jsonl"]
+"""What ``SFTDataConfig.source`` accepts."""
+PromptFormat = Literal["plain", "chat"]
+"""How prompt/response records are laid out (``SFTDataConfig.format``, ``GRPOConfig.format``)."""
+BadExamples = Literal["error", "skip"]
+"""What ``SFTDataConfig.bad_examples`` accepts."""
+TaskName = Literal["reverse", "add"]
+"""A built-in task (``titanpod.data.tasks.TASKS``)."""
+
+SFT_SOURCES: tuple[str, ...] = get_args(SFTSource)
 """Every value ``SFTDataConfig.source`` accepts."""
-FORMATS = ("plain", "chat")
+FORMATS: tuple[str, ...] = get_args(PromptFormat)
 """Every value ``SFTDataConfig.format`` accepts."""
-BAD_EXAMPLES = ("error", "skip")
+BAD_EXAMPLES: tuple[str, ...] = get_args(BadExamples)
 """Every value ``SFTDataConfig.bad_examples`` accepts."""
 
 
@@ -25,15 +35,15 @@ def choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 class SFTDataConfig:
     """What the run fine-tunes on and how examples become batches."""
 
-    source: str = "task"
+    source: SFTSource = "task"
     """``task`` (a built-in task's generated train split) or ``jsonl`` (local JSON lines records)."""
-    task: str = "reverse"
+    task: TaskName = "reverse"
     """``source task``: the built-in task (``reverse``, ``add``)."""
     train_examples: int = 20_000
     """``source task``: distinct training examples generated (with ``train.seed``)."""
     path: str | None = None
     """``source jsonl``: a file, directory or glob of ``{"prompt", "response"}`` or ``{"messages"}`` records."""
-    format: str = "plain"
+    format: PromptFormat = "plain"
     """How prompt/response records are laid out: ``plain`` (prompt text, then the response) or ``chat`` (a user
     and an assistant message through the tokenizer's chat template). Messages always use the chat template."""
     tokenizer: str = "chars"
@@ -43,7 +53,7 @@ class SFTDataConfig:
     """Positions per packed row; an example longer than this is a bad example."""
     batch_size: int = 16
     """Packed rows per batch."""
-    bad_examples: str = "error"
+    bad_examples: BadExamples = "error"
     """A record that is missing a field or too long: ``error`` (stop, naming its index) or ``skip`` (count it and
     report the skips at the start of the run)."""
 

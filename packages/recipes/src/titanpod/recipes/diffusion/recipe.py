@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from titanpod.data.images.config import ImageDataConfig
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.recipe import RunRecipe, TargetConfig
+
+FluxFlavor = Literal["debug", "schnell", "dev"]
+"""What ``FluxModelConfig.flavor`` accepts (``titanpod.models.flux.FLUX_FLAVORS``)."""
 
 
 @dataclass(frozen=True)
 class FluxModelConfig:
     """Which transformer, autoencoder and text encoders to use."""
 
-    flavor: str = "debug"
+    flavor: FluxFlavor = "debug"
     """Transformer shape: ``debug``, ``schnell`` or ``dev`` (titanpod.models.flux.FLUX_FLAVORS)."""
     autoencoder: str = "pixels"
     """``pixels`` (no autoencoder: the transformer models 2x2 pixel patches, so a CPU run's samples are

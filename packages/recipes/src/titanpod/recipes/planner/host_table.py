@@ -75,11 +75,11 @@ def host_shortfall(host: HostMemoryPlan) -> str:
         "train": ("what the memory policy moves to the host", "--train.memory-policy recompute keeps it on the device"),
         "checkpoint": (
             "the trainer state staged on the host for an async save",
-            "--checkpoint.async-save False writes one tensor at a time",
+            "--checkpoint.no-async-save writes one tensor at a time",
         ),
         "save": (
             f"{host.largest_tensor} gathered whole on rank 0, with its write buffer",
-            "--output.save-weights False skips the final gather (the trainer-state checkpoints keep the weights)",
+            "--output.no-save-weights skips the final gather (the trainer-state checkpoints keep the weights)",
         ),
     }[phase]
     if lane_traits(host.lane).single_controller and phase in ("init", "load", "train"):

@@ -95,7 +95,7 @@ def host_suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: flo
     candidates: list[tuple[str, Recipe, int]] = []
     if recipe.checkpoint.async_save:
         changed = with_changes(recipe, checkpoint={"async_save": False})
-        candidates.append(("--checkpoint.async-save False", changed, chips))
+        candidates.append(("--checkpoint.no-async-save", changed, chips))
     if recipe.train.memory_policy == "offload":
         changed = with_changes(recipe, train={"memory_policy": "recompute"})
         candidates.append(("--train.memory-policy recompute", changed, chips))
@@ -108,7 +108,7 @@ def host_suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: flo
         candidates.append((f"--device.lane {chip.auto_lane}", changed, chips))
     if recipe.output.save_weights and not recipe.checkpoint.export_hf:
         changed = with_changes(recipe, output={"save_weights": False})
-        candidates.append(("--output.save-weights False", changed, chips))
+        candidates.append(("--output.no-save-weights", changed, chips))
     candidates.append((f"--chips {chips * 2}", recipe, chips * 2))
     found = _planned(candidates, chip, target_mfu)
     found = [s for s in found if s.plan.host is not None and s.plan.host.per_host is not None]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-from titanpod.data.sft.config import FORMATS, choice
+from titanpod.data.sft.config import FORMATS, PromptFormat, TaskName, choice
 from titanpod.data.tasks import TASKS
 from titanpod.graph import TrainConfig
 from titanpod.parallel import ParallelConfig
@@ -19,7 +20,9 @@ MISSING_INIT_FROM = (
 )
 
 
-REWARDS = ("exact", "partial")
+Reward = Literal["exact", "partial"]
+"""What ``GRPOConfig.reward`` accepts."""
+REWARDS: tuple[str, ...] = get_args(Reward)
 """The reward functions a built-in task offers (``grpo.reward``)."""
 
 
@@ -38,12 +41,12 @@ class GRPOModelConfig:
 class GRPOConfig:
     """Rollouts and the GRPO objective."""
 
-    task: str = "reverse"
+    task: TaskName = "reverse"
     """The built-in task whose train split gives prompts and whose reward scores completions."""
-    reward: str = "exact"
+    reward: Reward = "exact"
     """``exact``: 1 for the exact answer, else 0. ``partial``: 1 for the exact answer, else up to 0.5 for the share
     of characters in the right place (a denser signal; accuracy still counts exact answers only)."""
-    format: str = "plain"
+    format: PromptFormat = "plain"
     """How a prompt is laid out (``plain`` or ``chat``), as the SFT run that made the model laid it out."""
     group_size: int = 8
     """Completions sampled per prompt (n); advantages are relative within this group."""

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Literal, get_args
 
 from titanpod.data.sft.config import choice
 
-ROLLOUT_MODES = ("local", "ray", "vllm")
+RolloutMode = Literal["local", "ray", "vllm"]
 """Where rollouts run (``rollout.mode``)."""
-VLLM_DTYPES = ("bfloat16", "float16", "float32")
+VllmDtype = Literal["bfloat16", "float16", "float32"]
+"""The dtypes a vLLM rollout engine may hold its weights in (``rollout.vllm_dtype``)."""
+ROLLOUT_MODES: tuple[str, ...] = get_args(RolloutMode)
+"""Where rollouts run (``rollout.mode``)."""
+VLLM_DTYPES: tuple[str, ...] = get_args(VllmDtype)
 """The dtypes a vLLM rollout engine may hold its weights in (``rollout.vllm_dtype``)."""
 
 
@@ -16,7 +21,7 @@ VLLM_DTYPES = ("bfloat16", "float16", "float32")
 class RolloutConfig:
     """Where the rollouts are sampled: in the trainer's process, by rollout workers on Ray, or by vLLM."""
 
-    mode: str = "local"
+    mode: RolloutMode = "local"
     """``local``: a ``BuiltinEngine`` in the trainer's process (the default). ``ray``: ``workers`` Ray actors,
     each a ``BuiltinEngine`` in its own process; the trainer syncs its weights to all of them every step.
     ``vllm``: one vLLM engine started by the trainer's process (needs ``titanpod-rl[vllm]`` and a CUDA GPU);
@@ -30,7 +35,7 @@ class RolloutConfig:
     """CPUs each Ray worker reserves."""
     worker_gpus: float = 0.0
     """GPUs each Ray worker reserves; above 0 the worker decodes on cuda."""
-    vllm_dtype: str = "bfloat16"
+    vllm_dtype: VllmDtype = "bfloat16"
     """The dtype vLLM holds the weights in (``vllm`` mode): ``bfloat16``, ``float16`` or ``float32``. The rollout
     logprobs come from these weights; ``float32`` matches the trainer's fp32 logprobs most closely."""
     vllm_gpu_memory_utilization: float = 0.5

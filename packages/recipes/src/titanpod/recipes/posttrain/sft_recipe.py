@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from titanpod.data.sft.config import SFTDataConfig, choice
+from titanpod.data.sft.config import SFTDataConfig, TaskName, choice
 from titanpod.data.tasks import TASKS
 from titanpod.kernels import KernelConfig
 from titanpod.models.common.args import DecoderArgs
@@ -36,7 +36,7 @@ class EvalConfig:
 
     enabled: bool = True
     """Score held-out accuracy at all."""
-    task: str | None = None
+    task: TaskName | None = None
     """The task whose test split is scored; ``None``: the training task with ``data.source task``, else none."""
     examples: int = 200
     """Test prompts scored each time."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from titanpod.graph import ProfileConfig
 from titanpod.models.common.args import DecoderArgs
 from titanpod.recipes.model_shape import EXPERT_SIZES, ModelShape
 from titanpod.recipes.recipe import Recipe
@@ -229,6 +230,7 @@ NOTES = {
     "data.path": "a local folder: the built-in corpus in the dataset's layout, same config and splits",
     "data.tokenizer": "the built-in tokenizer (the Hub's is not reachable here)",
     "checkpoint.dir": "each rehearsal run's own checkpoints/ folder",
+    "profile.steps": "None (a rehearsal traces nothing; W&B logging is off too)",
 }
 """What a changed setting is shown as, where its new value (a local path) would not say it."""
 
@@ -307,6 +309,7 @@ def scale_recipe(
             stop_at_step=0,
         ),
         checkpoint=dataclasses.replace(recipe.checkpoint, every=STOP_AT, resume="auto", dir=""),
-        output=dataclasses.replace(recipe.output, runs_dir=str(runs_dir), run_name=None),
+        output=dataclasses.replace(recipe.output, runs_dir=str(runs_dir), run_name=None, wandb=None),
+        profile=ProfileConfig(),  # the recipe's steps to trace are past the rehearsal's few
     )
     return scaled, settings_rows(recipe, scaled, args, lane)

@@ -32,7 +32,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from titanpod.checkpoint import save_hf_checkpoint, save_model
-from titanpod.device import process_info
 from titanpod.graph import JsonlWriter, TrainSummary, build_step, mfu
 from titanpod.graph.interrupt import stop_after_step
 from titanpod.graph.stop_agreement import StopAgreement
@@ -48,6 +47,7 @@ from titanpod.rl.grpo.sharding import shard_policy, sync_engine
 from titanpod.rl.grpo.trainer import GRPOTrainer
 from titanpod.rl.rollout import BuiltinEngine, RolloutEngine
 from titanpod.rl.rollout.engines import close_rollout, open_rollout
+from titanpod.runs.hf_export import post_training_tokenizer, training_extras
 from titanpod.runs.pretrain import describe_step
 from titanpod.runs.session import RunSession
 from titanpod.runs.sft import HF_FOLDER, MODEL_FOLDER
@@ -136,6 +136,7 @@ def train_grpo(
     step.finish()
     if not summary.interrupted and session.is_main:
         held_out.score("after", summary.steps_done, eval_model)
+    session.write_summary(summary)  # TensorBoard's hyper-parameter metrics, W&B's summary
     session.save_at_end(summary)  # nothing after a stop at once: the weights may be half-updated
     session.checkpointer.wait()
     if session.is_main:
@@ -161,10 +162,15 @@ def run_steps(
     stop_signal, stopped_at_once = None, False
     began = first_done = time.perf_counter()
     agreement = StopAgreement(setup.backend)
+    profiler = session.profiler  # profile.steps: traced from rollouts to update
     with stop_after_step() as stop:
         try:
+            if profiler is not None:
+                profiler.before_step(start + 1)
             for step_number in range(start + 1, last + 1):
                 metrics = trainer(step_number)
+                if profiler is not None:
+                    profiler.after_step(step_number)
                 setup.plan.steps_done = step_number
                 if step_number == start + 1:
                     first_done = time.perf_counter()
@@ -192,12 +198,17 @@ def run_steps(
                 if recipe.checkpoint.every and step_number % recipe.checkpoint.every == 0:
                     session.save_checkpoint(step_number)
                 session.checkpointer.poll()
+                if profiler is not None and step_number < last:
+                    profiler.before_step(step_number + 1)
                 signum = agreement.signal(stop)  # every process stops after the same step
                 if signum is not None and step_number < last:
                     interrupted, stop_signal = True, signum
                     break
         except KeyboardInterrupt:  # a second signal, Ctrl-C outside the main thread: maybe inside a step
             interrupted, stop_signal, stopped_at_once = True, stop.signal_at_once(), True
+        finally:
+            if profiler is not None:
+                profiler.close()  # a trace cut short by a stop is still written
     end = time.perf_counter()
     result.stopped_because = stopped_because
     timed = end - first_done
@@ -225,13 +236,31 @@ def write_model(setup: GRPOSetup, result: GRPOResult, say: Callable[[str], None]
     also as a Hugging Face checkpoint in ``<run>/hf``. Every rank calls it: a sharded policy is gathered one
     tensor at a time and rank 0 writes. Returns the weights file."""
     recipe, tokenizer, run_dir = setup.recipe, setup.tokenizer, result.run_dir
-    extra = {"recipe.json": recipe.to_json(), **tokenizer.files()}
+    steps = setup.plan.steps_done
+    extras = training_extras(
+        recipe.to_dict(),
+        setup.family,
+        parameter_count(setup.model),
+        steps,
+        tokenizer=post_training_tokenizer(tokenizer),
+        notes=[f"Post-trained with GRPO from {recipe.model.init_from}."],
+    )
     path = save_model(
-        setup.model, setup.family, run_dir / MODEL_FOLDER, {"step": setup.plan.steps_done}, extra_files=extra
+        setup.model,
+        setup.family,
+        run_dir / MODEL_FOLDER,
+        {"step": steps},
+        extra_files={"recipe.json": recipe.to_json(), **extras.tokenizer_files},
+        special_tokens=extras.special_tokens,
+        about=extras.about,
     )
     if recipe.checkpoint.export_hf:
-        result.hf_path = save_hf_checkpoint(setup.model, setup.family, run_dir / HF_FOLDER)
-        if process_info().is_main:
-            tokenizer.save(result.hf_path)
+        result.hf_path = save_hf_checkpoint(
+            setup.model,
+            setup.family,
+            run_dir / HF_FOLDER,
+            special_tokens=extras.special_tokens,
+            extra_files=extras.hf_files(),
+        )
         say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
     return path

@@ -112,6 +112,8 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
             path = samples_dir / f"step-{step_number:06d}.png"
             samples.append(write_samples(models, recipe, path, write=session.is_main))
             session.say(f"samples: {samples[-1]}")
+            if session.is_main:
+                session.write_image(step_number, "samples", samples[-1])  # TensorBoard's and W&B's images
 
         def after_step(step_number: int) -> None:
             if recipe.samples.every and step_number % recipe.samples.every == 0:

@@ -1,0 +1,129 @@
+"""What the three apps share on the command line: the ``--recipe`` value, tyro parsing with clean help, and
+booleans given the old way (``--flag True``).
+
+Each app describes its command as a frozen dataclass whose ``recipe`` field holds the recipe, its fields at the
+top of the command line (``--train.steps``), beside the app's own flags (``--recipe``, ``--dry-run`` ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import tyro
+from tyro.constructors import ConstructorRegistry, StructConstructorSpec, StructTypeInfo
+
+Command = TypeVar("Command")
+
+RECIPE_FLAG = "--recipe"
+"""The flag whose value (a recipe name or file) gives every other flag its default."""
+
+_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+
+
+def recipe_argument(argv: Sequence[str], default: str) -> str:
+    """The value of the last ``--recipe NAME`` or ``--recipe=NAME`` in ``argv``, else ``default``."""
+    value = default
+    for index, arg in enumerate(argv):
+        if arg == RECIPE_FLAG and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif arg.startswith(RECIPE_FLAG + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def boolean_flags(kind: type, prefix: str = "") -> dict[str, str | None]:
+    """``--name`` -> ``--no-name`` of every boolean field of dataclass ``kind`` and the sections in it, named as
+    tyro names them (``--checkpoint.async-save`` -> ``--checkpoint.no-async-save``); ``None`` for a flag made
+    without a ``--no-`` form (``tyro.conf.FlagCreatePairsOff``), whose absence is its false."""
+    no_pairs = typing.get_args(tyro.conf.FlagCreatePairsOff[bool])[1]
+    flags: dict[str, str | None] = {}
+    kind = typing.get_origin(kind) or kind  # a generic command, Command[Recipe], reads its class's hints
+    hints = typing.get_type_hints(kind, include_extras=True)
+    for field in dataclasses.fields(kind):
+        hint = hints[field.name]
+        name = field.name.replace("_", "-")
+        extras = getattr(hint, "__metadata__", ())
+        renamed = next((extra.name for extra in extras if getattr(extra, "name", None) is not None), None)
+        hint = typing.get_args(hint)[0] if extras else hint
+        if renamed is not None:
+            name = renamed
+        if hint is bool:
+            flags[f"--{prefix}{name}"] = None if no_pairs in extras else f"--{prefix}no-{name}"
+        elif dataclasses.is_dataclass(hint):
+            flags.update(boolean_flags(hint, f"{prefix}{name}." if name else prefix))
+    return flags
+
+
+def flags_from_values(argv: Sequence[str], flags: dict[str, str | None]) -> list[str]:
+    """``argv`` with each boolean given a value (``--x True``, ``--x=false``) written as tyro's flag (``--x``,
+    ``--no-x``), so command lines written for the older ``--flag VALUE`` form keep working."""
+    out: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        name, _, value = arg.partition("=")
+        name = name.replace("_", "-") if name.startswith("--") else name
+        if name in flags and not value and index + 1 < len(argv) and argv[index + 1].lower() in _TRUE + _FALSE:
+            value = argv[index + 1]
+            index += 1
+        if name in flags and value.lower() in _TRUE + _FALSE:
+            flag = name if value.lower() in _TRUE else flags[name]
+            out += [] if flag is None else [flag]
+        else:
+            out.append(arg)
+        index += 1
+    return out
+
+
+def plain_help(text: str | None) -> str | None:
+    """A docstring as help text: without the double backticks of code spans, and with the source's line breaks
+    inside a paragraph joined."""
+    if text is None:
+        return None
+    paragraphs = re.split(r"\n\s*\n", text.replace("``", ""))
+    return "\n\n".join(" ".join(part.split()) for part in paragraphs)
+
+
+class PlainHelpRegistry(ConstructorRegistry):
+    """tyro's handling of dataclasses, with each field's help text passed through ``plain_help``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._building = False
+        self.struct_rule(self._plain_help_rule)
+
+    def _plain_help_rule(self, info: StructTypeInfo) -> StructConstructorSpec | None:
+        if self._building or not dataclasses.is_dataclass(info.type):
+            return None
+        self._building = True  # the default rules build the spec; this rule only edits its help
+        try:
+            spec = ConstructorRegistry.get_struct_spec(info)
+        finally:
+            self._building = False
+        if not isinstance(spec, StructConstructorSpec):
+            return None
+        fields = tuple(dataclasses.replace(field, helptext=_plain(field.helptext)) for field in spec.fields)
+        return dataclasses.replace(spec, fields=fields)
+
+
+def _plain(helptext: str | Callable[[], str | None] | None) -> str | Callable[[], str | None] | None:
+    if callable(helptext):
+        return lambda: plain_help(helptext())
+    return plain_help(helptext)
+
+
+def parse_args(
+    kind: type[Command], default: Command, argv: Sequence[str], prog: str, description: str, recipe_type: type
+) -> Command:
+    """``argv`` parsed by tyro into ``kind`` (the app's command dataclass) over ``default``.
+
+    ``recipe_type`` is the class of its ``recipe`` field. A choice or value tyro refuses is reported on stderr
+    with the usage, and raises ``SystemExit(2)``; ``--help`` prints every flag and raises ``SystemExit(0)``.
+    """
+    flags = {**boolean_flags(recipe_type), **boolean_flags(kind)}
+    args = flags_from_values(argv, flags)
+    return tyro.cli(kind, default=default, args=args, prog=prog, description=description, registry=PlainHelpRegistry())
