@@ -1,20 +1,28 @@
-"""Functional AdamW: the update as plain tensor ops, so every step mode runs the same arithmetic.
+"""Functional AdamW: one update rule for every step mode, as one fused kernel or as plain tensor ops.
 
 The eager loop calls it on live tensors; the whole-step capture traces it into the step's
 graph; the xla lane runs it inside ``jax.jit``. It works on local tensors (a sharded
 parameter's own shard), so it needs no collectives: only the gradient norm does.
+
+Where the tensors allow it (fp32 tensors of a device torch has a fused AdamW kernel for:
+cpu, cuda) the update is ``torch._fused_adamw_`` (as the custom op of ``titanpod.graph.fused_adamw``,
+so a compiled step keeps it): one kernel per weight-decay group that reads each parameter,
+gradient and moment once, with the clipping factor as its gradient scale and the NaN/Inf
+guard as its ``found_inf``. Elsewhere (torchax's and torch_xla's tensors,
+bf16 parameters) the same rule runs tensor by tensor as plain ops.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from titanpod.graph.config import TrainConfig
+from titanpod.graph.fused_adamw import fused_adamw_op
 
 
 @dataclass
@@ -87,6 +95,33 @@ def total_grad_norm(grads: Sequence[torch.Tensor], foreach: bool = True) -> torc
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
+FUSED_DEVICES = frozenset({"cpu", "cuda"})
+"""Device types torch has a fused AdamW kernel (``torch._fused_adamw_``) for."""
+
+Implementation = Literal["auto", "fused", "per_tensor"]
+"""How ``adamw_update_`` runs: ``fused`` (one kernel per weight-decay group), ``per_tensor`` (plain
+ops, parameter by parameter) or ``auto`` (fused wherever ``can_fuse`` allows it)."""
+
+
+def can_fuse(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether ``torch._fused_adamw_`` takes these tensors: plain fp32 tensors (not DTensors, not another
+    library's tensor type) on a device in ``FUSED_DEVICES``."""
+    return all(
+        isinstance(t, torch.Tensor)
+        and not isinstance(t, DTensor)
+        and t.dtype == torch.float32
+        and t.device.type in FUSED_DEVICES
+        for t in tensors
+    )
+
+
+def _updated_in_place(params: Sequence[torch.Tensor], state: AdamWState) -> bool:
+    """Whether the tensors the fused kernel writes are contiguous: it reads and writes every tensor as if it
+    were (checked with torch 2.13 on the CPU: a transposed gradient gave a different update), and what it
+    writes cannot be copied first. Gradients are made contiguous before the call instead."""
+    return all(t.is_contiguous() for t in [*params, *state.exp_avg, *state.exp_avg_sq])
+
+
 def adamw_update_(
     params: Sequence[torch.Tensor],
     grads: Sequence[torch.Tensor],
@@ -95,6 +130,7 @@ def adamw_update_(
     grad_norm: torch.Tensor,
     decays: Sequence[float],
     config: TrainConfig,
+    implementation: Implementation = "auto",
 ) -> torch.Tensor:
     """Clip, check and apply one AdamW update in place; returns whether it was applied (0-d bool).
 
@@ -103,6 +139,7 @@ def adamw_update_(
     scaled by ``min(1, grad_clip / (grad_norm + 1e-6))`` when clipping is on. When
     ``grad_norm`` is not finite nothing changes (parameters, moments and step stay as they
     were), decided on the device without a host sync; the caller reads the flag later.
+    ``implementation`` picks the kernel (``Implementation``); both compute the same rule.
     """
     finite = torch.isfinite(grad_norm)
     keep = finite.to(torch.float32)
@@ -110,6 +147,13 @@ def adamw_update_(
     if config.grad_clip > 0:  # a NaN norm must not leak through the factor: 0 x NaN is NaN
         scale = torch.where(finite, torch.clamp(config.grad_clip / (grad_norm + 1e-6), max=1.0), 0.0)
     step = state.step.add_(keep)
+    tensors = [*params, *grads, *state.exp_avg, *state.exp_avg_sq]
+    fused = implementation == "fused" or (
+        implementation == "auto" and can_fuse(tensors) and _updated_in_place(params, state)
+    )
+    if fused:
+        _fused_update_(params, grads, state, lr, decays, config, finite, scale)
+        return finite
     step_for_bias = torch.clamp(step, min=1.0)  # a skipped first step must not divide by zero
     bias1 = 1.0 - torch.pow(config.beta1, step_for_bias)
     bias2_sqrt = torch.sqrt(1.0 - torch.pow(config.beta2, step_for_bias))
@@ -125,3 +169,36 @@ def adamw_update_(
             param.mul_(1.0 - lr * keep * decay)
         param.sub_((step_size * exp_avg / denom).to(param.dtype))
     return finite
+
+
+def _fused_update_(
+    params: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    state: AdamWState,
+    lr: torch.Tensor,
+    decays: Sequence[float],
+    config: TrainConfig,
+    finite: torch.Tensor,
+    scale: torch.Tensor,
+) -> None:
+    """``torch._fused_adamw_`` once per weight decay: the kernel divides each gradient by ``grad_scale``
+    (the inverse of the clipping factor) and leaves every tensor as it was when ``found_inf`` is 1."""
+    grad_scale = torch.where(finite, 1.0 / torch.where(finite, scale, 1.0), 1.0) if config.grad_clip > 0 else None
+    found_inf = (~finite).to(torch.float32)
+    op = fused_adamw_op()
+    for decay in sorted(set(decays)):
+        chosen = [index for index, value in enumerate(decays) if value == decay]
+        op(
+            [params[i] for i in chosen],
+            [grads[i].contiguous() for i in chosen],  # a gradient's layout is the backward's (a transpose, say)
+            [state.exp_avg[i] for i in chosen],
+            [state.exp_avg_sq[i] for i in chosen],
+            state.step,
+            lr,
+            grad_scale,
+            found_inf,
+            config.beta1,
+            config.beta2,
+            decay,
+            config.eps,
+        )

@@ -125,7 +125,7 @@ class XlaStep(TrainStep):
         def torch_update(params, grads, exp_avg, exp_avg_sq, step, lr):
             grad_norm = total_grad_norm(grads, foreach=False)  # torchax tensors have no foreach kernels
             state = AdamWState(step, list(exp_avg), list(exp_avg_sq))
-            applied = adamw_update_(params, grads, state, lr, grad_norm, decays, config)  # in place, functionalised
+            applied = adamw_update_(params, grads, state, lr, grad_norm, decays, config, implementation="per_tensor")
             return list(params), state.exp_avg, state.exp_avg_sq, state.step, grad_norm, applied
 
         return jax_view(torch_update)
