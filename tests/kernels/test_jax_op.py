@@ -81,3 +81,18 @@ def test_sharded_op_runs_per_shard():
     result = run_python(SHARDED, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "True"
+
+
+def test_op_names_depend_on_registration_order_not_object_ids():
+    """Two kernels of one shape get ``<base>`` and ``<base>_2`` in every process, so a captured step's code (the
+    compiled-step cache's key) is the same from run to run."""
+    from titanpod.kernels.jax_op import free_op_name
+
+    base = "names_test_square"
+    first = free_op_name(base)
+    assert first == base
+    jax_op(first, lambda x: x * x)
+    second = free_op_name(base)
+    assert second == f"{base}_2"
+    jax_op(second, lambda x: x * x)
+    assert free_op_name(base) == f"{base}_3"

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from titanpod.kernels.jax_op import JaxOp, jax_op, pallas_interpret
+from titanpod.kernels.jax_op import JaxOp, free_op_name, jax_op, pallas_interpret
 from titanpod.kernels.mesh_split import batch_axes
 
 
@@ -64,7 +64,7 @@ class MegabloxGroupedMatmul:
                 out = ops.gmm(x_TI, w_EOI, sizes_E, x_ECI.dtype, tiling, None, None, True, interpret)
                 return out[:T].reshape(E, C, O)
 
-            name = f"gmm_{id(self)}_{I}_{O}_{str(dtype).split('.')[-1]}"
+            name = free_op_name(f"gmm_{I}_{O}_{str(dtype).split('.')[-1]}")
             self._ops[key] = jax_op(name, grouped, shard=_per_shard)
         return self._ops[key]
 

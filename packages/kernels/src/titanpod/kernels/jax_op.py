@@ -156,6 +156,21 @@ def _run(
     return [_to_torch(result, device) for result in results]
 
 
+def free_op_name(base: str) -> str:
+    """``base``, or ``base_2``, ``base_3`` ... when ops of that name are registered already in this process.
+
+    Names made this way depend only on what was registered before, not on object ids, so the same
+    program names its ops the same in every run (a captured step's code, which keys the compiled-step
+    cache, names them).
+    """
+    namespace = getattr(torch.ops, NAMESPACE)
+    name, suffix = base, 1
+    while hasattr(namespace, name):
+        suffix += 1
+        name = f"{base}_{suffix}"
+    return name
+
+
 def jax_op(
     name: str,
     fn: Callable[..., Any],

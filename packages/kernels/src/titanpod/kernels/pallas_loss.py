@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from titanpod.kernels.jax_op import JaxOp, jax_op, pallas_interpret
+from titanpod.kernels.jax_op import JaxOp, free_op_name, jax_op, pallas_interpret
 from titanpod.kernels.mesh_split import batch_axes
 from titanpod.models import IGNORE_INDEX
 
@@ -220,7 +220,7 @@ class PallasLinearCrossEntropy:
         key = (vocab, dim, h_BSM.dtype, interpret)
         if key not in self._ops:
             fn = make_pallas_cross_entropy(self.config, vocab, dim, interpret)
-            name = f"pallas_ce_{id(self)}_{vocab}_{dim}_{str(h_BSM.dtype).split('.')[-1]}"
+            name = free_op_name(f"pallas_ce_{vocab}_{dim}_{str(h_BSM.dtype).split('.')[-1]}")
             self._ops[key] = jax_op(name, fn, shard=_per_shard)
         labels = labels_BS.reshape(-1).to(torch.int32)
         return self._ops[key](h_BSM.reshape(-1, dim), weight_VM, labels)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from titanpod.kernels.jax_op import JaxOp, jax_op, pallas_interpret
+from titanpod.kernels.jax_op import JaxOp, free_op_name, jax_op, pallas_interpret
 from titanpod.kernels.mesh_split import batch_axes, head_axis
 from titanpod.models import document_causal_mask
 
@@ -67,7 +67,7 @@ class SplashAttention:
         interpret = pallas_interpret(self.config.interpret, device)
         key = (S, G, D, dtype, documents, interpret)
         if key not in self._ops:
-            name = f"splash_{id(self)}_{S}_{G}_{D}_{str(dtype).split('.')[-1]}{'_documents' if documents else ''}"
+            name = free_op_name(f"splash_{S}_{G}_{D}_{str(dtype).split('.')[-1]}{'_documents' if documents else ''}")
             self._ops[key] = jax_op(name, self._kernel(S, G, D, documents, interpret), shard=_per_shard)
         return self._ops[key]
 
