@@ -35,6 +35,19 @@ def run_json_script(code: str, env: dict[str, str] | None = None, timeout: float
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_home(tmp_path_factory: pytest.TempPathFactory):
+    """Caches under the user's home (``XDG_CACHE_HOME``: titanpod's compiled steps among them) go to a folder of
+    this test session, for the tests and the processes they start: nothing read from or left in ``~/.cache``."""
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache-home"))
+    yield
+    if before is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+
+
 @pytest.fixture
 def repo_root() -> Path:
     """The repository root."""

@@ -136,6 +136,9 @@ def print_summary(console: Console, result: PretrainResult) -> None:
         table.add_row(f"loss, last {window} steps (mean)", f"{statistics.fmean(losses[-window:]):.4f}")
     table.add_row("tokens/s (after step 1)", f"{summary.tokens_per_second:,.0f}")
     table.add_row("MFU", f"{summary.mfu:.1%}")
+    if summary.compile_seconds is not None:
+        how = {"hit": "loaded from the compiled-step cache", "miss": "compiled, then cached", "off": "compiled"}
+        table.add_row("whole-step compile", f"{summary.compile_seconds:.1f} s ({how[summary.compile_cache or 'off']})")
     peak = summary.peak_memory_gib
     table.add_row("peak memory", "unavailable" if peak is None else f"{peak:.2f} GiB")
     table.add_row("wall time", f"{summary.wall_seconds:.1f} s")

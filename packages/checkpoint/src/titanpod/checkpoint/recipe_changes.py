@@ -26,6 +26,7 @@ HARMLESS_CHANGES: tuple[str, ...] = (
     "train.step_mode",  # how a step runs (eager, per_block, whole_step), not what it computes
     "train.memory_policy",
     "train.compiler",
+    "train.compile_cache_dir",
     "train.skip_nonfinite",
     "checkpoint.*",  # when and where checkpoints go, and this list's escape hatch itself
     "output.*",

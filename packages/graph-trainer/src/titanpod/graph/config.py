@@ -64,6 +64,11 @@ class TrainConfig:
     """Compiler for ``per_block`` and ``whole_step``: ``auto`` (the lane's: inductor on
     cpu/cuda, the tpu backend on tpu, ``jax.jit`` on xla) or ``none`` (run the captured
     graph as it is, op by op: for debugging and quick tests)."""
+    compile_cache_dir: str = "default"
+    """Where a whole step compiled by inductor (cpu and cuda lanes) is kept, so the next run that captures the same
+    graph loads it instead of compiling again: ``default`` (``$XDG_CACHE_HOME/titanpod/compiled-steps``, else
+    ``~/.cache/titanpod/compiled-steps``), a folder, or ``off`` (compile every run afresh). The folder holds code
+    that is loaded and run: keep it one only you write."""
     grad_accum_steps: int = 1
     """Micro-batches whose gradients are averaged into one optimizer step."""
     precision: Precision = "fp32"

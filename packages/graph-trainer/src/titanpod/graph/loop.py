@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from rich.console import Console
@@ -72,6 +72,11 @@ class TrainSummary:
     """Why the run stopped early on its own (a non-finite gradient with ``skip_nonfinite`` off)."""
     start_step: int = 0
     """Steps done before this call (a resumed run); ``losses[0]`` is step ``start_step + 1``."""
+    compile_seconds: float | None = None
+    """Time the first step spent compiling the whole step with inductor, or loading it from the compiled-step
+    cache (``compile_cache`` says which); ``None`` for steps that compile no whole program that way."""
+    compile_cache: str | None = None
+    """``hit``, ``miss`` or ``off``, with ``compile_seconds``."""
 
 
 def _to_device(batch: Batch, backend: Backend) -> Batch:
@@ -221,6 +226,7 @@ def train(
                         elapsed_seconds=now - start,
                         skipped_steps=len(skipped),
                         dropped_tokens=sum(dropped) if dropped else None,
+                        **(_first_report_compile_fields(train_step) if not reports else {}),
                     )
                     dropped.clear()
                     reports.append(report)
@@ -262,4 +268,21 @@ def train(
         skipped_steps=skipped,
         stopped_because=stopped_because,
         start_step=start_step,
+        **_compile_fields(train_step),
     )
+
+
+def _compile_fields(train_step: Any) -> dict[str, Any]:
+    """``compile_seconds`` and ``compile_cache`` of the step's last inductor compile, where it made one."""
+    report = getattr(train_step, "compile_report", None)
+    if report is None:
+        return {}
+    return {"compile_seconds": report.seconds, "compile_cache": report.cache}
+
+
+def _first_report_compile_fields(train_step: Any) -> dict[str, Any]:
+    """``compile_seconds`` and ``compile_cache_hit`` for a run's first report, where the step compiled."""
+    fields = _compile_fields(train_step)
+    if not fields:
+        return {}
+    return {"compile_seconds": fields["compile_seconds"], "compile_cache_hit": fields["compile_cache"] == "hit"}

@@ -52,6 +52,12 @@ class StepMetrics:
     was full (``MoEArgs.capacity_factor``), summed over layers, micro-batches, data shards and the
     covered steps; ``None`` (and left out of the logs) for models without experts."""
 
+    compile_seconds: float | None = None
+    """The whole step's compile (or load from the compiled-step cache) inside the first step, in seconds; only in
+    the first report of a run whose step inductor compiles (``None`` and left out of the logs otherwise)."""
+    compile_cache_hit: bool | None = None
+    """With ``compile_seconds``: whether the step was loaded from ``train.compile_cache_dir`` (False: compiled)."""
+
     def logged(self) -> dict[str, Any]:
         """The fields as a dict, without those that do not apply (``None``)."""
         return {name: value for name, value in asdict(self).items() if value is not None}

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from titanpod.device import Backend
+from titanpod.graph.compiled_steps import CompileReport
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.loss_metrics import loss_and_metrics
 from titanpod.graph.optimizer import AdamWState, init_adamw_state, weight_decays
@@ -98,6 +99,10 @@ class TrainStep(ABC):
     laid out like their parameters), saved with torch.distributed.checkpoint beside the model's own
     parameters, which the step updates in place. ``jax``: it is the parameters and the optimizer state
     as jax arrays (the trainer-state layout, ``{"model": ..., "optim": ...}``), saved with Orbax."""
+
+    compile_report: CompileReport | None = None
+    """How the step's program was last compiled by inductor (time, cache hit or miss); ``None`` for steps
+    that compile no whole program that way."""
 
     def __init__(self, model: nn.Module, config: TrainConfig, backend: Backend) -> None:
         self.model = model

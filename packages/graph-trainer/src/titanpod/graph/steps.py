@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 
 from titanpod.device import Backend
 from titanpod.graph.capture import ParamSpec, autocast_context, capture_step
+from titanpod.graph.compiled_steps import cache_dir_of, compile_step
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.loss_metrics import add_metrics
 from titanpod.graph.memory_policy import apply_memory_policy
@@ -109,10 +110,14 @@ class WholeStep(TrainStep):
         graph = capture_step(self.model, self.specs, self.config, self.backend.device_type, inputs)
         apply_memory_policy(graph, self.config.memory_policy, self.backend.device_type)
         self.graph = graph
-        if self.config.compiler == "auto":
-            self._program = self.backend.compile_step(graph)
-        else:
+        if self.config.compiler == "none":
             self._program = graph
+        elif self.backend.compile_backend == "inductor":
+            self._program, self.compile_report = compile_step(
+                graph, inputs, cache_dir_of(self.config.compile_cache_dir)
+            )
+        else:
+            self._program = self.backend.compile_step(graph)
         self._shape = _shape_key(tokens_ABS, document_ids_ABS)
         return graph
 

@@ -1,0 +1,77 @@
+"""The compiled-step cache: a second run of the same step loads what the first compiled, and trains the same.
+
+Both runs execute the same compiled code, so their losses and parameters must be equal exactly;
+a run without the cache compiles the same graph afresh and must agree exactly as well.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from titanpod.device import get_backend
+from titanpod.graph import TrainConfig, train
+from titanpod.graph.compiled_steps import cache_dir_of
+from titanpod.models import DecoderArgs, Transformer
+
+TINY = DecoderArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=64, ffn_dim=64, max_seq_len=32)
+BACKEND = get_backend("cpu")
+
+
+def run(cache: str, batch: int = 2):
+    model = Transformer(TINY)
+    model.init_weights(0)
+    config = TrainConfig(steps=3, warmup_steps=0, log_every=1, step_mode="whole_step", compile_cache_dir=cache)
+    generator = torch.Generator().manual_seed(0)
+
+    def batches():
+        while True:
+            tokens = torch.randint(0, 64, (batch, 17), generator=generator)
+            yield tokens[:, :-1], tokens[:, 1:]
+
+    summary = train(model, batches(), config, BACKEND, flops_per_token=1.0)
+    return model, summary
+
+
+def test_second_run_loads_the_first_runs_artifact_and_trains_the_same(tmp_path):
+    first_model, first = run(str(tmp_path))
+    assert first.compile_cache == "miss" and first.compile_seconds is not None
+    artifacts = sorted(tmp_path.glob("*.bin"))
+    assert len(artifacts) == 1
+    second_model, second = run(str(tmp_path))
+    assert second.compile_cache == "hit"
+    assert sorted(tmp_path.glob("*.bin")) == artifacts
+    assert second.losses == first.losses
+    for a, b in zip(first_model.parameters(), second_model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert first.reports[0].compile_cache_hit is False and second.reports[0].compile_cache_hit is True
+    assert all(report.compile_seconds is None for report in second.reports[1:])
+
+
+def test_another_batch_shape_is_another_artifact_and_off_keeps_none(tmp_path):
+    run(str(tmp_path), batch=2)
+    _, other = run(str(tmp_path), batch=3)
+    assert other.compile_cache == "miss"
+    assert len(list(tmp_path.glob("*.bin"))) == 2
+    _, uncached = run("off")
+    assert uncached.compile_cache == "off"
+    _, reference = run(str(tmp_path))
+    assert uncached.losses == reference.losses
+
+
+def test_cache_folder_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir_of("default") == tmp_path / "titanpod" / "compiled-steps"
+    assert cache_dir_of("off") is None
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir_of("~/steps") == tmp_path / "home" / "steps"
+
+
+@pytest.mark.parametrize("mode", ["eager", "per_block"])
+def test_steps_that_compile_no_whole_program_report_no_compile(mode):
+    model = Transformer(TINY)
+    model.init_weights(0)
+    config = TrainConfig(steps=1, warmup_steps=0, step_mode=mode)
+    tokens = torch.randint(0, 64, (2, 17))
+    summary = train(model, iter([(tokens[:, :-1], tokens[:, 1:])]), config, BACKEND, flops_per_token=1.0)
+    assert summary.compile_seconds is None and "compile_seconds" not in summary.reports[0].logged()
