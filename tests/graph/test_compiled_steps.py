@@ -75,3 +75,12 @@ def test_steps_that_compile_no_whole_program_report_no_compile(mode):
     tokens = torch.randint(0, 64, (2, 17))
     summary = train(model, iter([(tokens[:, :-1], tokens[:, 1:])]), config, BACKEND, flops_per_token=1.0)
     assert summary.compile_seconds is None and "compile_seconds" not in summary.reports[0].logged()
+
+
+def test_a_cache_folder_that_cannot_be_written_warns_and_trains_on(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.warns(UserWarning, match="could not be saved"):
+        _, summary = run(str(blocker / "cache"))
+    _, uncached = run("off")
+    assert summary.losses == uncached.losses

@@ -32,7 +32,7 @@ from torch.utils import _pytree as pytree
 from titanpod.graph.binding import parameters_bound
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.loss_metrics import add_metrics, loss_and_metrics
-from titanpod.graph.optimizer import AdamWState, Implementation, adamw_update_, shard_like, total_grad_norm
+from titanpod.graph.optimizer import AdamWState, adamw_update_, shard_like, total_grad_norm
 
 LEADING_OUTPUTS = 3
 """Outputs before the per-micro-batch losses: the gradient norm, the applied flag and the metrics dict."""
@@ -60,19 +60,13 @@ def autocast_context(config: TrainConfig, device_type: str) -> contextlib.Abstra
 
 
 def step_function(
-    model: nn.Module,
-    specs: Sequence[ParamSpec],
-    config: TrainConfig,
-    device_type: str,
-    document_ids: bool = False,
-    optimizer: Implementation = "auto",
+    model: nn.Module, specs: Sequence[ParamSpec], config: TrainConfig, device_type: str, document_ids: bool = False
 ):
     """The functional step that ``capture_step`` traces (also runnable as it is, eagerly).
 
     Arguments: local parameters, first moments, second moments (lists), the step count
     and learning rate (0-d), tokens and labels [A, B, S], and, with ``document_ids``, the
     document ids [A, B, S] (each micro-batch's loss is then ``model.loss(..., document_ids_BS=...)``).
-    ``optimizer`` is how its AdamW runs (``titanpod.graph.optimizer.Implementation``).
     """
     decays = [spec.decay for spec in specs]
 
@@ -97,7 +91,7 @@ def step_function(
         grad_norm = total_grad_norm(grads)
         local_grads = [_local_grad(g, spec) for g, spec in zip(grads, specs, strict=True)]
         state = AdamWState(step_count, list(exp_avg), list(exp_avg_sq))
-        applied = adamw_update_(params, local_grads, state, lr, grad_norm, decays, config, optimizer)
+        applied = adamw_update_(params, local_grads, state, lr, grad_norm, decays, config)
         return (grad_norm, applied, metrics, *losses)
 
     # Two fixed signatures (make_fx traces positional arguments, not defaults).
@@ -120,23 +114,15 @@ def _local_grad(grad: torch.Tensor, spec: ParamSpec) -> torch.Tensor:
 
 
 def capture_step(
-    model: nn.Module,
-    specs: Sequence[ParamSpec],
-    config: TrainConfig,
-    device_type: str,
-    example_inputs: tuple,
-    optimizer: Implementation = "auto",
+    model: nn.Module, specs: Sequence[ParamSpec], config: TrainConfig, device_type: str, example_inputs: tuple
 ) -> fx.GraphModule:
     """Trace the whole step into one ``GraphModule`` (fake tensors: nothing runs, nothing is allocated).
 
     Each node keeps the module path it came from (``nn_module_stack``), which the memory
     policies use to find transformer-block boundaries. ``example_inputs`` are the step's
     arguments (see ``step_function``); an eighth, the document ids, selects the step with them.
-    ``optimizer`` is how its AdamW runs: ``auto`` keeps the fused kernel (one custom op a weight-decay
-    group) where the tensors allow it, ``per_tensor`` plain ops for a compiler to generate code for.
     """
-    document_ids = len(example_inputs) == 8
-    function = step_function(model, specs, config, device_type, document_ids, optimizer)
+    function = step_function(model, specs, config, device_type, document_ids=len(example_inputs) == 8)
     function._orig_mod = model  # type: ignore[attr-defined]  # make_fx records module paths under this root
     return make_fx(function, tracing_mode="fake", record_module_stack=True)(*example_inputs)
 

@@ -20,6 +20,7 @@ import platform
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,14 @@ def compile_step(
         artifact = standalone_compile(flat, flat_inputs, dynamic_shapes="from_example_inputs", donate_graph_module=True)
         cache = "off" if path is None else "miss"
         if path is not None:
-            _save_atomically(artifact, path)
+            try:
+                _save_atomically(artifact, path)
+            except OSError as error:  # the compile is done: train on, just without keeping it
+                warnings.warn(
+                    f"The compiled step could not be saved in {path.parent} ({error}); this run goes on, and the "
+                    "next one compiles again. Set train.compile_cache_dir to a folder you can write, or 'off'.",
+                    stacklevel=2,
+                )
 
     def program(*inputs: Any) -> Any:
         return pytree.tree_unflatten(list(artifact(*pytree.tree_leaves(inputs))), out_spec)
