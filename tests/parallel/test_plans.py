@@ -18,8 +18,13 @@ def test_every_parameter_of_every_flavor_has_a_rule(family):
 
 
 def test_parallel_degrees_fill_fsdp_and_name_the_problem():
-    assert ParallelConfig().mesh_axes(8) == {"dp_replicate": 1, "fsdp": 8, "ep": 1, "tp": 1}
-    assert ParallelConfig(dp_replicate=2, tp=2).mesh_axes(8) == {"dp_replicate": 2, "fsdp": 2, "ep": 1, "tp": 2}
+    whole = {"pp": 1, "dp_replicate": 1, "fsdp": 8, "cp": 1, "ep": 1, "tp": 1}
+    assert ParallelConfig().mesh_axes(8) == whole
+    assert list(ParallelConfig().mesh_axes(8)) == ["pp", "dp_replicate", "fsdp", "cp", "ep", "tp"]  # outermost first
+    assert ParallelConfig(dp_replicate=2, tp=2).mesh_axes(8) == {**whole, "dp_replicate": 2, "fsdp": 2, "tp": 2}
+    assert ParallelConfig(pp=2, cp=2).mesh_axes(8) == {**whole, "pp": 2, "fsdp": 2, "cp": 2}
+    with pytest.raises(PlanError, match=r"pp=2 x cp=2 x fsdp=3 does not divide into 8 processes"):
+        ParallelConfig(pp=2, cp=2, fsdp=3).mesh_axes(8)
     with pytest.raises(PlanError, match=r"does not divide into 6 processes"):
         ParallelConfig(tp=4).mesh_axes(6)
     with pytest.raises(PlanError, match=r"product is 4"):
@@ -39,6 +44,18 @@ def test_dimensions_that_do_not_divide_are_all_listed():
     assert message.count("layers.*.attention.wk.weight") == 1  # one line for all six layers
     assert "feed_forward" not in message  # 768 splits 128 ways
     PLANS["llama3"].check(named, {"dp_replicate": 1, "fsdp": 4, "ep": 1, "tp": 2})
+
+
+def test_context_parallel_ranks_share_the_parameter_shards():
+    named = dict(build_model("llama3", "debug").named_parameters())
+    axes = {"fsdp": 2, "cp": 2, "ep": 1, "tp": 1}
+    assert PLANS["llama3"].splits("layers.0.attention.wq.weight", axes)[1] == 4  # fsdp x cp
+    assert PLANS["llama3"].local_numel("tok_embeddings.weight", (2048, 256), axes) == 2048 * 64
+    layout = layout_for(ParamRule("w", shard_dim=1, tp_dim=0), axes, ("fsdp", "cp"))
+    assert layout.stored == (Shard(1), Shard(1))
+    assert layout.compute == (Replicate(), Replicate())
+    assert layout.grad == (Partial("avg"), Partial("avg"))
+    PLANS["llama3"].check(named, axes)
 
 
 def test_a_parameter_without_a_rule_is_named():
@@ -68,8 +85,8 @@ def test_placements_of_experts_and_per_head_norms():
 
 def test_an_axis_the_mesh_lacks_is_named():
     named = dict(build_model("llama3", "debug").named_parameters())
-    with pytest.raises(PlanError, match=r"Mesh axes cp are not ones a plan can use; the axes are dp_replicate"):
-        PLANS["llama3"].check(named, {"fsdp": 2, "cp": 2})
+    with pytest.raises(PlanError, match=r"Mesh axes sp are not ones a plan can use; the axes are pp, dp_replicate"):
+        PLANS["llama3"].check(named, {"fsdp": 2, "sp": 2})
 
 
 def test_local_numel_is_each_ranks_share_and_whole_parameters_stay_whole():

@@ -53,7 +53,7 @@ def test_moe_plan_counts_active_parameters():
 def test_state_memory_is_each_parameters_share_on_the_mesh():
     recipe = get_recipe("llama3_405b")  # fsdp 64 x tp 8 on 512 chips
     plan = plan_run(recipe, chip_by_name("v5p"), 512, 0.4)
-    assert plan.mesh == {"dp_replicate": 1, "fsdp": 64, "ep": 1, "tp": 8}
+    assert plan.mesh == {"pp": 1, "dp_replicate": 1, "fsdp": 64, "cp": 1, "ep": 1, "tp": 8}
     dim, layers, vocab = 16384, 126, 128256
     fsdp_only = (2 * layers + 1) * dim + 2 * vocab * dim  # norms, embedding and output have no tp dimension
     expected = (plan.parameters - fsdp_only) / 512 + fsdp_only / 64
@@ -191,7 +191,7 @@ def test_host_memory_follows_from_the_parameter_shapes_and_the_mesh(lane):
         get_recipe("llama3_debug"), parallel={"tp": 2}, checkpoint={"async_save": True}, device={"lane": lane}
     )
     plan = plan_run(recipe, chip_by_name("v5p"), 8, 0.4)  # 2 VMs of 4 chips; fsdp 4 x tp 2
-    assert plan.mesh == {"dp_replicate": 1, "fsdp": 4, "ep": 1, "tp": 2}
+    assert plan.mesh == {"pp": 1, "dp_replicate": 1, "fsdp": 4, "cp": 1, "ep": 1, "tp": 2}
     full, local = _debug_local_numels(recipe.model.args(), fsdp=4, tp=2)
     assert sum(full.values()) == plan.parameters  # the written-out shapes are the model's
     largest_local, largest_full, local_total = max(local.values()), max(full.values()), sum(local.values())

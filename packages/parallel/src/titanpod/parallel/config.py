@@ -10,8 +10,13 @@ from titanpod.parallel.errors import PlanError
 Dtype = Literal["float32", "bfloat16", "float16"]
 """What ``ParallelConfig.param_dtype`` and ``reduce_dtype`` accept."""
 
-MESH_AXES = ("dp_replicate", "fsdp", "ep", "tp")
-"""Mesh axes, outermost first. ``cp`` (context parallelism) is named in plans but not yet applied."""
+MESH_AXES = ("pp", "dp_replicate", "fsdp", "cp", "ep", "tp")
+"""Mesh axes, outermost first: pipeline stages, replicas, parameter shards, sequence (context) chunks,
+experts, tensor-parallel ranks."""
+
+PARAM_SHARD_AXES = ("fsdp", "cp")
+"""Axes a parameter's shard dimension splits over (``ep`` too, for parameters that are not experts):
+context-parallel ranks hold the same parameters as each other, so they share their storage as FSDP ranks do."""
 
 DATA_AXES = ("dp_replicate", "fsdp", "ep")
 """Axes whose ranks read different data (expert-parallel ranks do too)."""
@@ -29,6 +34,12 @@ class ParallelConfig:
     """Ranks that split the experts of MoE layers between them (they also shard the other parameters)."""
     tp: int = 1
     """Ranks that split attention heads and feed-forward width (tensor parallelism)."""
+    cp: int = 1
+    """Ranks that split each sequence between them (context parallelism): each holds two opposite chunks
+    of every row (chunk r and chunk 2cp-1-r, so causal attention costs every rank the same) and attends
+    over the keys and values gathered from the others. They read the same batch."""
+    pp: int = 1
+    """Pipeline stages: ranks that each hold a contiguous run of the model's layers and pass activations on."""
     sequence_parallel: bool = True
     """With tp > 1, also split the sequence of the activations between tp regions (norms, residuals)."""
     param_dtype: Dtype = "float32"
@@ -38,17 +49,19 @@ class ParallelConfig:
 
     def mesh_axes(self, world_size: int) -> dict[str, int]:
         """Axis name -> size for a job of ``world_size`` processes, outermost first."""
-        fixed = {"dp_replicate": self.dp_replicate, "ep": self.ep, "tp": self.tp}
+        fixed = {"pp": self.pp, "dp_replicate": self.dp_replicate, "cp": self.cp, "ep": self.ep, "tp": self.tp}
         bad = [f"{name}={size}" for name, size in fixed.items() if size < 1]
         if bad or self.fsdp == 0 or self.fsdp < -1:
             raise PlanError(
                 f"Parallel degrees must be at least 1 (fsdp may be -1); got {bad or [f'fsdp={self.fsdp}']}."
             )
-        others = self.dp_replicate * self.ep * self.tp
+        others = self.pp * self.dp_replicate * self.cp * self.ep * self.tp
         fsdp = self.fsdp if self.fsdp != -1 else world_size // others
         if fsdp < 1 or others * fsdp != world_size:
+            degrees = " x ".join(f"{name}={size}" for name, size in {**fixed, "fsdp": self.fsdp}.items() if size != 1)
             raise PlanError(
-                f"dp_replicate={self.dp_replicate} x fsdp={self.fsdp} x ep={self.ep} x tp={self.tp} does not divide "
-                f"into {world_size} processes; choose degrees whose product is {world_size}."
+                f"{degrees or 'fsdp=1'} does not divide into {world_size} processes; "
+                f"choose degrees whose product is {world_size}."
             )
-        return {"dp_replicate": self.dp_replicate, "fsdp": fsdp, "ep": self.ep, "tp": self.tp}
+        sizes = {**fixed, "fsdp": fsdp}
+        return {axis: sizes[axis] for axis in MESH_AXES}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from titanpod.parallel.config import DATA_AXES
+from titanpod.parallel.config import DATA_AXES, PARAM_SHARD_AXES
 from titanpod.parallel.plan import ShardingPlan
 
 MeshDims = tuple[str | tuple[str, ...] | None, ...]
@@ -25,13 +25,13 @@ def _entry(names: list[str]) -> str | tuple[str, ...] | None:
 
 
 def param_mesh_dims(plan: ShardingPlan, name: str, ndim: int, axes: Mapping[str, int]) -> MeshDims:
-    """The dims of parameter ``name``: its shard dimension over the data shard axes (``fsdp``, plus ``ep`` for
-    non-experts), its tp dimension over ``tp``, its expert dimension over ``ep``."""
+    """The dims of parameter ``name``: its shard dimension over the data shard axes (``fsdp`` and ``cp``, plus
+    ``ep`` for non-experts), its tp dimension over ``tp``, its expert dimension over ``ep``."""
     rule = plan.rule_for(name)
     expert = rule.ep_dim is not None
     dims: list[list[str]] = [[] for _ in range(ndim)]
     if rule.shard_dim is not None:
-        dims[rule.shard_dim].extend(present_axes(axes, ("fsdp",) if expert else ("fsdp", "ep")))
+        dims[rule.shard_dim].extend(present_axes(axes, PARAM_SHARD_AXES if expert else (*PARAM_SHARD_AXES, "ep")))
     if rule.tp_dim is not None:
         dims[rule.tp_dim].extend(present_axes(axes, ("tp",)))
     if expert:

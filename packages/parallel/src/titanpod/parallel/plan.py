@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from titanpod.parallel.config import MESH_AXES
+from titanpod.parallel.config import MESH_AXES, PARAM_SHARD_AXES
 from titanpod.parallel.errors import PlanError
 
 
@@ -61,16 +61,13 @@ class ShardingPlan:
     def splits(self, name: str, axes: Mapping[str, int]) -> dict[int, int]:
         """Tensor dimension -> how many ways the mesh ``axes`` split it, for parameter ``name``.
 
-        The shard dimension splits over ``fsdp`` (and ``ep`` for non-experts), the tp dimension
+        The shard dimension splits over ``fsdp`` and ``cp`` (and ``ep`` for non-experts), the tp dimension
         over ``tp``, an expert dimension over ``ep``; an axis of size 1 splits nothing.
         """
         rule = self.rule_for(name)
         expert = rule.ep_dim is not None
-        splits = (
-            {}
-            if rule.shard_dim is None
-            else {rule.shard_dim: axes.get("fsdp", 1) * (1 if expert else axes.get("ep", 1))}
-        )
+        shard_ways = math.prod(axes.get(axis, 1) for axis in PARAM_SHARD_AXES) * (1 if expert else axes.get("ep", 1))
+        splits = {} if rule.shard_dim is None else {rule.shard_dim: shard_ways}
         if rule.tp_dim is not None:
             splits[rule.tp_dim] = splits.get(rule.tp_dim, 1) * axes.get("tp", 1)
         if rule.ep_dim is not None:

@@ -99,6 +99,8 @@ def parallelize(
     has_experts = any(plan.rule_for(name).ep_dim is not None for name in named)
     if axes["ep"] > 1 and not has_experts:
         raise PlanError(f"ep={axes['ep']} but the model has no experts; use ep=1.")
+    if axes["pp"] > 1:
+        raise PlanError(f"pp={axes['pp']}: pipeline stages are built by titanpod.parallel.pipeline, not parallelize.")
     if axes["tp"] > 1 and has_experts:
         raise PlanError("Tensor parallelism of mixture-of-experts layers is not supported; use ep instead of tp.")
     # Only axes that split something become mesh dimensions: a size-1 axis would add no-op collectives.
