@@ -3,6 +3,10 @@ the per-step losses (averaged over data shards) and this rank's parameter bytes 
 
     python tests/parallel/train_worker.py --family llama3 --out losses.json
     torchrun --nproc-per-node 4 tests/parallel/train_worker.py --family llama3 --fsdp 4 --out losses.json
+    torchrun --nproc-per-node 2 tests/parallel/train_worker.py --pp 2 --pp-microbatches 2 --out losses.json
+
+A step runs ``--pp-microbatches`` micro-batches (``--global-batch`` split between them and the data ranks);
+one process given the same number trains on the same micro-batches.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from titanpod.graph import TrainConfig, WholeStep, build_step, train
 from titanpod.kernels import KernelConfig, PallasLossConfig, SplashConfig, model_ops
 from titanpod.models import build_model
 from titanpod.parallel import PLANS, ParallelConfig
-from titanpod.parallel.torch_executor import parallelize, unshard
+from titanpod.parallel.torch_executor import parallelize, parallelize_pipeline, unshard
 
 
 def local_parameter_bytes(model: torch.nn.Module) -> int:
@@ -44,8 +48,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=32)
-    for axis in ("dp-replicate", "fsdp", "ep", "tp"):
+    for axis in ("dp-replicate", "fsdp", "ep", "tp", "pp"):
         parser.add_argument(f"--{axis}", type=int, default=1)
+    parser.add_argument("--pp-schedule", default="1f1b")
+    parser.add_argument("--pp-microbatches", type=int, default=1, help="micro-batches a step (with or without pp)")
     parser.add_argument("--no-sequence-parallel", action="store_true")
     parser.add_argument("--step-mode", default="eager")
     parser.add_argument("--memory-policy", default="save")
@@ -70,19 +76,29 @@ def main() -> None:
     tokenizer = load_tokenizer(builtin_tokenizer_path())
     documents = builtin_corpus_path().read_text(encoding="utf-8").split("\n\n")[:300]
     tokens = pack_documents(documents, tokenizer, end_of_text_id(tokenizer))
+    pipeline = None
     if "WORLD_SIZE" in os.environ:
         config = ParallelConfig(
             dp_replicate=args.dp_replicate,
             fsdp=args.fsdp,
             ep=args.ep,
             tp=args.tp,
+            pp=args.pp,
+            pp_schedule=args.pp_schedule,
+            pp_microbatches=args.pp_microbatches,
             sequence_parallel=not args.no_sequence_parallel,
         )
-        sharded = parallelize(model, PLANS[args.family], config, backend)
+        if args.pp > 1:
+            pipeline = parallelize_pipeline(model, PLANS[args.family], config, backend, args.pp_microbatches)
+            sharded = pipeline.sharded
+            model = pipeline.model  # this rank's stages: what it trains and saves
+        else:
+            sharded = parallelize(model, PLANS[args.family], config, backend)
         data_rank, data_world, reduce_loss = sharded.data_rank, sharded.data_world, sharded.mean_over_data
     else:
         data_rank, data_world, reduce_loss = 0, 1, None
-    batches = PackedBatches(tokens, args.seq_len, args.global_batch // data_world, 0, data_rank, data_world)
+    rows = args.global_batch // data_world // args.pp_microbatches
+    batches = PackedBatches(tokens, args.seq_len, rows, 0, data_rank, data_world)
     config = TrainConfig(
         steps=args.steps,
         lr=1e-3,  # at 3e-3 a loss spike in the MoE run magnified rounding to 1.8e-5 relative
@@ -92,8 +108,9 @@ def main() -> None:
         step_mode=args.step_mode,
         memory_policy=args.memory_policy,
         compiler=args.compiler,
+        grad_accum_steps=args.pp_microbatches,
     )
-    step = build_step(model, config, backend)
+    step = build_step(model, config, backend, pipeline=pipeline)
     summary = train(
         model,
         batches,

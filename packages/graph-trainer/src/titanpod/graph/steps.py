@@ -147,6 +147,7 @@ def build_step(
     plan: Any = None,
     axes: dict[str, int] | None = None,
     initial_values: Callable[[str, tuple[slice, ...]], torch.Tensor] | None = None,
+    pipeline: Any = None,
 ) -> TrainStep:
     """The step for ``config.step_mode`` on ``backend``'s lane.
 
@@ -156,7 +157,13 @@ def build_step(
     replicated on one device. There the model may be left on the meta device, its parameters
     created sharded on the devices from ``initial_values(name, region)``. Other lanes ignore
     ``plan``, ``axes`` and ``initial_values`` (their model is materialised already).
+    ``pipeline`` (a ``titanpod.parallel.torch_executor.PipelineModel``, parallel.pp > 1) gives the
+    ``PipelineStep`` over its stages (eager step mode only); ``model`` is then ``pipeline.model``.
     """
+    if pipeline is not None:
+        from titanpod.graph.pipeline_step import PipelineStep  # imported here: only pipelines need it
+
+        return PipelineStep(pipeline, config, backend)
     if backend.single_controller:
         from titanpod.graph.xla.step import XlaStep  # imported here: only that lane needs it
 

@@ -9,6 +9,8 @@ from titanpod.parallel.errors import PlanError
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 """What ``ParallelConfig.param_dtype`` and ``reduce_dtype`` accept."""
+PipelineSchedule = Literal["1f1b", "interleaved_1f1b"]
+"""What ``ParallelConfig.pp_schedule`` accepts."""
 
 MESH_AXES = ("pp", "dp_replicate", "fsdp", "cp", "ep", "tp")
 """Mesh axes, outermost first: pipeline stages, replicas, parameter shards, sequence (context) chunks,
@@ -40,6 +42,17 @@ class ParallelConfig:
     over the keys and values gathered from the others. They read the same batch."""
     pp: int = 1
     """Pipeline stages: ranks that each hold a contiguous run of the model's layers and pass activations on."""
+    pp_schedule: PipelineSchedule = "1f1b"
+    """With pp > 1, the order stages run micro-batches in: ``1f1b`` (one stage per rank; after a warm-up each
+    rank alternates one forward and one backward) or ``interleaved_1f1b`` (``pp_stages_per_rank`` stages per
+    rank, dealt round-robin: rank r holds stages r, r + pp, ...; a smaller bubble for more messages)."""
+    pp_stages_per_rank: int = 0
+    """With pp > 1, the pipeline stages each rank holds: 0 picks 1 for ``1f1b`` and 2 for ``interleaved_1f1b``;
+    ``1f1b`` takes only 1, ``interleaved_1f1b`` 2 or more. The model's layers must divide into pp x this stages."""
+    pp_microbatches: int = 0
+    """With pp > 1, the micro-batches each step's batch runs through the pipeline as: they are the step's own
+    micro-batches (``train.grad_accum_steps`` of them), so the two must agree; 0 takes ``train.grad_accum_steps``.
+    Both schedules need at least pp of them, and ``interleaved_1f1b`` a multiple of pp."""
     sequence_parallel: bool = True
     """With tp > 1, also split the sequence of the activations between tp regions (norms, residuals)."""
     param_dtype: Dtype = "float32"

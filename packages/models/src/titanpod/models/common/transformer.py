@@ -99,6 +99,17 @@ class Transformer(nn.Module):
         """The output projection, [V, M]: the embedding table when embeddings are tied."""
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
+    @staticmethod
+    def rotary_tables(
+        args: DecoderArgs, positions_S: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and sin [S, D] at ``positions_S`` for a model of ``args``, as ``hidden_states`` makes them
+        (pipeline stages, which run a slice of the layers, make them the same way)."""
+        inv_freq = inverse_frequencies(
+            args.resolved_head_dim, args.rope_theta, args.rope_scaling, device=positions_S.device
+        )
+        return rotary_cos_sin(positions_S, inv_freq, dtype)
+
     def hidden_states_and_router_logits(
         self, tokens_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:

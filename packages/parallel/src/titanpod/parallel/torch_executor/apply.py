@@ -81,6 +81,7 @@ def parallelize(
     config: ParallelConfig,
     backend: Backend,
     initial_values: RegionValues | None = None,
+    mesh: Any = None,
 ) -> ParallelModel:
     """Shard ``model`` by ``plan`` over all processes.
 
@@ -90,6 +91,8 @@ def parallelize(
     and nothing whole is ever made. Checks the plan against the model and the mesh first: a
     dimension that does not divide, a parameter no rule covers, an unsupported combination or a
     meta model without ``initial_values`` is a ``PlanError`` before any tensor is moved or made.
+    ``mesh``: shard over this mesh instead of building one (a pipeline stage's sub-mesh of its pp rank,
+    from ``parallelize_pipeline``: its dimensions are the axes other than pp that split something).
     """
     info = ensure_process_group(backend)
     axes = config.mesh_axes(info.world_size)
@@ -99,13 +102,19 @@ def parallelize(
     has_experts = any(plan.rule_for(name).ep_dim is not None for name in named)
     if axes["ep"] > 1 and not has_experts:
         raise PlanError(f"ep={axes['ep']} but the model has no experts; use ep=1.")
-    if axes["pp"] > 1:
-        raise PlanError(f"pp={axes['pp']}: pipeline stages are built by titanpod.parallel.pipeline, not parallelize.")
+    if axes["pp"] > 1 and mesh is None:
+        raise PlanError(
+            f"pp={axes['pp']}: pipeline stages are built and sharded by "
+            "titanpod.parallel.torch_executor.parallelize_pipeline, not parallelize."
+        )
     if axes["tp"] > 1 and has_experts:
         raise PlanError("Tensor parallelism of mixture-of-experts layers is not supported; use ep instead of tp.")
     # Only axes that split something become mesh dimensions: a size-1 axis would add no-op collectives.
-    mesh_axes = tuple(axis for axis in MESH_AXES if axes[axis] > 1) or ("fsdp",)
-    mesh = backend.build_mesh({axis: axes[axis] for axis in mesh_axes})
+    mesh_axes = tuple(axis for axis in MESH_AXES if axis != "pp" and axes[axis] > 1) or ("fsdp",)
+    if mesh is None:
+        mesh = backend.build_mesh({axis: axes[axis] for axis in mesh_axes})
+    elif tuple(mesh.mesh_dim_names) != mesh_axes:
+        raise PlanError(f"The mesh given has dimensions {mesh.mesh_dim_names}; this config shards over {mesh_axes}.")
     param_dtype, reduce_dtype = _DTYPES[config.param_dtype], _DTYPES[config.reduce_dtype]
     device = backend.parameter_device(info.local_rank)
     sequence_parallel = config.sequence_parallel and axes["tp"] > 1
