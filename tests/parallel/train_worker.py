@@ -12,6 +12,7 @@ one process given the same number trains on the same micro-batches.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from collections import Counter
@@ -19,9 +20,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
+from titanpod.checkpoint import trainer_state_dict
 from titanpod.data import (
     PackedBatches,
     builtin_corpus_path,
@@ -33,9 +36,10 @@ from titanpod.data.tokenizer import end_of_text_id
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, WholeStep, build_step, train
 from titanpod.kernels import KernelConfig, PallasLossConfig, SplashConfig, model_ops
-from titanpod.models import build_model
+from titanpod.models import build_model, get_flavor
 from titanpod.parallel import PLANS, ParallelConfig
 from titanpod.parallel.torch_executor import parallelize, parallelize_pipeline, unshard
+from titanpod.parallel.torch_executor.pipeline_gather import gather_pipeline_weights
 
 
 def local_parameter_bytes(model: torch.nn.Module) -> int:
@@ -58,7 +62,12 @@ def main() -> None:
     parser.add_argument("--compiler", default="none")
     parser.add_argument("--attention", default="sdpa", help="kernels.attention: sdpa or splash (tiles of 128)")
     parser.add_argument("--head-loss", default="reference", help="kernels.head_loss: reference, chunked or pallas")
+    parser.add_argument("--n-layers", type=int, help="the debug flavor with this many layers")
     parser.add_argument("--params-out", type=Path, help="also write the final parameters (safetensors)")
+    parser.add_argument("--stop-at", type=int, default=0, help="train.stop_at_step: end after this step")
+    parser.add_argument("--save-dir", type=Path, help="save the trainer state (DCP) and data position at the end")
+    parser.add_argument("--resume-dir", type=Path, help="load the trainer state and data position saved there first")
+    parser.add_argument("--loaded-params-out", type=Path, help="write the parameters as loaded from --resume-dir")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -70,7 +79,10 @@ def main() -> None:
         splash=SplashConfig(block_q=128, block_kv=128),
         pallas_loss=PallasLossConfig(block_rows=128, block_vocab=512),
     )
-    model = build_model(args.family, "debug", model_ops(kernels), device="cpu")
+    flavor = get_flavor(args.family, "debug")
+    if args.n_layers is not None:
+        flavor = dataclasses.replace(flavor, n_layers=args.n_layers)
+    model = build_model(args.family, flavor, model_ops(kernels), device="cpu")
     model.init_weights(0)
     full_bytes = local_parameter_bytes(model)
     tokenizer = load_tokenizer(builtin_tokenizer_path())
@@ -109,8 +121,31 @@ def main() -> None:
         memory_policy=args.memory_policy,
         compiler=args.compiler,
         grad_accum_steps=args.pp_microbatches,
+        stop_at_step=args.stop_at,
     )
     step = build_step(model, config, backend, pipeline=pipeline)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+
+    def whole_params() -> dict[str, torch.Tensor] | None:
+        """The whole model's parameters on rank 0 (None elsewhere); unshards the model when sharded without pp."""
+        if pipeline is not None:
+            return gather_pipeline_weights(pipeline)
+        if dist.is_initialized():
+            unshard(model)
+        return {name: p.detach().contiguous() for name, p in model.named_parameters()} if rank == 0 else None
+
+    start_step = 0
+    if args.resume_dir is not None:
+        state = trainer_state_dict(model, step)
+        dcp.load(state, checkpoint_id=str(args.resume_dir / "state"))
+        step.load_state_dict(state["optim"])
+        position = json.loads((args.resume_dir / "position.json").read_text())
+        batches.load_state_dict(position["data"])
+        start_step = position["step"]
+        if args.loaded_params_out is not None:
+            loaded = whole_params()
+            if loaded is not None:
+                save_file(loaded, str(args.loaded_params_out))
     summary = train(
         model,
         batches,
@@ -120,19 +155,23 @@ def main() -> None:
         data_parallel=data_world,
         reduce_loss=reduce_loss,
         step=step,
+        start_step=start_step,
     )
+    if args.save_dir is not None:
+        dcp.save(trainer_state_dict(model, step), checkpoint_id=str(args.save_dir / "state"))
+        if rank == 0:
+            position = {"step": summary.steps_done, "data": batches.state_dict()}
+            (args.save_dir / "position.json").write_text(json.dumps(position))
     param_bytes = local_parameter_bytes(model)
     collectives = Counter(
         str(node.target).split(".")[1]
         for node in (step.graph.graph.nodes if isinstance(step, WholeStep) and step.graph is not None else ())
         if str(node.target).startswith("_c10d_functional.")
     )
-    rank = dist.get_rank() if dist.is_initialized() else 0
     if args.params_out is not None:
-        if dist.is_initialized():
-            unshard(model)
-        if rank == 0:
-            save_file({name: p.detach().contiguous() for name, p in model.named_parameters()}, str(args.params_out))
+        final = whole_params()
+        if final is not None:
+            save_file(final, str(args.params_out))
     if rank == 0:
         result = {
             "losses": summary.losses,

@@ -22,6 +22,7 @@ from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.recipe import NamedRun, Recipe
 from titanpod.runs.hf_export import training_extras
 from titanpod.runs.init_from import build_pretrained_model, pretrained_for
+from titanpod.runs.pipelined import build_pipeline, whole_model_on_writer, with_pipeline_microbatches
 from titanpod.runs.process_count import check_process_count
 from titanpod.runs.session import RunSession
 from titanpod.runs.session import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
@@ -115,9 +116,10 @@ def build_seeded_model(recipe: Recipe, backend: Backend) -> tuple[Transformer, R
 def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainResult:
     """Train the recipe's model on its data and write metrics and weights to a new run directory.
 
-    Under torchrun the model is sharded by its family's plan and ``recipe.parallel``; only
-    rank 0 prints and writes.
+    Under torchrun the model is sharded by its family's plan and ``recipe.parallel`` (with pp > 1, cut into
+    pipeline stages first: ``titanpod.runs.pipelined``); only rank 0 prints and writes.
     """
+    recipe = with_pipeline_microbatches(recipe)
     info = process_info()
     backend = get_backend(recipe.device.lane)
     spmd = start_spmd(recipe, backend, info.world_size)  # torch_xla over several devices: before any xla tensor
@@ -130,7 +132,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     else:  # under torchrun: still on the meta device, each rank's shards read from the folder by parallelize
         model, initial_values = build_pretrained_model(recipe, backend, pretrained, console)
     parameters = parameter_count(model)
-    sharded, xla_axes = None, None
+    sharded, xla_axes, pipeline = None, None, None
     data_config = recipe.data
     if backend.single_controller:  # one controller drives every device; the compiler partitions by the plan
         xla_axes = recipe.parallel.mesh_axes(backend.device_count())
@@ -142,6 +144,10 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         spmd.shard(model, recipe)
         data_rank, data_world = 0, 1
         data_config = dataclasses.replace(recipe.data, batch_size=recipe.data.batch_size * spmd.data_degree)
+    elif info.world_size > 1 and recipe.parallel.pp > 1:
+        pipeline = build_pipeline(model, recipe, backend, initial_values)
+        sharded = pipeline.sharded
+        data_rank, data_world = sharded.data_rank, sharded.data_world
     elif info.world_size > 1:
         sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend, initial_values)
         data_rank, data_world = sharded.data_rank, sharded.data_world
@@ -151,10 +157,13 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     batches = data.train
     reduce = None if sharded is None else sharded.mean_over_data
     model_device = backend.parameter_device(info.local_rank)
+    trained = model if pipeline is None else pipeline.model  # a pipeline rank trains and saves its stages alone
     with RunSession(recipe, backend, console) as session:
         plan = PLANS[recipe.model.family]  # the xla step creates a meta model's parameters from initial_values
-        step = build_step(model, recipe.train, backend, plan=plan, axes=xla_axes, initial_values=initial_values)
-        start_step = session.resume(model, step, batches, data_state=lambda: gather_data_state(batches))
+        step = build_step(
+            trained, recipe.train, backend, plan=plan, axes=xla_axes, initial_values=initial_values, pipeline=pipeline
+        )
+        start_step = session.resume(trained, step, batches, data_state=lambda: gather_data_state(batches))
         validated_at: list[int] = []
 
         def validate(step_number: int) -> None:
@@ -192,13 +201,16 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         )
 
         def write_weights() -> Path:
+            whole = model if pipeline is None else whole_model_on_writer(pipeline, recipe)  # stages gathered on rank 0
+            if whole is None:  # a pipeline rank that does not write
+                return session.run_dir / "model"
             tokens = summary.steps_done * data_config.batch_size * recipe.data.seq_len * data_world
             loss = summary.reports[-1].loss if summary.reports else None  # as metrics.jsonl logs it last
             extras = training_extras(
                 recipe.to_dict(), recipe.model.family, parameters, summary.steps_done, tokens, loss
             )
             weights = save_model(
-                model,
+                whole,
                 recipe.model.family,
                 session.run_dir / "model",
                 {"step": summary.steps_done},
@@ -208,7 +220,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             )
             if recipe.checkpoint.export_hf:
                 hf_path = save_hf_checkpoint(
-                    model,
+                    whole,
                     recipe.model.family,
                     session.run_dir / "hf",
                     special_tokens=extras.special_tokens,

@@ -74,7 +74,8 @@ def pipeline_layout(config: ParallelConfig, grad_accum_steps: int) -> PipelineLa
     if microbatches != grad_accum_steps:
         raise PlanError(
             f"parallel.pp_microbatches={config.pp_microbatches} but train.grad_accum_steps={grad_accum_steps}: "
-            "a step's micro-batches are the pipeline's; set them equal (or pp_microbatches to 0 to follow grad_accum_steps)."
+            "a step's micro-batches are the pipeline's; set them equal "
+            "(or pp_microbatches to 0 to follow grad_accum_steps)."
         )
     pp = config.pp
     if microbatches < pp or (interleaved and microbatches % pp):
