@@ -52,7 +52,12 @@ class ParallelConfig:
     pp_microbatches: int = 0
     """With pp > 1, the micro-batches each step's batch runs through the pipeline as: they are the step's own
     micro-batches (``train.grad_accum_steps`` of them), so the two must agree; 0 takes ``train.grad_accum_steps``.
-    Both schedules need at least pp of them, and ``interleaved_1f1b`` a multiple of pp."""
+    Both schedules need at least pp of them, and ``interleaved_1f1b`` a multiple of pp. The pretraining runner
+    sets a ``train.grad_accum_steps`` left at 1 to this number, or to pp when this is 0."""
+    pp_recompute: bool = False
+    """With pp > 1, recompute each layer's activations in its backward (``torch.utils.checkpoint``) instead of
+    keeping them: the micro-batches in flight then keep only each layer's input. A pipeline step runs eager,
+    where ``train.memory_policy`` does not apply; this is its recompute."""
     sequence_parallel: bool = True
     """With tp > 1, also split the sequence of the activations between tp regions (norms, residuals)."""
     param_dtype: Dtype = "float32"

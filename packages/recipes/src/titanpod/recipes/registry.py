@@ -7,6 +7,7 @@ shows what that costs, and the same recipe runs on the pod unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 
 from titanpod.checkpoint import CheckpointConfig
@@ -120,6 +121,22 @@ def llama3_405b() -> Recipe:
     )  # fmt: skip
 
 
+def llama3_405b_pp() -> Recipe:
+    """Llama 3.1 405B over two TPU v5p-1024 slices (1024 chips): pipeline stages across the slices (pp 2, 1F1B,
+    8 micro-batches of one 8K sequence a data rank), FSDP 64 x TP 8 within each. Only activations cross
+    between slices. Eager steps (a pipeline does not run as one captured step) with each layer recomputed in
+    its backward (``parallel.pp_recompute``); no validation (a pipeline rank holds half the model)."""
+    base = llama3_405b()
+    return dataclasses.replace(
+        base,
+        name="llama3_405b_pp",
+        target=TargetConfig(chip="v5p", chips=1024),
+        parallel=dataclasses.replace(base.parallel, pp=2, pp_schedule="1f1b", pp_microbatches=8, pp_recompute=True),
+        data=dataclasses.replace(base.data, batch_size=1, validation_split=None, validation_every=0),
+        train=dataclasses.replace(base.train, grad_accum_steps=8, step_mode="eager", memory_policy="save"),
+    )
+
+
 def qwen3_debug() -> Recipe:
     """Qwen 3 debug model (4 layers, dim 256, q/k norms, tied embeddings) on the built-in corpus."""
     return _debug("qwen3_debug", "qwen3")
@@ -169,6 +186,7 @@ RECIPES: Mapping[str, Callable[[], Recipe]] = {
         llama3_8b,
         llama3_70b,
         llama3_405b,
+        llama3_405b_pp,
         qwen3_debug,
         qwen3_8b,
         qwen3_32b,

@@ -97,4 +97,5 @@ def parallelize_pipeline(
     sequence_split = axes["tp"] if config.sequence_parallel and axes["tp"] > 1 else 1
     for stage in stages:
         stage.sequence_split = sequence_split
+        stage.recompute = config.pp_recompute
     return PipelineModel(RankStages(stages), stages, layout, pp_rank, pp_mesh.get_group(), mesh, sharded[0])

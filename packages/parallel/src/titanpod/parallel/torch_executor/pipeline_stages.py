@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from titanpod.parallel.config import ParallelConfig
 from titanpod.parallel.errors import PlanError
@@ -134,6 +135,8 @@ class DecoderStage(nn.Module):
         """Stages in the pipeline."""
         self.sequence_split = 1
         """How many ways the residual stream's sequence is split between layers (tp with sequence parallelism)."""
+        self.recompute = False
+        """Recompute each layer's activations in the backward instead of keeping them (``pp_recompute``)."""
         self.tok_embeddings = model.tok_embeddings if first else None
         self.layers = nn.ModuleDict({str(i): model.layers[i] for i in layers})
         self.norm = model.norm if last else None
@@ -146,8 +149,8 @@ class DecoderStage(nn.Module):
         positions_S = torch.arange(seq_len, device=x.device)
         cos_SD, sin_SD = self._rotary_tables(self.args, positions_S, h_BSM.dtype)
         for layer in self.layers.values():
-            if document_ids_BS is None:
-                h_BSM, _ = layer(h_BSM, cos_SD, sin_SD)
+            if self.recompute:
+                h_BSM, _ = checkpoint(layer, h_BSM, cos_SD, sin_SD, document_ids_BS, use_reentrant=False)
             else:
                 h_BSM, _ = layer(h_BSM, cos_SD, sin_SD, document_ids_BS)
         return self.norm(h_BSM) if self.norm is not None else h_BSM

@@ -19,6 +19,9 @@ large, exist at the start of the backward) and the recomputed part of one block;
 parameters are sharded, two blocks of gathered parameters in the compute dtype (this block
 and the prefetched next) come on top. A compiler may fuse and free sooner,
 so the activation figures are an upper estimate for compiled steps.
+
+With pipeline stages (``parallel.pp`` > 1) each device holds its pp rank's stages and the activations of
+the micro-batches in flight under the schedule (``pipeline_memory.py``); the figure is the largest rank's.
 """
 
 from __future__ import annotations
@@ -33,9 +36,12 @@ from titanpod.device import ChipSpec
 from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import DATA_AXES, PLANS, ShardingPlan
+from titanpod.parallel.torch_executor import pipeline_layout
+from titanpod.parallel.torch_executor.pipeline_stages import check_pipelinable
 from titanpod.recipes.planner.activations import SavedBytes, block_saved_bytes, head_saved_bytes
 from titanpod.recipes.planner.host import HostMemoryPlan, plan_host_memory, planned_lane
 from titanpod.recipes.planner.limits import FIT_FRACTION
+from titanpod.recipes.planner.pipeline_memory import pipeline_memory
 from titanpod.recipes.recipe import Recipe
 
 __all__ = ["FIT_FRACTION", "MemoryPlan", "RunPlan", "plan_run", "with_changes"]
@@ -155,7 +161,21 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     gathered = 0
     if mesh["fsdp"] * mesh["ep"] > 1:  # sharded parameters are gathered a block at a time, with one prefetched
         gathered = 2 * _gathered_block_numel(plan, model, mesh) * _BYTES[recipe.parallel.param_dtype]
-    memory = _memory(local, block, head, model.args.n_layers, train.memory_policy, gathered)
+    policy = train.memory_policy
+    if mesh["pp"] > 1 and recipe.parallel.pp_recompute:
+        policy = "recompute"  # the pipeline stages' own recompute (their steps run eager)
+    if mesh["pp"] > 1:
+        layout = pipeline_layout(recipe.parallel, train.grad_accum_steps)
+        check_pipelinable(model, layout)
+
+
+        def rank_memory(rank_local: int, kept_layers: int, holds_head: bool) -> MemoryPlan:
+            return _memory(rank_local, block, head, kept_layers, policy, gathered, holds_head)
+
+        memory = pipeline_memory(model, plan, mesh, layout, rank_memory)
+        assert isinstance(memory, MemoryPlan)
+    else:
+        memory = _memory(local, block, head, model.args.n_layers, train.memory_policy, gathered)
     data_ranks = math.prod(mesh[axis] for axis in DATA_AXES)
     host = plan_host_memory(
         {name: tuple(p.shape) for name, p in named.items()},
@@ -182,7 +202,7 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
         seq_len=data.seq_len,
         grad_accum_steps=train.grad_accum_steps,
         tokens_per_step=data.batch_size * data.seq_len * data_ranks * train.grad_accum_steps,
-        memory_policy=train.memory_policy,
+        memory_policy=policy,
         precision=train.precision,
         memory=memory,
         target_mfu=target_mfu,
@@ -201,9 +221,17 @@ def _gathered_block_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str
 
 
 def _memory(
-    local_params: int, block: SavedBytes, head: SavedBytes, n_layers: int, policy: str, gathered: int
+    local_params: int,
+    block: SavedBytes,
+    head: SavedBytes,
+    n_layers: int,
+    policy: str,
+    gathered: int,
+    holds_head: bool = True,
 ) -> MemoryPlan:
+    """One device's bytes: ``n_layers`` blocks' kept activations, and the head's when ``holds_head``."""
     host = 0
+    head_saved = head.all_saved if holds_head else 0
     if policy == "save":
         kept, recomputed = block.all_saved, 0
     elif policy == "selective":
@@ -218,8 +246,8 @@ def _memory(
         parameters=4 * local_params,
         gradients=4 * local_params,
         optimizer=8 * local_params,
-        activations=n_layers * kept + head.all_saved,
-        transient=max(head.all_saved, recomputed) + gathered,
+        activations=n_layers * kept + head_saved,
+        transient=max(head_saved, recomputed) + gathered,
         host_offload=host,
     )
 
