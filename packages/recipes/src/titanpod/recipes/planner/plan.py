@@ -168,7 +168,6 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
         layout = pipeline_layout(recipe.parallel, train.grad_accum_steps)
         check_pipelinable(model, layout)
 
-
         def rank_memory(rank_local: int, kept_layers: int, holds_head: bool) -> MemoryPlan:
             return _memory(rank_local, block, head, kept_layers, policy, gathered, holds_head)
 
