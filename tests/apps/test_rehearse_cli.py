@@ -34,6 +34,9 @@ CASES = [
     for recipe in POD_RECIPES
     for lane in ("cpu", "xla")
 ]  # fmt: skip
+CASES.append(  # pipeline stages are rehearsed on the cpu lane only (the xla executor builds none)
+    pytest.param("llama3_405b_pp", "cpu", marks=[pytest.mark.slow, pytest.mark.rehearsal_full])
+)
 
 
 def rehearse(recipe: str, runs_dir, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:

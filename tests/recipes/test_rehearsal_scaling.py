@@ -27,8 +27,27 @@ def scaled(name: str, lane: str = "cpu", tmp: Path = Path("/nonexistent")):
 
 def test_the_six_pod_recipes_are_rehearsed():
     assert sorted(POD_RECIPES) == sorted(
-        ["llama3_8b", "llama3_70b", "llama3_405b", "qwen3_8b", "qwen3_32b", "qwen3_235b_a22b"]
+        ["llama3_8b", "llama3_70b", "llama3_405b", "llama3_405b_pp", "qwen3_8b", "qwen3_32b", "qwen3_235b_a22b"]
     )
+
+
+def test_a_pipelined_recipe_is_rehearsed_with_its_stages_on_the_cpu_lane_only():
+    recipe = get_recipe("llama3_405b_pp")
+    assert rehearsal_lanes(recipe) == ("cpu",)
+    with pytest.raises(RehearsalError, match="torch executor only"):
+        check_honourable(recipe, ("cpu", "xla"))
+    small, rows = scaled("llama3_405b_pp")
+    assert small.parallel.mesh_axes(TORCH_PROCESSES) == {
+        "pp": 2, "dp_replicate": 1, "fsdp": 1, "cp": 1, "ep": 1, "tp": 2,
+    }  # fmt: skip
+    assert small.model.args().n_layers % 2 == 0
+    assert small.train.grad_accum_steps == recipe.train.grad_accum_steps == small.parallel.pp_microbatches
+    assert any(row.name == "parallel.pp" and row.rehearsal.startswith("2 ") for row in rows)
+    interleaved = dataclasses.replace(
+        recipe, parallel=dataclasses.replace(recipe.parallel, pp_schedule="interleaved_1f1b", pp_stages_per_rank=3)
+    )
+    small = scale_recipe(interleaved, "cpu", Path("/x/runs"), Path("/x/dataset"), Path("/x/tokenizer.json"))[0]
+    assert small.model.args().n_layers == 6  # one layer for each of pp 2 x 3 stages
 
 
 @pytest.mark.parametrize("name", POD_RECIPES)

@@ -103,10 +103,11 @@ def _round_up(value: float, multiple: int) -> int:
     return max(multiple, math.ceil(value / multiple) * multiple)
 
 
-def small_shape(args: DecoderArgs, tp: int, ep: int) -> ModelShape:
+def small_shape(args: DecoderArgs, tp: int, ep: int, pipeline_stages: int = 1) -> ModelShape:
     """The small model's sizes: same head ratio, head-width-to-model-width ratio and feed-forward ratios.
 
-    Key/value heads divide over ``tp``; the experts keep the flavor's ``top_k`` and number
+    Key/value heads divide over ``tp``; the layers are ``LAYERS``, or one for each of the ``pipeline_stages``
+    when there are more; the experts keep the flavor's ``top_k`` and number
     twice that, rounded up to a multiple of ``ep`` (so every ep rank holds whole experts).
     """
     ratio = args.n_heads // args.n_kv_heads
@@ -118,7 +119,7 @@ def small_shape(args: DecoderArgs, tp: int, ep: int) -> ModelShape:
     ffn = _round_up(dim * args.ffn_dim / args.dim, 16)
     shape = ModelShape(
         dim=dim,
-        n_layers=min(LAYERS, args.n_layers),
+        n_layers=max(min(LAYERS, args.n_layers), pipeline_stages),
         n_heads=heads,
         n_kv_heads=kv_heads,
         head_dim=HEAD_DIM if args.head_dim is not None else None,
@@ -138,12 +139,15 @@ def scaled_degree(degree: int) -> int:
 
 
 def rehearsal_lanes(recipe: Recipe) -> tuple[str, ...]:
-    """The lanes a rehearsal runs on this machine: the recipe's own where it is here, else the cpu and xla lanes.
+    """The lanes a rehearsal runs on this machine: the recipe's own where it is here, else the cpu and xla lanes
+    (the cpu lane alone for pipeline stages, which the xla executor does not build).
 
     ``auto`` and ``tpu`` mean the tpu lane on a pod; here they rehearse as the torch executor
     on the cpu lane and the XLA SPMD executor on the xla lane, the two ways a pod step is built.
     """
     lane = recipe.device.lane
+    if recipe.parallel.pp > 1 and lane in ("auto", "tpu"):
+        return ("cpu",)  # pipeline stages are built by the torch executor only
     if lane in ("auto", "tpu"):
         return ("cpu", "xla")
     if lane in REHEARSAL_LANES:
@@ -165,6 +169,11 @@ def check_honourable(recipe: Recipe, lanes: tuple[str, ...]) -> None:
         raise RehearsalError(
             "data.shuffle_buffer is refilled on resume, so the rehearsal could not check that a resumed run "
             "equals an uninterrupted one; rehearse with --data.shuffle-buffer 0."
+        )
+    if recipe.parallel.pp > 1 and "xla" in lanes:
+        raise RehearsalError(
+            f"parallel.pp={recipe.parallel.pp}: pipeline stages run with the torch executor only, not on the xla "
+            "lane; rehearse on the cpu lane (--rehearse-lanes cpu, or --device.lane auto)."
         )
     args = recipe.model.args()
     if recipe.parallel.tp > 1 and args.moe is not None:
@@ -269,7 +278,9 @@ def scale_recipe(
     """
     args = recipe.model.args()
     parallel = recipe.parallel
-    shape = small_shape(args, scaled_degree(parallel.tp), scaled_degree(parallel.ep))
+    pp = scaled_degree(parallel.pp)
+    stages = pp * (parallel.pp_stages_per_rank or (2 if parallel.pp_schedule == "interleaved_1f1b" else 1))
+    shape = small_shape(args, scaled_degree(parallel.tp), scaled_degree(parallel.ep), stages if pp > 1 else 1)
     kernels = recipe.kernels
     splash = dataclasses.replace(
         kernels.splash,
@@ -296,6 +307,7 @@ def scale_recipe(
             fsdp=scaled_degree(parallel.fsdp),
             ep=scaled_degree(parallel.ep),
             tp=scaled_degree(parallel.tp),
+            pp=pp,
         ),
         kernels=dataclasses.replace(
             kernels, splash=splash, attention=TPU_ONLY_ATTENTION.get(kernels.attention, kernels.attention)
