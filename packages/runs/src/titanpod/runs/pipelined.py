@@ -36,6 +36,15 @@ def with_pipeline_microbatches(recipe: Recipe) -> Recipe:
     return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, grad_accum_steps=microbatches))
 
 
+def check_pipeline_lane(recipe: Recipe, backend: Backend) -> None:
+    """``PlanError`` naming the fix when pp > 1 on a lane whose executor builds no pipeline stages (xla, torch_xla)."""
+    if recipe.parallel.pp > 1 and (backend.single_controller or backend.lane == "torch_xla"):
+        raise PlanError(
+            f"parallel.pp={recipe.parallel.pp} on the {backend.lane} lane: pipeline stages run with the torch executor "
+            "under torchrun (cpu, cuda, tpu lanes); set device.lane to one of those, or parallel.pp to 1."
+        )
+
+
 def build_pipeline(
     model: Transformer, recipe: Recipe, backend: Backend, initial_values: RegionValues | None
 ) -> PipelineModel:

@@ -22,7 +22,12 @@ from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.recipe import NamedRun, Recipe
 from titanpod.runs.hf_export import training_extras
 from titanpod.runs.init_from import build_pretrained_model, pretrained_for
-from titanpod.runs.pipelined import build_pipeline, whole_model_on_writer, with_pipeline_microbatches
+from titanpod.runs.pipelined import (
+    build_pipeline,
+    check_pipeline_lane,
+    whole_model_on_writer,
+    with_pipeline_microbatches,
+)
 from titanpod.runs.process_count import check_process_count
 from titanpod.runs.session import RunSession
 from titanpod.runs.session import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
@@ -122,6 +127,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     recipe = with_pipeline_microbatches(recipe)
     info = process_info()
     backend = get_backend(recipe.device.lane)
+    check_pipeline_lane(recipe, backend)
     spmd = start_spmd(recipe, backend, info.world_size)  # torch_xla over several devices: before any xla tensor
     if spmd is None:
         check_process_count(recipe.parallel, backend, info.world_size, ENTRY_MODULE)  # before any work
