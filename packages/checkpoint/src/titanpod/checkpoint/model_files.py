@@ -13,7 +13,7 @@ import torch
 
 from titanpod.checkpoint.companion_files import Files
 from titanpod.checkpoint.special_tokens import SpecialTokens
-from titanpod.checkpoint.weights import load_weights, save_weights, stored_dtype
+from titanpod.checkpoint.weights import TensorSource, load_weights, save_weights, stored_dtype
 from titanpod.models import Transformer, build_model
 from titanpod.models.common.args import args_from_dict, args_to_dict
 
@@ -30,6 +30,7 @@ def save_model(
     overwrite: bool = True,
     special_tokens: SpecialTokens | None = None,
     about: Mapping[str, object] | None = None,
+    source: TensorSource | None = None,
 ) -> Path:
     """Write weights and ``model.json`` into ``directory`` atomically; return the weights file.
 
@@ -39,7 +40,8 @@ def save_model(
 
     A non-empty ``directory`` is refused unless ``overwrite``; then only the files written are replaced
     (``save_weights``). A sharded model is gathered one tensor at a time and written by one process: every process
-    of its mesh must call this (see ``save_weights``).
+    of its mesh must call this (see ``save_weights``). ``source``: the weights come from it, not from ``model``
+    (which then gives the description alone, e.g. on the meta device; see ``save_weights``).
     """
     description: dict[str, object] = {"family": family, "args": args_to_dict(model.args)}
     if special_tokens:
@@ -47,7 +49,7 @@ def save_model(
     if about:
         description["about"] = dict(about)
     files = {MODEL_FILE: json.dumps(description, indent=2) + "\n", **(extra_files or {})}
-    return save_weights(model, Path(directory), metadata, extra_files=files, overwrite=overwrite)
+    return save_weights(model, Path(directory), metadata, extra_files=files, overwrite=overwrite, source=source)
 
 
 def read_model_file(directory: Path | str) -> dict:

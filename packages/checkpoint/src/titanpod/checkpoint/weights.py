@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -19,6 +20,7 @@ from titanpod.checkpoint.safetensors_io import (
     widest_float_dtype,
     write_streamed,
 )
+from titanpod.checkpoint.safetensors_stream import TensorData, TensorEntry
 from titanpod.checkpoint.superseded import previous_weight_files
 
 WEIGHTS_FILE = TRANSFORMERS_FILES.single
@@ -33,6 +35,18 @@ def _distinct_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return tensors
 
 
+class TensorSource(Protocol):
+    """Tensors to write that no one process holds (a pipeline's stages): described first, fetched in turn."""
+
+    entries: Sequence[TensorEntry]
+    """Every tensor to write, in order."""
+
+    def fetch(self, name: str) -> TensorData | None:
+        """The tensor ``name`` on the writing process (``None`` elsewhere); a collective every process calls in
+        the order of ``entries``."""
+        ...
+
+
 def _weights_path(path: Path | str) -> Path:
     """``path`` itself, or the weights file inside it when it is a folder."""
     path = Path(path)
@@ -45,6 +59,7 @@ def save_weights(
     metadata: Mapping[str, object] | None = None,
     extra_files: Files | None = None,
     overwrite: bool = True,
+    source: TensorSource | None = None,
 ) -> Path:
     """Write ``model``'s weights to ``directory/model.safetensors``, atomically; return the file.
 
@@ -57,13 +72,17 @@ def save_weights(
     A sharded model (``DTensor`` parameters) is written without any process holding it whole:
     every process of its mesh must call this, each tensor is gathered in turn on rank 0, which
     streams it into the file (``model_tensors``). Other processes write nothing and get the same
-    path back.
+    path back. ``source`` gives the tensors instead of ``model`` (pipeline stages, each on some ranks
+    only): every process calls this, and fetches each tensor in turn for the writer.
     """
     header = {key: json.dumps(value) for key, value in (metadata or {}).items()}
-    tensors = _distinct_tensors(model)
-    source = ModelTensors(identity_layout(list(tensors)), tensors)
+    collective = source is not None
+    if source is None:
+        tensors = _distinct_tensors(model)
+        source = ModelTensors(identity_layout(list(tensors)), tensors)
+        collective = is_sharded(tensors)
     if not writes_here():
-        if is_sharded(tensors):  # take part in every gather
+        if collective:  # take part in every gather
             write_streamed(None, source.entries, source.fetch, TRANSFORMERS_FILES, metadata=header)
         return Path(directory) / WEIGHTS_FILE
     needed = sum(entry.nbytes for entry in source.entries)

@@ -23,6 +23,7 @@ from titanpod.recipes.recipe import NamedRun, Recipe
 from titanpod.runs.hf_export import training_extras
 from titanpod.runs.init_from import build_pretrained_model, pretrained_for
 from titanpod.runs.pipelined import (
+    PipelineTensors,
     build_pipeline,
     check_pipeline_lane,
     whole_model_on_writer,
@@ -207,32 +208,32 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         )
 
         def write_weights() -> Path:
-            whole = model if pipeline is None else whole_model_on_writer(pipeline, recipe)  # stages gathered on rank 0
-            if whole is None:  # a pipeline rank that does not write
-                return session.run_dir / "model"
             tokens = summary.steps_done * data_config.batch_size * recipe.data.seq_len * data_world
             loss = summary.reports[-1].loss if summary.reports else None  # as metrics.jsonl logs it last
             extras = training_extras(
                 recipe.to_dict(), recipe.model.family, parameters, summary.steps_done, tokens, loss
             )
             weights = save_model(
-                whole,
+                model,
                 recipe.model.family,
                 session.run_dir / "model",
                 {"step": summary.steps_done},
                 extra_files={"recipe.json": recipe.to_json(), **extras.tokenizer_files},
                 special_tokens=extras.special_tokens,
                 about=extras.about,
+                source=None if pipeline is None else PipelineTensors(pipeline, model),  # stage by stage to rank 0
             )
-            if recipe.checkpoint.export_hf:
-                hf_path = save_hf_checkpoint(
-                    whole,
-                    recipe.model.family,
-                    session.run_dir / "hf",
-                    special_tokens=extras.special_tokens,
-                    extra_files=extras.hf_files(),
-                )
-                session.say(f"exported the model as a Hugging Face checkpoint: {hf_path}")
+            if recipe.checkpoint.export_hf:  # with pp: gathered whole in rank 0's host memory (None elsewhere)
+                whole = model if pipeline is None else whole_model_on_writer(pipeline, recipe)
+                if whole is not None:
+                    hf_path = save_hf_checkpoint(
+                        whole,
+                        recipe.model.family,
+                        session.run_dir / "hf",
+                        special_tokens=extras.special_tokens,
+                        extra_files=extras.hf_files(),
+                    )
+                    session.say(f"exported the model as a Hugging Face checkpoint: {hf_path}")
             return weights
 
         weights_path = session.save_final_weights(summary, write_weights)
