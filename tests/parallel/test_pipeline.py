@@ -91,47 +91,56 @@ def test_a_stage_computes_what_the_whole_model_does():
     assert stages[-1].loss(x, labels).item() == model.loss(tokens, labels).item()
 
 
-PARITY_CASES = {  # name: (worker arguments, processes, layers of the model)
-    "pp2": (["--pp", "2"], 2, 6),
+TWO = ["--pp-microbatches", "2"]
+"""Two micro-batches a step, in every run here (pipelined or not)."""
+
+PARITY_CASES = {  # name: (worker arguments, processes, layers of the model); pp2 itself is the module's fixture
     "pp2_fsdp2": (["--pp", "2", "--fsdp", "2"], 4, 6),
     "pp2_tp2": (["--pp", "2", "--tp", "2"], 4, 6),  # with sequence parallelism between the stages
     "pp2_interleaved": (["--pp", "2", "--pp-schedule", "interleaved_1f1b", "--n-layers", "4"], 2, 4),
 }
 
 
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory):
+    """One process with 4 and with 6 layers, and pp2 with 6, each 10 steps of two micro-batches."""
+    folder = tmp_path_factory.mktemp("pipeline")
+    runs = {f"single{n}": run_worker(folder / f"single{n}.json", *TWO, "--n-layers", str(n)) for n in (4, 6)}
+    runs["pp2"] = run_worker(folder / "pp2.json", *TWO, "--pp", "2", processes=2)
+    return {name: run["losses"] for name, run in runs.items()}
+
+
+def assert_same_losses(got: list[float], want: list[float], name: str) -> None:
+    assert len(got) == len(want) == 10, name
+    for step, (g, w) in enumerate(zip(got, want, strict=True), 1):
+        assert abs(g - w) <= 1e-5 * abs(w), f"{name} step {step}: {g} vs {w}"
+
+
 @pytest.mark.slow
-def test_pipelined_losses_equal_single_process(tmp_path):
+def test_pipelined_losses_equal_single_process(reference_runs, tmp_path):
     """pp2, pp2 x fsdp2, pp2 x tp2 and interleaved pp2 (2 stages a rank) train as one process does."""
-    two = ["--pp-microbatches", "2"]
-    reference = {
-        layers: run_worker(tmp_path / f"single{layers}.json", *two, "--n-layers", str(layers))["losses"]
-        for layers in (4, 6)
-    }
+    assert_same_losses(reference_runs["pp2"], reference_runs["single6"], "pp2")
     for name, (args, processes, layers) in PARITY_CASES.items():
-        got = run_worker(tmp_path / f"{name}.json", *two, *args, processes=processes)["losses"]
-        want = reference[layers]
-        assert len(got) == len(want) == 10, name
-        for step, (g, w) in enumerate(zip(got, want, strict=True), 1):
-            assert abs(g - w) <= 1e-5 * abs(w), f"{name} step {step}: {g} vs {w}"
-    assert reference[6][-1] < reference[6][0]  # it learns
+        got = run_worker(tmp_path / f"{name}.json", *TWO, *args, processes=processes)["losses"]
+        assert_same_losses(got, reference_runs[f"single{layers}"], name)
+    assert reference_runs["single6"][-1] < reference_runs["single6"][0]  # it learns
 
 
 @pytest.mark.slow
-def test_pipelined_checkpoint_resumes_and_loads_into_one_process(tmp_path):
+def test_pipelined_checkpoint_resumes_and_loads_into_one_process(reference_runs, tmp_path):
     """A pp2 run saved after 5 of 10 steps and resumed gives the uninterrupted run's losses, and its checkpoint
     loads into one process as exactly the weights the pipeline had (gathered from both stages)."""
-    two = ["--pp-microbatches", "2"]
-    whole = run_worker(tmp_path / "whole.json", *two, "--pp", "2", processes=2)["losses"]
+    whole = reference_runs["pp2"]
     saved = tmp_path / "checkpoint"
     saved.mkdir()
     first = run_worker(
-        tmp_path / "first.json", *two, "--pp", "2", "--stop-at", "5", "--save-dir", str(saved),
+        tmp_path / "first.json", *TWO, "--pp", "2", "--stop-at", "5", "--save-dir", str(saved),
         "--params-out", str(tmp_path / "at5.st"), processes=2,
     )["losses"]  # fmt: skip
-    resumed = run_worker(tmp_path / "resumed.json", *two, "--pp", "2", "--resume-dir", str(saved), processes=2)
+    resumed = run_worker(tmp_path / "resumed.json", *TWO, "--pp", "2", "--resume-dir", str(saved), processes=2)
     assert first + resumed["losses"] == whole
     single = run_worker(
-        tmp_path / "single.json", *two, "--resume-dir", str(saved), "--loaded-params-out", str(tmp_path / "l.st")
+        tmp_path / "single.json", *TWO, "--resume-dir", str(saved), "--loaded-params-out", str(tmp_path / "l.st")
     )
     at5, loaded = load_file(tmp_path / "at5.st"), load_file(tmp_path / "l.st")
     assert sorted(at5) == sorted(loaded) and len(at5) == 57

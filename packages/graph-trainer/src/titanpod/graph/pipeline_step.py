@@ -62,10 +62,13 @@ class PipelineStep(TrainStep):
         stages = []
         for stage in self.pipeline.stages:
             dim = stage.args.dim
-            hidden = torch.empty(batch, seq_len // stage.sequence_split, dim, device="meta", requires_grad=True)
+            dtype = stage.activation_dtype
+            hidden = torch.empty(
+                batch, seq_len // stage.sequence_split, dim, dtype=dtype, device="meta", requires_grad=True
+            )
             inputs = torch.empty(batch, seq_len, dtype=torch.long, device="meta") if stage.index == 0 else hidden
             outputs = (
-                torch.empty(batch, seq_len, dim, device="meta", requires_grad=True)
+                torch.empty(batch, seq_len, dim, dtype=dtype, device="meta", requires_grad=True)
                 if stage.index == layout.n_stages - 1
                 else hidden
             )

@@ -18,7 +18,7 @@ from titanpod.device import Backend, ensure_process_group
 from titanpod.parallel.config import MESH_AXES, ParallelConfig
 from titanpod.parallel.errors import PlanError
 from titanpod.parallel.plan import ShardingPlan
-from titanpod.parallel.torch_executor.apply import ParallelModel, parallelize
+from titanpod.parallel.torch_executor.apply import _DTYPES, ParallelModel, parallelize
 from titanpod.parallel.torch_executor.materialize import RegionValues
 from titanpod.parallel.torch_executor.pipeline_stages import (
     DecoderStage,
@@ -98,4 +98,5 @@ def parallelize_pipeline(
     for stage in stages:
         stage.sequence_split = sequence_split
         stage.recompute = config.pp_recompute
+        stage.activation_dtype = _DTYPES[config.param_dtype]
     return PipelineModel(RankStages(stages), stages, layout, pp_rank, pp_mesh.get_group(), mesh, sharded[0])

@@ -137,6 +137,9 @@ class DecoderStage(nn.Module):
         """How many ways the residual stream's sequence is split between layers (tp with sequence parallelism)."""
         self.recompute = False
         """Recompute each layer's activations in the backward instead of keeping them (``pp_recompute``)."""
+        self.activation_dtype = torch.float32
+        """The dtype of the residual stream passed between stages: the dtype parameters are computed in
+        (``ParallelConfig.param_dtype``; the embedding gives it, and autocast's adds keep it)."""
         self.tok_embeddings = model.tok_embeddings if first else None
         self.layers = nn.ModuleDict({str(i): model.layers[i] for i in layers})
         self.norm = model.norm if last else None
