@@ -45,7 +45,8 @@ def losses(run_dir) -> list[float]:
 
 @pytest.mark.slow
 def test_pp2_trains_as_one_process_with_the_same_micro_batches(tmp_path):
-    steps = ["--train.steps", "3", "--train.warmup-steps", "1", *SMALL]
+    """With document masking: every stage's attention reads the micro-batch's document ids."""
+    steps = ["--train.steps", "3", "--train.warmup-steps", "1", "--data.document-masking", *SMALL]  # ids to every stage
     pipelined = run_cli(
         "titanpod.pretrain.cli", ["--parallel.pp", "2", "--output.run-name", "pp", *steps], tmp_path, processes=2
     )

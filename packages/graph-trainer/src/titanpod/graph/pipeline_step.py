@@ -99,6 +99,8 @@ class PipelineStep(TrainStep):
         tokens = torch.cat([batch[0] for batch in micro_batches])
         labels = torch.cat([batch[1] for batch in micro_batches])
         ids = [batch[2] for batch in micro_batches if len(batch) == 3]
+        if ids and len(ids) != len(micro_batches):
+            raise ValueError("The micro-batches of one step must all carry document ids, or none of them.")
         kwargs = {"document_ids_BS": torch.cat(ids)} if ids else {}
         batch_rows, seq_len = micro_batches[0][0].shape
         shape = (batch_rows, seq_len, bool(ids))
