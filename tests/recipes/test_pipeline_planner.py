@@ -7,6 +7,7 @@ from titanpod.parallel import ParallelConfig, PlanError
 from titanpod.parallel.torch_executor import pipeline_layout
 from titanpod.recipes import get_recipe
 from titanpod.recipes.planner import plan_run
+from titanpod.recipes.planner.pipeline_bubble import pipeline_bubble
 from titanpod.recipes.planner.pipeline_memory import in_flight_forwards
 from titanpod.recipes.planner.plan import with_changes
 
@@ -46,3 +47,14 @@ def test_a_pipeline_the_model_cannot_take_is_refused_by_the_planner():
         plan_run(with_changes(recipe, parallel={"pp": 4}, target={"chips": 2048}), chip_by_name("v5p"), 2048, 0.4)
     with pytest.raises(PlanError, match="grad_accum_steps"):
         plan_run(with_changes(recipe, train={"grad_accum_steps": 4}), chip_by_name("v5p"), 1024, 0.4)
+
+
+def test_the_step_time_counts_the_pipelines_idle_warm_up_and_drain():
+    assert pipeline_bubble(pipeline_layout(ParallelConfig(pp=2), 8)) == pytest.approx(1 / 9)
+    interleaved = ParallelConfig(pp=4, pp_schedule="interleaved_1f1b", pp_stages_per_rank=2)
+    assert pipeline_bubble(pipeline_layout(interleaved, 8)) == pytest.approx(3 / 19)
+    chip = chip_by_name("v5p")
+    plan = plan_run(get_recipe("llama3_405b_pp"), chip, 1024, 0.4)
+    working = plan.flops_per_token * plan.tokens_per_step / (plan.devices * chip.peak_flops * 0.4)
+    assert plan.step_seconds == pytest.approx(working * 9 / 8)
+    assert plan.pipeline.startswith("1f1b")

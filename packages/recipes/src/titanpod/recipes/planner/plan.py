@@ -41,6 +41,7 @@ from titanpod.parallel.torch_executor.pipeline_stages import check_pipelinable
 from titanpod.recipes.planner.activations import SavedBytes, block_saved_bytes, head_saved_bytes
 from titanpod.recipes.planner.host import HostMemoryPlan, plan_host_memory, planned_lane
 from titanpod.recipes.planner.limits import FIT_FRACTION
+from titanpod.recipes.planner.pipeline_bubble import pipeline_bubble
 from titanpod.recipes.planner.pipeline_memory import pipeline_memory
 from titanpod.recipes.recipe import Recipe
 
@@ -112,6 +113,10 @@ class RunPlan:
     """MFU the step time is worked out for."""
     host: HostMemoryPlan | None = None
     """Predicted host memory per process and per worker VM (``None`` on the cpu lane)."""
+    pipeline: str = ""
+    """With pp > 1, the schedule in words (e.g. ``1f1b, 8 micro-batches``); empty without."""
+    pipeline_bubble: float = 0.0
+    """With pp > 1, the fraction of a step each rank idles in the schedule's warm-up and drain (0 without)."""
 
     def chips_text(self) -> str:
         """The slice in words, e.g. ``512 x v5p`` or ``2 x v7 (4 devices)``."""
@@ -130,8 +135,9 @@ class RunPlan:
 
     @property
     def step_seconds(self) -> float:
-        """Seconds per optimizer step at ``target_mfu``."""
-        return self.flops_per_token * self.tokens_per_step / (self.devices * self.chip.peak_flops * self.target_mfu)
+        """Seconds per optimizer step at ``target_mfu`` while working, stretched by the pipeline's idle share."""
+        working = self.flops_per_token * self.tokens_per_step / (self.devices * self.chip.peak_flops * self.target_mfu)
+        return working / (1.0 - self.pipeline_bubble)
 
     @property
     def tokens_per_second_per_device(self) -> float:
@@ -161,7 +167,7 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     gathered = 0
     if mesh["fsdp"] * mesh["ep"] > 1:  # sharded parameters are gathered a block at a time, with one prefetched
         gathered = 2 * _gathered_block_numel(plan, model, mesh) * _BYTES[recipe.parallel.param_dtype]
-    policy = train.memory_policy
+    policy, pipeline, bubble = train.memory_policy, "", 0.0
     if mesh["pp"] > 1 and recipe.parallel.pp_recompute:
         policy = "recompute"  # the pipeline stages' own recompute (their steps run eager)
     if mesh["pp"] > 1:
@@ -173,6 +179,8 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
 
         memory = pipeline_memory(model, plan, mesh, layout, rank_memory)
         assert isinstance(memory, MemoryPlan)
+        pipeline = f"{layout.schedule}, {layout.stages_per_rank} stage(s) a rank, {layout.microbatches} micro-batches"
+        bubble = pipeline_bubble(layout)
     else:
         memory = _memory(local, block, head, model.args.n_layers, train.memory_policy, gathered)
     data_ranks = math.prod(mesh[axis] for axis in DATA_AXES)
@@ -206,6 +214,8 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
         memory=memory,
         target_mfu=target_mfu,
         host=host,
+        pipeline=pipeline,
+        pipeline_bubble=bubble,
     )
 
 

@@ -43,6 +43,8 @@ def plan_table(plan: RunPlan) -> Table:
         f"{plan.tokens_per_step:,} tokens per step",
     )
     table.add_row("step", f"memory policy {plan.memory_policy}, {plan.precision} compute")
+    if plan.pipeline:
+        table.add_row("pipeline", f"{plan.pipeline}: idle {plan.pipeline_bubble:.0%} of a step (in the step time)")
     table.add_row("memory per device", "")
     table.add_row("  parameters (fp32)", _gib(memory.parameters))
     table.add_row("  gradients (fp32)", _gib(memory.gradients))
