@@ -10,6 +10,7 @@ from titanpod.recipes.planner import plan_run
 from titanpod.recipes.planner.pipeline_bubble import pipeline_bubble
 from titanpod.recipes.planner.pipeline_memory import in_flight_forwards
 from titanpod.recipes.planner.plan import with_changes
+from titanpod.recipes.planner.report import suggestions
 
 
 def test_1f1b_keeps_pp_minus_rank_micro_batches_in_flight():
@@ -58,3 +59,10 @@ def test_the_step_time_counts_the_pipelines_idle_warm_up_and_drain():
     working = plan.flops_per_token * plan.tokens_per_step / (plan.devices * chip.peak_flops * 0.4)
     assert plan.step_seconds == pytest.approx(working * 9 / 8)
     assert plan.pipeline.startswith("1f1b")
+
+
+def test_a_pipeline_that_does_not_fit_is_advised_its_own_recompute():
+    recipe = with_changes(get_recipe("llama3_405b_pp"), parallel={"pp_recompute": False})
+    found = suggestions(recipe, chip_by_name("v5p"), 1024, 0.4)
+    assert found[0].flags == "--parallel.pp-recompute" and found[0].plan.fits
+    assert not any("whole_step" in suggestion.flags for suggestion in found)  # a pipeline step runs eager

@@ -72,7 +72,10 @@ def suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float, l
     """Changes that lower memory per device, each planned, the ones that fit first."""
     train, data, kernels = recipe.train, recipe.data, recipe.kernels
     candidates: list[tuple[str, Recipe, int]] = []
-    if train.memory_policy in ("save", "selective"):
+    if recipe.parallel.pp > 1 and not recipe.parallel.pp_recompute:  # pipeline steps run eager: their own recompute
+        changed = with_changes(recipe, parallel={"pp_recompute": True})
+        candidates.append(("--parallel.pp-recompute", changed, chips))
+    elif recipe.parallel.pp == 1 and train.memory_policy in ("save", "selective"):
         flags = "--train.memory-policy recompute"
         if train.step_mode != "whole_step":
             flags += " --train.step-mode whole_step"
