@@ -43,6 +43,12 @@ def plan_table(plan: RunPlan) -> Table:
         f"{plan.tokens_per_step:,} tokens per step",
     )
     table.add_row("step", f"memory policy {plan.memory_policy}, {plan.precision} compute")
+    if plan.context_parallel_bytes:
+        table.add_row(
+            "context parallelism",
+            f"{plan.seq_len // plan.mesh['cp']:,} tokens of every row per device; keys and values gathered: "
+            f"{plan.context_parallel_bytes / GiB:,.2f} GiB received per device per step",
+        )
     table.add_row("memory per device", "")
     table.add_row("  parameters (fp32)", _gib(memory.parameters))
     table.add_row("  gradients (fp32)", _gib(memory.gradients))
