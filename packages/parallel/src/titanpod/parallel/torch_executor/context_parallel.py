@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from titanpod.models import IGNORE_INDEX, PositionedAttentionOp, SequenceChunks, positioned_form
+from titanpod.parallel.config import check_sequence_length
 from titanpod.parallel.errors import PlanError
 from titanpod.parallel.torch_executor.collectives import _differentiable
 
@@ -35,15 +36,6 @@ def rank_chunks(rank: int, cp: int) -> tuple[int, int]:
 def gathered_chunks(cp: int) -> tuple[int, ...]:
     """The chunks of a row in the order an all-gather over the cp ranks lays them out."""
     return tuple(chunk for rank in range(cp) for chunk in rank_chunks(rank, cp))
-
-
-def check_sequence_length(S: int, cp: int) -> None:
-    """``ValueError`` unless a row of ``S`` tokens cuts into 2 x ``cp`` equal chunks."""
-    if S % (2 * cp):
-        raise ValueError(
-            f"Context parallelism over {cp} ranks cuts each row into {2 * cp} equal chunks, but the sequence "
-            f"has {S} tokens; choose data.seq_len divisible by {2 * cp} or another parallel.cp."
-        )
 
 
 @dataclass(frozen=True)
