@@ -24,7 +24,14 @@ from titanpod.kernels import (
     local_causal_sdpa,
     model_ops,
 )
-from titanpod.models import IGNORE_INDEX, batched_expert_matmul, linear_cross_entropy, sdpa_attention
+from titanpod.models import (
+    IGNORE_INDEX,
+    SequenceChunks,
+    batched_expert_matmul,
+    linear_cross_entropy,
+    positioned_sdpa_attention,
+    sdpa_attention,
+)
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 DTYPES = sorted(TOLERANCE, key=str)
@@ -74,6 +81,50 @@ def packed_document_ids(seq: int = 256) -> torch.Tensor:
 def test_splash_with_document_ids_matches_document_masked_sdpa(dtype):
     splash = SplashAttention(SplashConfig(block_q=128, block_kv=128))
     compare(splash, sdpa_attention, [*qkv(4, 2, dtype), packed_document_ids()], dtype)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "rank", "documents"),
+    [(torch.float32, 0, False), (torch.float32, 1, True), (torch.bfloat16, 1, True)],
+    ids=["float32-rank0-causal", "float32-rank1-documents", "bfloat16-rank1-documents"],
+)
+def test_positioned_splash_matches_positioned_sdpa(dtype, rank, documents):
+    """Context parallelism's form: rank r of 2 holds chunks r and 3-r of a row of 4 chunks of 64 and
+    attends over every rank's keys, laid out as the all-gather gives them (chunks 0, 3, 1, 2)."""
+    q_at, k_at = SequenceChunks(64, (rank, 3 - rank)), SequenceChunks(64, (0, 3, 1, 2))
+    q_BHSD, k_BKSD, v_BKSD = qkv(4, 2, dtype)
+    q_rows, k_rows = q_at.positions(), k_at.positions()
+    inputs = [q_BHSD[:, :, q_rows], k_BKSD[:, :, k_rows], v_BKSD[:, :, k_rows]]
+    if documents:
+        ids_BS = packed_document_ids()
+        inputs += [ids_BS[:, q_rows], ids_BS[:, k_rows]]
+    splash = SplashAttention(SplashConfig(block_q=128, block_kv=128))
+
+    def positioned_splash(q, k, v, *ids):
+        return splash.at_positions(q, k, v, q_at, k_at, *ids)
+
+    def reference(q, k, v, *ids):
+        return positioned_sdpa_attention(q, k, v, q_at, k_at, *ids)
+
+    compare(positioned_splash, reference, inputs, dtype)
+
+
+def test_positioned_sdpa_is_the_causal_attention_of_the_whole_row():
+    """Every rank's positioned attention, put back in row order, is plain causal (and document) attention."""
+    q_BHSD, k_BKSD, v_BKSD = qkv(4, 2, torch.float32)
+    ids_BS = packed_document_ids()
+    k_at = SequenceChunks(64, (0, 3, 1, 2))
+    k_rows = k_at.positions()
+    for ids in (None, ids_BS):
+        whole = sdpa_attention(q_BHSD, k_BKSD, v_BKSD, ids)
+        for rank in (0, 1):
+            q_at = SequenceChunks(64, (rank, 3 - rank))
+            q_rows = q_at.positions()
+            given = () if ids is None else (ids[:, q_rows], ids[:, k_rows])
+            got = positioned_sdpa_attention(
+                q_BHSD[:, :, q_rows], k_BKSD[:, :, k_rows], v_BKSD[:, :, k_rows], q_at, k_at, *given
+            )
+            torch.testing.assert_close(got, whole[:, :, q_rows], atol=1e-6, rtol=1e-6)
 
 
 def test_splash_local_window_with_document_ids_matches_banded_document_masked_sdpa():

@@ -51,6 +51,7 @@ def test_interleaved_stages_are_dealt_round_robin():
         (ParallelConfig(pp=2, pp_schedule="interleaved_1f1b"), 3, "a multiple of pp=2"),
         (ParallelConfig(pp=2, pp_stages_per_rank=2), 2, "interleaved_1f1b"),
         (ParallelConfig(pp=2, pp_schedule="interleaved_1f1b", pp_stages_per_rank=1), 2, "pp_stages_per_rank"),
+        (ParallelConfig(pp=2, cp=2), 2, "parallel.cp=2"),
     ],
 )
 def test_layouts_the_schedules_cannot_run_are_refused_naming_the_field(config, accum, names):

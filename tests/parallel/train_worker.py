@@ -52,11 +52,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=32)
-    for axis in ("dp-replicate", "fsdp", "ep", "tp", "pp"):
+    for axis in ("dp-replicate", "fsdp", "ep", "tp", "cp", "pp"):
         parser.add_argument(f"--{axis}", type=int, default=1)
     parser.add_argument("--pp-schedule", default="1f1b")
     parser.add_argument("--pp-microbatches", type=int, default=1, help="micro-batches a step (with or without pp)")
     parser.add_argument("--no-sequence-parallel", action="store_true")
+    parser.add_argument("--documents", action="store_true", help="batches carry document ids (document masking)")
     parser.add_argument("--step-mode", default="eager")
     parser.add_argument("--memory-policy", default="save")
     parser.add_argument("--compiler", default="none")
@@ -87,7 +88,9 @@ def main() -> None:
     full_bytes = local_parameter_bytes(model)
     tokenizer = load_tokenizer(builtin_tokenizer_path())
     documents = builtin_corpus_path().read_text(encoding="utf-8").split("\n\n")[:300]
-    tokens = pack_documents(documents, tokenizer, end_of_text_id(tokenizer))
+    separator = end_of_text_id(tokenizer)
+    tokens = pack_documents(documents, tokenizer, separator)
+    document_ends = (tokens == separator).nonzero().flatten() if args.documents else None
     pipeline = None
     if "WORLD_SIZE" in os.environ:
         config = ParallelConfig(
@@ -95,6 +98,7 @@ def main() -> None:
             fsdp=args.fsdp,
             ep=args.ep,
             tp=args.tp,
+            cp=args.cp,
             pp=args.pp,
             pp_schedule=args.pp_schedule,
             pp_microbatches=args.pp_microbatches,
@@ -109,8 +113,8 @@ def main() -> None:
         data_rank, data_world, reduce_loss = sharded.data_rank, sharded.data_world, sharded.mean_over_data
     else:
         data_rank, data_world, reduce_loss = 0, 1, None
-    rows = args.global_batch // data_world // args.pp_microbatches
-    batches = PackedBatches(tokens, args.seq_len, rows, 0, data_rank, data_world)
+    batch_size = args.global_batch // data_world // args.pp_microbatches
+    batches = PackedBatches(tokens, args.seq_len, batch_size, 0, data_rank, data_world, document_ends)
     config = TrainConfig(
         steps=args.steps,
         lr=1e-3,  # at 3e-3 a loss spike in the MoE run magnified rounding to 1.8e-5 relative

@@ -62,6 +62,22 @@ def test_state_memory_is_each_parameters_share_on_the_mesh():
     assert plan.tokens_per_step == 2 * 8192 * 64
 
 
+def test_context_parallelism_splits_activations_and_counts_the_key_value_traffic():
+    recipe = with_changes(get_recipe("llama3_405b"), data={"seq_len": 32768})
+    whole = plan_run(recipe, chip_by_name("v5p"), 512, 0.4)
+    split = plan_run(with_changes(recipe, parallel={"cp": 2}), chip_by_name("v5p"), 512, 0.4)
+    assert split.mesh["cp"] == 2 and split.mesh["fsdp"] == whole.mesh["fsdp"] // 2
+    assert split.memory.parameters == whole.memory.parameters  # cp ranks share the parameter shards as fsdp ones
+    assert split.tokens_per_step == whole.tokens_per_step // 2  # half the data ranks, rows as long as before
+    # recompute keeps each block's input: half the row per device
+    assert split.memory.activations == pytest.approx(whole.memory.activations / 2, rel=0.01)
+    assert whole.context_parallel_bytes == 0
+    # per layer: keys and values of 8 kv heads / tp 8 x 128 dims, bf16, whole rows of 2 x 32768 tokens; half come
+    # from the other rank; gathered forward, again in the recomputed forward, and reduce-scattered back
+    kv_bytes = 2 * 2 * 32768 * 1 * 128 * 2
+    assert split.context_parallel_bytes == 3 * 126 * kv_bytes // 2
+
+
 def test_memory_policies_order_activation_memory():
     recipe = get_recipe("llama3_8b")
     chip = chip_by_name("v6e")

@@ -7,7 +7,9 @@ The kernel runs per (batch, kv head) with the G query heads of that group (its M
 form), under ``jax.vmap``; off a TPU it runs in Pallas interpret mode. One op is
 registered per distinct (S, G, D, dtype, with or without document ids) the model meets.
 Document ids (packed sequences) become the kernel's segment ids: its static mask (causal
-or local) is and-ed with "same segment", one row of ids per batch element. On the xla
+or local) is and-ed with "same segment", one row of ids per batch element. The positioned
+form (``at_positions``, used by context parallelism) attends queries at some chunks of a row
+over keys at others, with the mask a static table built from their positions. On the xla
 lane's mesh the kernel runs per shard: batch over the data axes, heads over ``tp`` when
 it divides both head counts.
 """
@@ -21,7 +23,7 @@ import torch
 
 from titanpod.kernels.jax_op import JaxOp, free_op_name, jax_op, pallas_interpret
 from titanpod.kernels.mesh_split import batch_axes, head_axis
-from titanpod.models import document_causal_mask
+from titanpod.models import SequenceChunks, document_causal_mask
 
 LANES = 128
 """Splash attention's tiles are whole multiples of the TPU's 128 lanes."""
@@ -41,14 +43,17 @@ class SplashConfig:
     """Run Pallas in interpret mode; ``None`` does so unless the tensors are on a TPU (see ``pallas_interpret``)."""
 
 
-def splash_tiles(config: SplashConfig, S: int) -> tuple[int, int]:
-    """``(block_q, block_kv)`` for a sequence of ``S``: the configured tiles capped at ``S``; ``ValueError``
-    where the kernel cannot tile it (tiles must be multiples of ``LANES`` and divide ``S``)."""
-    block_q, block_kv = min(config.block_q, S), min(config.block_kv, S)
-    if S % block_q or S % block_kv or block_q % LANES or block_kv % LANES:
+def splash_tiles(config: SplashConfig, S: int, S_kv: int | None = None) -> tuple[int, int]:
+    """``(block_q, block_kv)`` for ``S`` queries over ``S_kv`` keys (default ``S``): the configured tiles capped
+    at each length; ``ValueError`` where the kernel cannot tile them (tiles must be multiples of ``LANES``
+    and divide their lengths)."""
+    S_kv = S if S_kv is None else S_kv
+    block_q, block_kv = min(config.block_q, S), min(config.block_kv, S_kv)
+    if S % block_q or S_kv % block_kv or block_q % LANES or block_kv % LANES:
+        lengths = f"a sequence ({S})" if S_kv == S else f"query and key lengths ({S}, {S_kv})"
         raise ValueError(
-            f"Splash attention needs tiles that are multiples of {LANES} and a sequence ({S}) that is a "
-            f"multiple of its tiles (block_q={block_q}, block_kv={block_kv}); change data.seq_len or "
+            f"Splash attention needs tiles that are multiples of {LANES} and {lengths} that are multiples "
+            f"of its tiles (block_q={block_q}, block_kv={block_kv}); change data.seq_len or "
             "kernels.splash's block sizes, or use attention 'sdpa'."
         )
     return block_q, block_kv
@@ -63,23 +68,48 @@ class SplashAttention:
     """Mask and tiles."""
     _ops: dict[tuple[Any, ...], JaxOp] = field(default_factory=dict, repr=False)
 
-    def _op(self, S: int, G: int, D: int, dtype: torch.dtype, documents: bool, device: torch.device) -> JaxOp:
+    def _op(
+        self,
+        S: int,
+        G: int,
+        D: int,
+        dtype: torch.dtype,
+        documents: bool,
+        device: torch.device,
+        at: tuple[SequenceChunks, SequenceChunks] | None = None,
+    ) -> JaxOp:
         interpret = pallas_interpret(self.config.interpret, device)
-        key = (S, G, D, dtype, documents, interpret)
+        key = (S, G, D, dtype, documents, interpret, at)
         if key not in self._ops:
-            name = free_op_name(f"splash_{S}_{G}_{D}_{str(dtype).split('.')[-1]}{'_documents' if documents else ''}")
-            self._ops[key] = jax_op(name, self._kernel(S, G, D, documents, interpret), shard=_per_shard)
+            shape = f"{S}_{G}_{D}" if at is None else f"{at[0].length}x{at[1].length}_{G}_{D}_positioned"
+            name = free_op_name(f"splash_{shape}_{str(dtype).split('.')[-1]}{'_documents' if documents else ''}")
+            self._ops[key] = jax_op(name, self._kernel(S, G, D, documents, interpret, at), shard=_per_shard)
         return self._ops[key]
 
-    def _kernel(self, S: int, G: int, D: int, documents: bool, interpret: bool) -> Any:
+    def _head_mask(self, S: int, at: tuple[SequenceChunks, SequenceChunks] | None) -> Any:
+        """The kernel's mask of one head: causal (or local) over ``S``, or by the positions ``at`` gives."""
+        import numpy as np
+        from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+        if at is None:
+            if self.config.window is None:
+                return splash.CausalMask((S, S))
+            return splash.LocalMask((S, S), window_size=(self.config.window, 0), offset=0)
+        q_s = np.asarray(at[0].position_list())[:, None]
+        k_S = np.asarray(at[1].position_list())[None, :]
+        allowed_sS = k_S <= q_s
+        if self.config.window is not None:
+            allowed_sS &= k_S >= q_s - self.config.window
+        return splash.NumpyMask(allowed_sS)
+
+    def _kernel(
+        self, S: int, G: int, D: int, documents: bool, interpret: bool, at: tuple[SequenceChunks, SequenceChunks] | None
+    ) -> Any:
         import jax
         from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
-        block_q, block_kv = splash_tiles(self.config, S)
-        if self.config.window is None:
-            head_mask = splash.CausalMask((S, S))
-        else:
-            head_mask = splash.LocalMask((S, S), window_size=(self.config.window, 0), offset=0)
+        S_q, S_kv = (S, S) if at is None else (at[0].length, at[1].length)
+        block_q, block_kv = splash_tiles(self.config, S_q, S_kv)
         tiles = splash.BlockSizes(
             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
             block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
@@ -89,24 +119,55 @@ class SplashAttention:
         # must be concrete arrays, not values of whichever trace happened to build it first.
         with jax.ensure_compile_time_eval():
             kernel = splash.make_splash_mqa_single_device(
-                mask=splash.MultiHeadMask([head_mask] * G), block_sizes=tiles, interpret=interpret
+                mask=splash.MultiHeadMask([self._head_mask(S, at)] * G), block_sizes=tiles, interpret=interpret
             )
 
         def attention(q_BHSD: Any, k_BKSD: Any, v_BKSD: Any) -> Any:
             B, K = k_BKSD.shape[:2]
-            q_BKGSD = (q_BHSD * (D**-0.5)).astype(q_BHSD.dtype).reshape(B, K, G, S, D)
+            q_BKGSD = (q_BHSD * (D**-0.5)).astype(q_BHSD.dtype).reshape(B, K, G, S_q, D)
             out_BKGSD = jax.vmap(jax.vmap(kernel))(q_BKGSD, k_BKSD, v_BKSD)
-            return out_BKGSD.reshape(B, K * G, S, D)
+            return out_BKGSD.reshape(B, K * G, S_q, D)
 
         def attention_in_documents(q_BHSD: Any, k_BKSD: Any, v_BKSD: Any, ids_BS: Any) -> Any:
-            B, K = k_BKSD.shape[:2]
-            q_BKGSD = (q_BHSD * (D**-0.5)).astype(q_BHSD.dtype).reshape(B, K, G, S, D)
-            segments = splash.SegmentIds(q=ids_BS, kv=ids_BS)  # each leaf [B, S]; one row per kernel call
-            per_kv_head = jax.vmap(kernel, in_axes=(0, 0, 0, None))  # every kv head of a row: that row's ids
-            out_BKGSD = jax.vmap(per_kv_head)(q_BKGSD, k_BKSD, v_BKSD, segments)
-            return out_BKGSD.reshape(B, K * G, S, D)
+            return attention_over_documents(q_BHSD, k_BKSD, v_BKSD, ids_BS, ids_BS)
 
-        return attention_in_documents if documents else attention
+        def attention_over_documents(q_BHsD: Any, k_BKSD: Any, v_BKSD: Any, q_ids_Bs: Any, k_ids_BS: Any) -> Any:
+            B, K = k_BKSD.shape[:2]
+            q_BKGsD = (q_BHsD * (D**-0.5)).astype(q_BHsD.dtype).reshape(B, K, G, S_q, D)
+            segments = splash.SegmentIds(q=q_ids_Bs, kv=k_ids_BS)  # each leaf [B, length]; one row per kernel call
+            per_kv_head = jax.vmap(kernel, in_axes=(0, 0, 0, None))  # every kv head of a row: that row's ids
+            out_BKGsD = jax.vmap(per_kv_head)(q_BKGsD, k_BKSD, v_BKSD, segments)
+            return out_BKGsD.reshape(B, K * G, S_q, D)
+
+        if not documents:
+            return attention
+        return attention_in_documents if at is None else attention_over_documents
+
+    def at_positions(
+        self,
+        q_BHsD: torch.Tensor,
+        k_BKSD: torch.Tensor,
+        v_BKSD: torch.Tensor,
+        q_at: SequenceChunks,
+        k_at: SequenceChunks,
+        q_document_ids_Bs: torch.Tensor | None = None,
+        k_document_ids_BS: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The positioned form (``titanpod.models.PositionedAttentionOp``): queries at ``q_at``'s row positions
+        over keys at ``k_at``'s, causal (or local) by position, within documents when given their ids. The
+        mask is a static table per (``q_at``, ``k_at``), so the kernel skips the tiles it rules out."""
+        H, s, D = q_BHsD.shape[1:]
+        K, S = k_BKSD.shape[1], k_BKSD.shape[2]
+        _check_heads_and_dtype(H, K, q_BHsD.dtype)
+        if (s, S) != (q_at.length, k_at.length):
+            raise ValueError(f"Positioned splash attention got {s} queries and {S} keys for {q_at} and {k_at}.")
+        op = self._op(S, H // K, D, q_BHsD.dtype, q_document_ids_Bs is not None, q_BHsD.device, (q_at, k_at))
+        if q_document_ids_Bs is None or k_document_ids_BS is None:
+            return op(q_BHsD, k_BKSD, v_BKSD)
+        # int32 segment ids, relative to each row's smallest key id: "same document" stays exact.
+        lowest_B1 = k_document_ids_BS.amin(dim=1, keepdim=True)
+        q_ids = (q_document_ids_Bs - lowest_B1).to(torch.int32)
+        return op(q_BHsD, k_BKSD, v_BKSD, q_ids, (k_document_ids_BS - lowest_B1).to(torch.int32))
 
     def __call__(
         self,
@@ -118,10 +179,7 @@ class SplashAttention:
         """Causal (or local) GQA attention [B, H, S, D]; with ``document_ids_BS``, only within each document."""
         B, H, S, D = q_BHSD.shape
         K = k_BKSD.shape[1]
-        if H % K:
-            raise ValueError(f"Splash attention needs query heads ({H}) to be a multiple of key/value heads ({K}).")
-        if q_BHSD.dtype not in (torch.float32, torch.bfloat16):
-            raise TypeError(f"Splash attention runs in float32 or bfloat16, not {q_BHSD.dtype}.")
+        _check_heads_and_dtype(H, K, q_BHSD.dtype)
         if document_ids_BS is None:
             return self._op(S, H // K, D, q_BHSD.dtype, False, q_BHSD.device)(q_BHSD, k_BKSD, v_BKSD)
         if tuple(document_ids_BS.shape) != (B, S) or document_ids_BS.is_floating_point():
@@ -134,6 +192,13 @@ class SplashAttention:
         return self._op(S, H // K, D, q_BHSD.dtype, True, q_BHSD.device)(q_BHSD, k_BKSD, v_BKSD, ids_BS)
 
 
+def _check_heads_and_dtype(H: int, K: int, dtype: torch.dtype) -> None:
+    if H % K:
+        raise ValueError(f"Splash attention needs query heads ({H}) to be a multiple of key/value heads ({K}).")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"Splash attention runs in float32 or bfloat16, not {dtype}.")
+
+
 def _per_shard(fn: Any, mesh: Any, q_BHSD: Any, k_BKSD: Any, _v_BKSD: Any, *ids_BS: Any) -> Any:
     """``fn`` under ``jax.shard_map`` on ``mesh``: batch over the data axes, heads over tp when it
     divides them; an axis that divides neither leaves every shard the whole of that dimension."""
@@ -143,7 +208,7 @@ def _per_shard(fn: Any, mesh: Any, q_BHSD: Any, k_BKSD: Any, _v_BKSD: Any, *ids_
     batch = batch_axes(mesh, q_BHSD.shape[0])
     heads = head_axis(mesh, q_BHSD.shape[1], k_BKSD.shape[1])
     rows_HSD = P(batch, heads, None, None)
-    in_specs = (rows_HSD, rows_HSD, rows_HSD) + ((P(batch, None),) if ids_BS else ())
+    in_specs = (rows_HSD, rows_HSD, rows_HSD, *(P(batch, None) for _ in ids_BS))
     # check_vma=False: Pallas outputs carry no record of which mesh axes they vary over.
     return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=rows_HSD, check_vma=False)
 

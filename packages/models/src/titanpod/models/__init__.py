@@ -15,9 +15,18 @@ from titanpod.models.common.ops import (
     batched_expert_matmul,
     document_causal_mask,
     linear_cross_entropy,
+    positioned_form,
     sdpa_attention,
 )
 from titanpod.models.common.rope import Llama3RopeScaling
+from titanpod.models.common.sequence import (
+    PositionedAttentionOp,
+    SequenceChunks,
+    SequenceShard,
+    WholeSequence,
+    positioned_causal_mask,
+    positioned_sdpa_attention,
+)
 from titanpod.models.common.transformer import Transformer
 from titanpod.models.flux import FLUX_FLAVORS, FluxArgs, FluxOps, FluxTransformer
 from titanpod.models.registry import FAMILIES, ModelFamily, build_model, get_flavor
@@ -35,9 +44,13 @@ __all__ = [
     "ModelFamily",
     "ModelOps",
     "ParamInit",
+    "PositionedAttentionOp",
     "Region",
     "RegionValues",
+    "SequenceChunks",
+    "SequenceShard",
     "Transformer",
+    "WholeSequence",
     "batched_expert_matmul",
     "build_model",
     "decoder_flops_per_token",
@@ -45,6 +58,9 @@ __all__ = [
     "get_flavor",
     "linear_cross_entropy",
     "parameter_count",
+    "positioned_causal_mask",
+    "positioned_form",
+    "positioned_sdpa_attention",
     "region_initializer",
     "sdpa_attention",
 ]

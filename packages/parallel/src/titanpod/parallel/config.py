@@ -83,3 +83,12 @@ class ParallelConfig:
             )
         sizes = {**fixed, "fsdp": fsdp}
         return {axis: sizes[axis] for axis in MESH_AXES}
+
+
+def check_sequence_length(S: int, cp: int) -> None:
+    """``ValueError`` unless a row of ``S`` tokens cuts into 2 x ``cp`` equal chunks (context parallelism)."""
+    if cp > 1 and S % (2 * cp):
+        raise ValueError(
+            f"Context parallelism over {cp} ranks cuts each row into {2 * cp} equal chunks, but the sequence "
+            f"has {S} tokens; choose data.seq_len divisible by {2 * cp} or another parallel.cp."
+        )

@@ -40,5 +40,8 @@ def param_mesh_dims(plan: ShardingPlan, name: str, ndim: int, axes: Mapping[str,
 
 
 def batch_mesh_dims(axes: Mapping[str, int], ndim: int = 2) -> MeshDims:
-    """The dims of a batch: its first dimension split over every data axis, the rest whole."""
-    return (_entry(list(present_axes(axes, DATA_AXES))), *([None] * (ndim - 1)))
+    """The dims of a batch [B, S, ...]: B split over every data axis, S over ``cp`` (context parallelism:
+    each device holds a stretch of every row; the partitioner brings keys and values to the queries that
+    attend to them), the rest whole."""
+    sequence = _entry(list(present_axes(axes, ("cp",)))) if ndim > 1 else None
+    return (_entry(list(present_axes(axes, DATA_AXES))), sequence, *([None] * (ndim - 2)))[:ndim]

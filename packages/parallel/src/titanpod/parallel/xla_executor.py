@@ -24,7 +24,7 @@ def param_partition_spec(plan: ShardingPlan, name: str, ndim: int, axes: Mapping
 
 
 def batch_partition_spec(axes: Mapping[str, int], ndim: int = 2) -> Any:
-    """The ``PartitionSpec`` of a batch: its first dimension split over every data axis."""
+    """The ``PartitionSpec`` of a batch: its first dimension split over every data axis, the second over ``cp``."""
     from jax.sharding import PartitionSpec
 
     return PartitionSpec(*batch_mesh_dims(axes, ndim))

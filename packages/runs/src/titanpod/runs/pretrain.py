@@ -17,7 +17,7 @@ from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainConfig, TrainSummary, build_step
 from titanpod.kernels import model_ops
 from titanpod.models import RegionValues, Transformer, build_model, parameter_count, region_initializer
-from titanpod.parallel import DATA_AXES, PLANS
+from titanpod.parallel import DATA_AXES, PLANS, check_sequence_length
 from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.recipe import NamedRun, Recipe
 from titanpod.runs.hf_export import training_extras
@@ -132,6 +132,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     spmd = start_spmd(recipe, backend, info.world_size)  # torch_xla over several devices: before any xla tensor
     if spmd is None:
         check_process_count(recipe.parallel, backend, info.world_size, ENTRY_MODULE)  # before any work
+    check_sequence_length(recipe.data.seq_len, recipe.parallel.cp)
     torch.manual_seed(recipe.train.seed)
     pretrained = pretrained_for(recipe)  # a folder that does not fit fails before anything is built
     if pretrained is None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from titanpod.device import Backend
 from titanpod.parallel import ParallelConfig, PlanError
 
-DEGREES = ("dp_replicate", "fsdp", "ep", "tp", "pp")
+DEGREES = ("pp", "dp_replicate", "fsdp", "cp", "ep", "tp")
 """The parallel degrees that count processes (``fsdp=-1`` takes what the others leave: 1 here)."""
 
 

@@ -29,7 +29,7 @@ from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainSummary, build_step
 from titanpod.kernels import model_ops
 from titanpod.models import RegionValues, Transformer, build_model, parameter_count
-from titanpod.parallel import PLANS
+from titanpod.parallel import PLANS, check_sequence_length
 from titanpod.parallel.torch_executor import ParallelModel, parallelize
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.evaluation import Evaluation, evaluate
@@ -207,6 +207,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
             "is not available for it yet: choose another with --device.lane."
         )
     check_process_count(recipe.parallel, backend, process_info().world_size, "titanpod.posttrain.cli")
+    check_sequence_length(recipe.data.seq_len, recipe.parallel.cp)
     torch.manual_seed(recipe.train.seed)
     tokenizer = load_sft_tokenizer(recipe.data.tokenizer)
     model, started_from, pretrained, seeded = build_sft_model(recipe, backend)

@@ -9,11 +9,18 @@ faster ops with the same signatures and prove them equal to these references.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+
+from titanpod.models.common.sequence import (
+    PositionedAttentionOp,
+    SequenceShard,
+    WholeSequence,
+    positioned_sdpa_attention,
+)
 
 IGNORE_INDEX = -100
 """Label value that contributes nothing to the loss (padding, prompts)."""
@@ -111,6 +118,14 @@ def batched_expert_matmul(x_ECI: torch.Tensor, w_EOI: torch.Tensor) -> torch.Ten
     return torch.bmm(x_ECI, w_EOI.transpose(1, 2))
 
 
+def positioned_form(attention: AttentionOp) -> PositionedAttentionOp | None:
+    """The form of an attention op that attends by absolute position (``titanpod.models.common.sequence``):
+    its ``at_positions`` attribute, ``positioned_sdpa_attention`` for the SDPA reference, else ``None``."""
+    if attention is sdpa_attention:
+        return positioned_sdpa_attention
+    return getattr(attention, "at_positions", None)
+
+
 @dataclass(frozen=True)
 class ModelOps:
     """The ops a model calls through its slots. Defaults are the PyTorch references."""
@@ -124,3 +139,6 @@ class ModelOps:
     batch_mean: BatchMeanOp = local_batch_mean
     """Averages batch statistics (MoE routing loads) over a batch split across processes;
     titanpod.parallel installs an all-reduce here, so sharded training balances the global batch."""
+    sequence: SequenceShard = field(default_factory=WholeSequence)
+    """Which tokens of each row the model computes, at which positions: all of them, or (context
+    parallelism, installed by titanpod.parallel) this process's chunks of every row."""

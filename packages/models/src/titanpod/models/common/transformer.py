@@ -130,15 +130,20 @@ class Transformer(nn.Module):
         row: equal within a document, increasing along the row. With it, a token attends only
         to earlier tokens of its own document; without it, to every earlier token. Rotary
         positions stay those of the row (RoPE is relative, so a document's attention scores
-        do not depend on where in the row it starts).
+        do not depend on where in the row it starts). Under context parallelism
+        (``ModelOps.sequence``) the outputs cover only this process's tokens of each row.
         """
         if document_ids_BS is not None and document_ids_BS.shape != tokens_BS.shape:
             raise ValueError(
                 f"document_ids_BS has shape {list(document_ids_BS.shape)} but the tokens have "
                 f"{list(tokens_BS.shape)}: give one document id per token."
             )
+        # Context parallelism keeps some chunks of each row here (RoPE at their row positions); else all.
+        positions_S = self.ops.sequence.positions(tokens_BS.shape[1], tokens_BS.device)
+        tokens_BS = self.ops.sequence.local(tokens_BS)
+        if document_ids_BS is not None:
+            document_ids_BS = self.ops.sequence.local(document_ids_BS)
         h_BSM = self.tok_embeddings(tokens_BS)
-        positions_S = torch.arange(tokens_BS.shape[1], device=tokens_BS.device)
         inv_freq = inverse_frequencies(
             self.args.resolved_head_dim, self.args.rope_theta, self.args.rope_scaling, device=tokens_BS.device
         )
@@ -229,7 +234,7 @@ class Transformer(nn.Module):
         self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, document_ids_BS: torch.Tensor | None
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         h_BSM, router_logits, dropped = self.hidden_states_and_routing(tokens_BS, document_ids_BS)
-        terms = {"cross_entropy": self.ops.head_loss(h_BSM, self.head_weight, labels_BS)}
+        terms = {"cross_entropy": self.ops.head_loss(h_BSM, self.head_weight, self.ops.sequence.local(labels_BS))}
         if self.args.moe is None:
             return terms, {}
         moe = self.args.moe

@@ -17,6 +17,7 @@ from titanpod.parallel.config import DATA_AXES, MESH_AXES, ParallelConfig
 from titanpod.parallel.errors import PlanError
 from titanpod.parallel.plan import ShardingPlan
 from titanpod.parallel.torch_executor.collectives import mean_over
+from titanpod.parallel.torch_executor.context_parallel import make_context_parallel
 from titanpod.parallel.torch_executor.expert_parallel import make_expert_parallel
 from titanpod.parallel.torch_executor.materialize import RegionValues, check_materializable, sharded_parameter
 from titanpod.parallel.torch_executor.simple_fsdp import layout_for, shard_module_params, unshard_module_params
@@ -44,12 +45,16 @@ class ParallelModel:
     data_group: Any = None
     """The ``data_axes`` of ``mesh`` as one dimension (None when there are none). Made when the model is
     sharded, not at first use: a mesh made while a step is traced would meet the tracer's fake tensors."""
+    mean_group: Any = None
+    """The data axes and ``cp`` as one dimension (None when there are none): the ranks whose losses and
+    batch statistics together make the global batch's (cp ranks each hold part of every row)."""
 
     def mean_over_data(self, value: torch.Tensor) -> torch.Tensor:
-        """The mean of ``value`` over the data-parallel ranks (the loss for reporting, routing loads)."""
-        if self.data_group is None:
+        """The mean of ``value`` over the ranks that hold different tokens: data-parallel and
+        context-parallel (the loss for reporting, routing loads)."""
+        if self.mean_group is None:
             return value
-        return mean_over(value, self.data_group)
+        return mean_over(value, self.mean_group)
 
 
 def _create(
@@ -73,6 +78,18 @@ def unshard(model: nn.Module) -> nn.Module:
     for module in model.modules():
         unshard_module_params(module)
     return model
+
+
+def _token_axes(data_axes: tuple[str, ...], mesh_axes: tuple[str, ...]) -> tuple[str, ...]:
+    """The mesh dimensions whose ranks hold different tokens: the data axes and cp, in mesh order."""
+    return tuple(axis for axis in mesh_axes if axis in data_axes or axis == "cp")
+
+
+def _flat_group(mesh: Any, names: tuple[str, ...]) -> Any:
+    """The dimensions ``names`` of ``mesh`` as one (None when there are none)."""
+    if not names:
+        return None
+    return mesh[names]._flatten() if len(names) > 1 else mesh[names]
 
 
 def parallelize(
@@ -133,15 +150,18 @@ def parallelize(
         shard_module_params(module, layouts, mesh, param_dtype, reduce_dtype, create)
         if expert and axes["ep"] > 1:
             make_expert_parallel(module, mesh["ep"])
+    if axes["cp"] > 1:
+        make_context_parallel(model, mesh["cp"])
     coordinate = dict(zip(mesh_axes, mesh.get_coordinate() or [0] * len(mesh_axes), strict=True))
     data_rank = 0
     for axis in DATA_AXES:
         data_rank = data_rank * axes[axis] + coordinate.get(axis, 0)
     data_axes = tuple(axis for axis in DATA_AXES if axis in mesh_axes and axes[axis] > 1)
-    data_group = None
-    if data_axes:
-        data_group = mesh[data_axes]._flatten() if len(data_axes) > 1 else mesh[data_axes]
-    sharded = ParallelModel(model, mesh, axes, data_rank, math.prod(axes[a] for a in DATA_AXES), data_axes, data_group)
+    token_axes = _token_axes(data_axes, mesh_axes)
+    data_group = _flat_group(mesh, data_axes)
+    mean_group = data_group if token_axes == data_axes else _flat_group(mesh, token_axes)
+    data_world = math.prod(axes[a] for a in DATA_AXES)
+    sharded = ParallelModel(model, mesh, axes, data_rank, data_world, data_axes, data_group, mean_group)
     ops = getattr(model, "ops", None)
     if ops is not None and hasattr(ops, "batch_mean"):  # batch statistics (MoE loads) over the global batch
         model.ops = dataclasses.replace(ops, batch_mean=sharded.mean_over_data)  # type: ignore[assignment]

@@ -44,11 +44,11 @@ def _mean(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
 
 
 def _gather_sequence(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    return funcol.wait_tensor(funcol.all_gather_tensor(x.contiguous(), 1, mesh))
+    return funcol.wait_tensor(funcol.all_gather_single(x.contiguous(), 1, mesh))
 
 
 def _sum_scatter_sequence(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    return funcol.wait_tensor(funcol.reduce_scatter_tensor(x.contiguous(), "sum", 1, mesh))
+    return funcol.wait_tensor(funcol.reduce_scatter_single(x.contiguous(), "sum", 1, mesh))
 
 
 def _own_sequence_chunk(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:

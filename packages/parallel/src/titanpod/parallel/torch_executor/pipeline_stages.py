@@ -59,6 +59,12 @@ def pipeline_layout(config: ParallelConfig, grad_accum_steps: int) -> PipelineLa
     """
     if config.pp_schedule not in SCHEDULES:
         raise PlanError(f"parallel.pp_schedule={config.pp_schedule!r} is not one of {', '.join(SCHEDULES)}.")
+    if config.cp > 1:
+        raise PlanError(
+            f"parallel.pp={config.pp} with parallel.cp={config.cp} is not supported: pipeline stages run every "
+            "row whole (their RoPE positions and loss are not cut into context-parallel chunks); "
+            "set cp to 1 or pp to 1."
+        )
     interleaved = config.pp_schedule == "interleaved_1f1b"
     per_rank = config.pp_stages_per_rank or (2 if interleaved else 1)
     if not interleaved and per_rank != 1:

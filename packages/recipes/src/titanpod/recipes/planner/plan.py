@@ -117,6 +117,10 @@ class RunPlan:
     """With pp > 1, the schedule in words (e.g. ``1f1b, 8 micro-batches``); empty without."""
     pipeline_bubble: float = 0.0
     """With pp > 1, the fraction of a step each rank idles in the schedule's warm-up and drain (0 without)."""
+    context_parallel_bytes: int = 0
+    """Bytes each device receives per step for context parallelism: every layer's keys and values gathered
+    from the other cp ranks going forward (again where the memory policy recomputes the block) and their
+    gradients reduce-scattered going back; 0 without cp."""
 
     def chips_text(self) -> str:
         """The slice in words, e.g. ``512 x v5p`` or ``2 x v7 (4 devices)``."""
@@ -160,13 +164,18 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     local = sum(plan.local_numel(name, tuple(p.shape), mesh) for name, p in named.items())
     train, data = recipe.train, recipe.data
     dtype = torch.bfloat16 if train.precision == "bf16" else torch.float32
+    local_seq = data.seq_len // mesh["cp"]  # each cp rank runs its share of every row through the blocks
     block = block_saved_bytes(
-        model.args, data.batch_size, data.seq_len, dtype, mesh["tp"], recipe.parallel.sequence_parallel
+        model.args, data.batch_size, local_seq, dtype, mesh["tp"], recipe.parallel.sequence_parallel
     )
-    head = head_saved_bytes(model.args, data.batch_size, data.seq_len, dtype, model.ops.head_loss)
+    head = head_saved_bytes(model.args, data.batch_size, local_seq, dtype, model.ops.head_loss)
     gathered = 0
-    if mesh["fsdp"] * mesh["ep"] > 1:  # sharded parameters are gathered a block at a time, with one prefetched
+    if mesh["fsdp"] * mesh["cp"] * mesh["ep"] > 1:  # parameters are gathered a block at a time, one prefetched
         gathered = 2 * _gathered_block_numel(plan, model, mesh) * _BYTES[recipe.parallel.param_dtype]
+    kv_bytes = _kv_bytes(model, data.batch_size, data.seq_len, dtype, mesh["tp"]) if mesh["cp"] > 1 else 0
+    if kv_bytes:  # attention keeps the gathered keys and values (whole rows) for backward, not just its own
+        others = kv_bytes * (mesh["cp"] - 1) // mesh["cp"]
+        block = dataclasses.replace(block, all_saved=block.all_saved + others, matmul_saved=block.matmul_saved + others)
     policy, pipeline, bubble = train.memory_policy, "", 0.0
     if mesh["pp"] > 1 and recipe.parallel.pp_recompute:
         policy = "recompute"  # the pipeline stages' own recompute (their steps run eager)
@@ -175,14 +184,16 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
         check_pipelinable(model, layout)
 
         def rank_memory(rank_local: int, kept_layers: int, holds_head: bool) -> MemoryPlan:
-            return _memory(rank_local, block, head, kept_layers, policy, gathered, holds_head)
+            return _memory(rank_local, block, head, kept_layers, policy, gathered + kv_bytes, holds_head)
 
         memory = pipeline_memory(model, plan, mesh, layout, rank_memory)
         assert isinstance(memory, MemoryPlan)
         pipeline = f"{layout.schedule}, {layout.stages_per_rank} stage(s) a rank, {layout.microbatches} micro-batches"
         bubble = pipeline_bubble(layout)
     else:
-        memory = _memory(local, block, head, model.args.n_layers, train.memory_policy, gathered)
+        memory = _memory(local, block, head, model.args.n_layers, train.memory_policy, gathered + kv_bytes)
+    gathers = 2 if train.memory_policy in ("recompute", "offload") else 1  # a recomputed block gathers again
+    cp_traffic = (gathers + 1) * model.args.n_layers * kv_bytes * (mesh["cp"] - 1) // mesh["cp"]
     data_ranks = math.prod(mesh[axis] for axis in DATA_AXES)
     host = plan_host_memory(
         {name: tuple(p.shape) for name, p in named.items()},
@@ -216,7 +227,16 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
         host=host,
         pipeline=pipeline,
         pipeline_bubble=bubble,
+        context_parallel_bytes=cp_traffic * train.grad_accum_steps,
     )
+
+
+def _kv_bytes(model: Transformer, batch: int, seq_len: int, dtype: torch.dtype, tp: int) -> int:
+    """Bytes of one layer's keys and values over whole rows, as context parallelism gathers them (this tp
+    rank's heads)."""
+    args = model.args
+    kv_heads = max(1, args.n_kv_heads // tp)
+    return 2 * batch * seq_len * kv_heads * args.resolved_head_dim * dtype.itemsize
 
 
 def _gathered_block_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str, int]) -> int:

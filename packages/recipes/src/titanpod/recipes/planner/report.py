@@ -45,6 +45,12 @@ def plan_table(plan: RunPlan) -> Table:
     table.add_row("step", f"memory policy {plan.memory_policy}, {plan.precision} compute")
     if plan.pipeline:
         table.add_row("pipeline", f"{plan.pipeline}: idle {plan.pipeline_bubble:.0%} of a step (in the step time)")
+    if plan.context_parallel_bytes:
+        table.add_row(
+            "context parallelism",
+            f"{plan.seq_len // plan.mesh['cp']:,} tokens of every row per device; keys and values gathered: "
+            f"{plan.context_parallel_bytes / GiB:,.2f} GiB received per device per step",
+        )
     table.add_row("memory per device", "")
     table.add_row("  parameters (fp32)", _gib(memory.parameters))
     table.add_row("  gradients (fp32)", _gib(memory.gradients))

@@ -58,6 +58,11 @@ def check_launch(recipe: GRPORecipe, backend: Backend, world_size: int) -> None:
             "lane drives every device from one process and has no rollout engine yet: pick another --device.lane."
         )
     check_process_count(recipe.parallel, backend, world_size, "titanpod.posttrain.cli")
+    if recipe.parallel.cp > 1 or recipe.parallel.pp > 1:
+        raise ValueError(
+            f"GRPO scores completions with whole rows on every rank: parallel.cp {recipe.parallel.cp} and "
+            f"parallel.pp {recipe.parallel.pp} are not supported here; set both to 1 (shard with fsdp or tp)."
+        )
     if world_size > 1 and recipe.rollout.mode != "local":
         raise ValueError(
             f"Under torchrun each GRPO process samples its share of the prompts with its own engine, so "
