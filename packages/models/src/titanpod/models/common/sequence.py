@@ -115,6 +115,12 @@ def positioned_sdpa_attention(
     q_document_ids_Bs: torch.Tensor | None = None,
     k_document_ids_BS: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reference positioned attention: SDPA with the explicit mask of ``positioned_causal_mask`` (GQA)."""
+    """Positioned attention through SDPA (GQA): with document ids, SDPA with the explicit mask of
+    ``positioned_causal_mask``; without, on the CPU, flash attention per query chunk with no mask at all
+    (``titanpod.models.common.chunked_attention``: memory linear in the row, the same values to rounding)."""
+    from titanpod.models.common.chunked_attention import can_attend_in_chunks, chunked_causal_attention  # a cycle
+
+    if q_document_ids_Bs is None and can_attend_in_chunks(q_BHsD, q_at, k_at):
+        return chunked_causal_attention(q_BHsD, k_BKSD, v_BKSD, q_at, k_at)
     mask = positioned_causal_mask(q_at, k_at, q_BHsD.device, q_document_ids_Bs, k_document_ids_BS)
     return F.scaled_dot_product_attention(q_BHsD, k_BKSD, v_BKSD, attn_mask=mask, enable_gqa=True)
