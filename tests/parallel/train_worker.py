@@ -48,6 +48,8 @@ def main() -> None:
         parser.add_argument(f"--{axis}", type=int, default=1)
     parser.add_argument("--no-sequence-parallel", action="store_true")
     parser.add_argument("--documents", action="store_true", help="batches carry document ids (document masking)")
+    parser.add_argument("--fsdp-bucket-mb", type=float, default=0.0, help="ParallelConfig.fsdp_bucket_mb")
+    parser.add_argument("--fsdp-prefetch", action="store_true", help="ParallelConfig.fsdp_prefetch")
     parser.add_argument("--step-mode", default="eager")
     parser.add_argument("--memory-policy", default="save")
     parser.add_argument("--compiler", default="none")
@@ -81,6 +83,8 @@ def main() -> None:
             tp=args.tp,
             cp=args.cp,
             sequence_parallel=not args.no_sequence_parallel,
+            fsdp_bucket_mb=args.fsdp_bucket_mb,
+            fsdp_prefetch=args.fsdp_prefetch,
         )
         sharded = parallelize(model, PLANS[args.family], config, backend)
         data_rank, data_world, reduce_loss = sharded.data_rank, sharded.data_world, sharded.mean_over_data
