@@ -132,3 +132,36 @@ def test_traced_bucketed_step_holds_one_gather_and_one_reduce_scatter_per_bucket
         assert got["all_reduce"] == (got["all_gather_into_tensor"] if case == "hsdp2x2" else 0), case
     # mixed precision: the bucket computes in bf16, the masters and their gradients stay fp32 DTensors
     assert counts["mixed"] == ["torch.bfloat16", "torch.float32", "torch.float32", "DTensor"]
+
+
+PREFETCH_RECOMPUTED = """
+import json, torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from titanpod.device import get_backend
+from titanpod.graph import TrainConfig, build_step
+from titanpod.models import build_model
+from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.parallel.torch_executor import parallelize
+
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+saved = {}
+for prefetch in (False, True):
+    model = build_model("llama3", "debug", device="cpu")
+    model.init_weights(0)
+    config = ParallelConfig(fsdp=4, fsdp_bucket_mb=25, fsdp_prefetch=prefetch)
+    parallelize(model, PLANS["llama3"], config, get_backend("cpu"))
+    train = TrainConfig(step_mode="whole_step", memory_policy="recompute", compiler="none")
+    step = build_step(model, train, get_backend("cpu"))
+    tokens = torch.zeros(1, 2, 16, dtype=torch.long)
+    saved[str(prefetch)] = step.prepare(tokens, tokens).meta["activation_plan"].saved_bytes
+print(json.dumps(saved))
+"""
+
+
+def test_recompute_gathers_a_prefetched_bucket_again_instead_of_keeping_it():
+    """A block's pre-hook starts the next block's gather, so the gathered bucket is read across a
+    block boundary; ``recompute`` must still gather it again in the backward, not save it."""
+    result = run_python(PREFETCH_RECOMPUTED, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads(result.stdout.strip().splitlines()[-1])
+    assert saved["True"] == saved["False"]
