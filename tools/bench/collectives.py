@@ -13,7 +13,9 @@ machine falls on all three alike; the first two rounds are warm-up (and the whol
 capture), the next ``--steps`` are timed, each between two barriers. Printed: the median and
 the fastest step, collectives per step each way, the ratio of the baseline's median to each
 one's (above 1 is faster), and the largest loss difference from the baseline over the run
-(the three must train alike).
+(the three must train alike). Then, per launch, whether gloo overlaps at all: one block's
+bucket gathered alone, a block's matmuls alone, and the gather started before the matmuls and
+waited for after them (``overlap_probe``).
 
 Models: ``debug`` is the Llama 3 debug flavor (5.6M parameters, 57 tensors); ``wide`` is a
 Llama 3 shape of about 30M parameters (dim 512, 8 layers, ffn 1536, vocabulary 8,192; 75 tensors).
@@ -62,6 +64,42 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def overlap_probe(shard_numel: int, rows: int, dim: int, rounds: int = 10) -> dict[str, float]:
+    """Whether gloo moves a gather while this rank computes: median ms of one block's bucket gathered alone,
+    of a block's matmuls alone ([rows, dim] x [dim, 4 dim] and back, three times), and of the gather
+    started, the matmuls run, then the gather waited for. Each timed between two barriers, interleaved."""
+    import torch
+    import torch.distributed as dist
+
+    c10d = torch.ops._c10d_functional
+    group, ranks = dist.group.WORLD.group_name, dist.get_world_size()  # type: ignore[union-attr]
+    shard, x = torch.randn(shard_numel), torch.randn(rows, dim)
+    up, down = torch.randn(dim, 4 * dim) / dim**0.5, torch.randn(4 * dim, dim) / (4 * dim) ** 0.5
+
+    def matmuls() -> None:
+        h = x
+        for _ in range(3):
+            h = (h @ up) @ down
+
+    def gather() -> None:
+        c10d.wait_tensor(c10d.all_gather_into_tensor(shard, ranks, group))
+
+    def both() -> None:
+        pending = c10d.all_gather_into_tensor(shard, ranks, group)
+        matmuls()
+        c10d.wait_tensor(pending)
+
+    times: dict[str, list[float]] = {"gather": [], "matmuls": [], "both": []}
+    for _ in range(rounds):
+        for name, run in (("gather", gather), ("matmuls", matmuls), ("both", both)):
+            dist.barrier()
+            start = time.perf_counter()
+            run()
+            dist.barrier()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values[1:]) * 1e3 for name, values in times.items()}
+
+
 def worker(model_name: str, mode: str, steps: int, bucket_mb: float, out: Path) -> None:
     """One rank: build the three configurations, step them in turn, write rank 0's figures as JSON."""
     import torch
@@ -106,9 +144,11 @@ def worker(model_name: str, mode: str, steps: int, bucket_mb: float, out: Path) 
             if round_index >= WARMUP:
                 run["times"].append(time.perf_counter() - start)
             run["losses"].append(float(output.loss))
+    block_numel = sum(p.to_local().numel() for p in model.layers[0].parameters())  # type: ignore[union-attr]
+    overlap = overlap_probe(block_numel, per_rank * SEQ, model.args.dim)
     if info.rank == 0:
         figures = {name: {k: v for k, v in run.items() if k != "step"} for name, run in runs.items()}
-        out.write_text(json.dumps(figures))
+        out.write_text(json.dumps({"runs": figures, "overlap": overlap}))
     dist.destroy_process_group()
 
 
@@ -131,9 +171,11 @@ def fsdp_collectives(args: argparse.Namespace) -> None:
     print(f"FSDP={args.ranks} on gloo, {args.steps} timed steps each, buckets of {args.bucket_mb:g} MB")
     print(f"{'model':6s} {'mode':10s} {'config':17s} {'coll/step':>9s} {'median ms':>9s} {'best ms':>8s} "
           f"{'vs per_param':>12s} {'max |dloss|':>11s}")  # fmt: skip
+    overlaps = {}
     for model_name in args.models.split(","):
         for mode in args.modes.split(","):
-            figures = _launch(model_name, mode, args.steps, args.ranks, args.bucket_mb)
+            launched = _launch(model_name, mode, args.steps, args.ranks, args.bucket_mb)
+            figures, overlaps[f"{model_name} {mode}"] = launched["runs"], launched["overlap"]
             baseline = figures["per_param"]
             base_median = statistics.median(baseline["times"])
             for name, run in figures.items():
@@ -148,6 +190,14 @@ def fsdp_collectives(args: argparse.Namespace) -> None:
         "coll/step: all-gathers per forward, as many reduce-scatters per backward; "
         "vs per_param: its median / this one's"
     )
+    print("\nDoes gloo overlap a gather with compute? One block's bucket against a block's matmuls, median ms:")
+    print(f"{'launch':17s} {'gather':>7s} {'matmuls':>8s} {'both':>7s} {'hidden':>7s}")
+    for launch, figures in overlaps.items():
+        gather, matmuls, both = figures["gather"], figures["matmuls"], figures["both"]
+        hidden = (gather + matmuls - both) / min(gather, matmuls)
+        print(f"{launch:17s} {gather:7.1f} {matmuls:8.1f} {both:7.1f} {hidden:7.0%}")
+    print("both: the gather started, the matmuls run, the gather waited for; hidden: the part of the shorter")
+    print("of the two that both saves against running them one after the other.")
 
 
 def cp_sequence_ceiling(args: argparse.Namespace) -> None:
