@@ -18,7 +18,7 @@ from titanpod.parallel.torch_executor import parallelize
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
 model = build_model("llama3", "debug", device="cpu")
 model.init_weights(0)
-parallelize(model, PLANS["llama3"], ParallelConfig(fsdp=4), get_backend("cpu"))
+parallelize(model, PLANS["llama3"], ParallelConfig(fsdp=4, fsdp_bucket_mb=0), get_backend("cpu"))
 params = list(model.parameters())
 
 def step(tokens):

@@ -48,7 +48,9 @@ def main() -> None:
         parser.add_argument(f"--{axis}", type=int, default=1)
     parser.add_argument("--no-sequence-parallel", action="store_true")
     parser.add_argument("--documents", action="store_true", help="batches carry document ids (document masking)")
-    parser.add_argument("--fsdp-bucket-mb", type=float, default=0.0, help="ParallelConfig.fsdp_bucket_mb")
+    parser.add_argument(
+        "--fsdp-bucket-mb", type=float, default=0.0, help="ParallelConfig.fsdp_bucket_mb (0 here: per parameter)"
+    )
     parser.add_argument("--fsdp-prefetch", action="store_true", help="ParallelConfig.fsdp_prefetch")
     parser.add_argument("--step-mode", default="eager")
     parser.add_argument("--memory-policy", default="save")
