@@ -100,4 +100,4 @@ def test_bucket_settings_are_checked():
     with pytest.raises(PlanError, match="fsdp_bucket_mb=-1"):
         ParallelConfig(fsdp_bucket_mb=-1)
     with pytest.raises(PlanError, match="fsdp_prefetch needs buckets"):
-        ParallelConfig(fsdp_prefetch=True)
+        ParallelConfig(fsdp_bucket_mb=0, fsdp_prefetch=True)
