@@ -51,9 +51,9 @@ class ParallelConfig:
     and their gradients reduce-scattered in: the parameters of one block (``layers.N``, or one other
     top-level module) go in as few buckets as the cap allows, each one all-gather of their concatenated
     shards going forward and one reduce-scatter going back. 0 gathers each parameter alone. Parameters
-    split over tp, experts over ep and parameters kept whole always go alone. 25 MB: on gloo with 4 ranks
-    a step of the Llama 3 debug model took 1.6-1.9x less time than with one gather per parameter
-    (``tools/bench/collectives.py``)."""
+    split over tp, experts over ep and parameters kept whole always go alone. 25 MB holds a whole block
+    of the small models measured: on gloo with 4 ranks, steps took 1.5-1.9x less time than with one
+    gather per parameter for the Llama 3 debug model and 1.1-1.2x for a 30M one (``tools/bench/collectives.py``)."""
     fsdp_prefetch: bool = False
     """With ``fsdp_bucket_mb`` > 0: when block i's buckets are gathered, start block i+1's gathers too,
     so they travel while block i computes (within one ``nn.ModuleList``, in its order)."""
