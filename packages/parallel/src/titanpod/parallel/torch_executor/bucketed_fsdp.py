@@ -147,7 +147,8 @@ class BucketSummary:
     """What ``install_buckets`` did: for tests, logs and benchmarks."""
 
     buckets: tuple[tuple[str, int], ...]
-    """(block path, parameters in the bucket) for each bucket, in gather order."""
+    """(block path, parameters in the bucket) for each bucket, in gather order. A bucket is gathered when its
+    block's forward runs; parameters read without it (the output head, read by the loss) go alone."""
     alone: tuple[str, ...]
     """Sharded parameters that keep their own gather."""
     prefetch: bool
