@@ -56,7 +56,15 @@ CASES = {
     # context parallelism: each rank holds 2 of 4 chunks of every row; parameters shard over fsdp x cp
     "cp2": ("llama3", ["--fsdp", "1", "--cp", "2"], 2),
     "cp2_fsdp2": ("llama3", ["--fsdp", "2", "--cp", "2"], 4),
-}
+    # bucketed gathers (one per block), with the next block's prefetched; eager and captured
+    "fsdp4_buckets": ("llama3", ["--fsdp", "4", "--fsdp-bucket-mb", "25", "--fsdp-prefetch"], 4),
+    "fsdp4_buckets_whole_step": ("llama3", ["--fsdp", "4", "--fsdp-bucket-mb", "25", "--fsdp-prefetch",
+                                            "--step-mode", "whole_step", "--memory-policy", "recompute"], 4),
+    "hsdp2x2_buckets": ("llama3", ["--dp-replicate", "2", "--fsdp", "2", "--fsdp-bucket-mb", "25"], 4),
+    # parameters sharded over fsdp x cp (non-experts over fsdp x ep): a bucket gathers over the two axes flattened
+    "cp2_fsdp2_buckets": ("llama3", ["--fsdp", "2", "--cp", "2", "--fsdp-bucket-mb", "25", "--fsdp-prefetch"], 4),
+    "ep2_fsdp2_buckets": ("qwen3_moe", ["--fsdp", "2", "--ep", "2", "--fsdp-bucket-mb", "25", "--fsdp-prefetch"], 4),
+}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -73,6 +81,11 @@ def test_sharded_losses_equal_single_process(case, single_process, tmp_path):
         assert sharded["param_bytes"] * 4 == sharded["full_bytes"]
     if case == "ep2_fsdp2_whole_step":
         assert sharded["graph_collectives"].get("all_to_all_single", 0) > 0
+    if case == "fsdp4_buckets_whole_step":
+        # one per block, embeddings and final norm, and the head alone (see test_trace); recompute gathers
+        # each of the 6 blocks again in the backward
+        assert sharded["graph_collectives"]["all_gather_into_tensor"] == 9 + 6
+        assert sharded["graph_collectives"]["reduce_scatter_tensor"] == 9
 
 
 @pytest.mark.slow

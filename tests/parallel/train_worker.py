@@ -58,6 +58,10 @@ def main() -> None:
     parser.add_argument("--pp-microbatches", type=int, default=1, help="micro-batches a step (with or without pp)")
     parser.add_argument("--no-sequence-parallel", action="store_true")
     parser.add_argument("--documents", action="store_true", help="batches carry document ids (document masking)")
+    parser.add_argument(
+        "--fsdp-bucket-mb", type=float, default=0.0, help="ParallelConfig.fsdp_bucket_mb (0 here: per parameter)"
+    )
+    parser.add_argument("--fsdp-prefetch", action="store_true", help="ParallelConfig.fsdp_prefetch")
     parser.add_argument("--step-mode", default="eager")
     parser.add_argument("--memory-policy", default="save")
     parser.add_argument("--compiler", default="none")
@@ -103,6 +107,8 @@ def main() -> None:
             pp_schedule=args.pp_schedule,
             pp_microbatches=args.pp_microbatches,
             sequence_parallel=not args.no_sequence_parallel,
+            fsdp_bucket_mb=args.fsdp_bucket_mb,
+            fsdp_prefetch=args.fsdp_prefetch,
         )
         if args.pp > 1:
             pipeline = parallelize_pipeline(model, PLANS[args.family], config, backend, args.pp_microbatches)

@@ -15,7 +15,8 @@ Policies (``TrainConfig.memory_policy``):
 - ``save``: everything is saved.
 - ``recompute``: full activation checkpointing. Saved: block inputs (a block's output read
   by the next block) and activations outside the transformer blocks; everything computed
-  inside a block is recomputed.
+  inside a block is recomputed, parameter gathers included (also one a block starts for the
+  next, with ``ParallelConfig.fsdp_prefetch``: gathered again, not kept).
 - ``selective``: as ``recompute``, but matmul, attention and custom-kernel outputs are
   saved too, so only cheap ops (norms, activations, rotations, views) are recomputed.
 - ``offload``: as ``recompute``, with the block inputs offloaded to host memory.
@@ -71,6 +72,7 @@ _VIEW_OPS = frozenset(
 """Ops whose output shares its input's memory (``_unsafe_view`` included: it is a view in all but name)."""
 _BUILTIN_NAMESPACES = frozenset({"aten", "prims", "_c10d_functional", "c10d_functional"})
 _BLOCK_PATH = re.compile(r"(?:^|\.)layers\.(\d+)$")
+_ALL_GATHER = torch.ops._c10d_functional.all_gather_into_tensor.default
 
 
 @dataclass
@@ -181,6 +183,8 @@ def _keeps(node: fx.Node, policy: str, dataflow: set[fx.Node], pinned: set[fx.No
     block = block_of(node)
     if block is None:
         return True
+    if node.target == _ALL_GATHER:
+        return False  # parameters gathered ahead for the next block (FSDP prefetch): gathered again, not kept
     if any(user in dataflow and block_of(user) != block for user in node.users):
         return True  # a block input of the next block (or of the head)
     return policy == "selective" and _is_expensive(node)

@@ -16,6 +16,7 @@ from titanpod.device import Backend, ensure_process_group
 from titanpod.parallel.config import DATA_AXES, MESH_AXES, ParallelConfig
 from titanpod.parallel.errors import PlanError
 from titanpod.parallel.plan import ShardingPlan
+from titanpod.parallel.torch_executor.bucketed_fsdp import BucketSummary, install_buckets, remove_buckets
 from titanpod.parallel.torch_executor.collectives import mean_over
 from titanpod.parallel.torch_executor.context_parallel import make_context_parallel
 from titanpod.parallel.torch_executor.expert_parallel import make_expert_parallel
@@ -48,6 +49,8 @@ class ParallelModel:
     mean_group: Any = None
     """The data axes and ``cp`` as one dimension (None when there are none): the ranks whose losses and
     batch statistics together make the global batch's (cp ranks each hold part of every row)."""
+    buckets: BucketSummary | None = None
+    """How the FSDP gathers were bucketed (``ParallelConfig.fsdp_bucket_mb``); None when each parameter goes alone."""
 
     def mean_over_data(self, value: torch.Tensor) -> torch.Tensor:
         """The mean of ``value`` over the ranks that hold different tokens: data-parallel and
@@ -75,6 +78,7 @@ def unshard(model: nn.Module) -> nn.Module:
     The parameters come back on every rank (a collective), e.g. to write a single-file
     checkpoint. Tensor-parallel hooks stay; use the model for saving, not for more sharded steps.
     """
+    remove_buckets(model)
     for module in model.modules():
         unshard_module_params(module)
     return model
@@ -160,8 +164,16 @@ def parallelize(
     token_axes = _token_axes(data_axes, mesh_axes)
     data_group = _flat_group(mesh, data_axes)
     mean_group = data_group if token_axes == data_axes else _flat_group(mesh, token_axes)
+    buckets = None
+    if config.fsdp_bucket_mb > 0:
+        dtypes = (param_dtype, reduce_dtype)
+        buckets = install_buckets(
+            model, plan, axes, mesh, mesh_axes, sequence_parallel, dtypes, config.fsdp_bucket_mb, config.fsdp_prefetch
+        )
     data_world = math.prod(axes[a] for a in DATA_AXES)
-    sharded = ParallelModel(model, mesh, axes, data_rank, data_world, data_axes, data_group, mean_group)
+    sharded = ParallelModel(
+        model, mesh, axes, data_rank, data_world, data_axes, data_group, mean_group, buckets=buckets
+    )
     ops = getattr(model, "ops", None)
     if ops is not None and hasattr(ops, "batch_mean"):  # batch statistics (MoE loads) over the global batch
         model.ops = dataclasses.replace(ops, batch_mean=sharded.mean_over_data)  # type: ignore[assignment]
