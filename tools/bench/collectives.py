@@ -21,8 +21,8 @@ Models: ``debug`` is the Llama 3 debug flavor (5.6M parameters, 57 tensors); ``w
 Llama 3 shape of about 30M parameters (dim 512, 8 layers, ffn 1536, vocabulary 8,192; 75 tensors).
 Global batch 8 x 128 tokens, split over the ranks.
 
-Section ``cp_sequence_ceiling`` (sequence-length ceiling per rank with and without cp2) is a
-placeholder for a second section: see ``cp_sequence_ceiling``.
+Section ``cp_sequence_ceiling`` (``--sections cp_sequence_ceiling``): the sequence-length ceiling per
+rank at a fixed memory budget with and without cp2 (see ``tools/bench/cp_ceiling.py``).
 """
 
 from __future__ import annotations
@@ -201,11 +201,14 @@ def fsdp_collectives(args: argparse.Namespace) -> None:
 
 
 def cp_sequence_ceiling(args: argparse.Namespace) -> None:
-    """Placeholder for the second section: the sequence-length ceiling per rank with and without cp2."""
-    raise NotImplementedError(
-        "The cp_sequence_ceiling section is not written yet; run --sections fsdp_collectives, "
-        "or add it here once context parallelism lands."
-    )
+    """The sequence-length ceiling per rank with and without cp2 (``tools/bench/cp_ceiling.py``, which also
+    runs alone): the memory a row of each of ``--seq-lens`` costs a rank, and the longest within ``--budget-mib``."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cp_ceiling import ceiling_table
+
+    seq_lens = [int(s) for s in args.seq_lens.split(",")]
+    print("\nsequence-length ceiling per rank: llama3 debug, one row, eager, fp32; cp 1 against cp 2", flush=True)
+    print("\n".join(ceiling_table(seq_lens, [1, 2], args.budget_mib)))
 
 
 SECTIONS = {"fsdp_collectives": fsdp_collectives, "cp_sequence_ceiling": cp_sequence_ceiling}
@@ -220,6 +223,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--bucket-mb", type=float, default=25.0)
     parser.add_argument("--sections", default="fsdp_collectives", help=f"comma-separated: {', '.join(SECTIONS)}")
+    parser.add_argument("--seq-lens", default="1024,2048,4096,8192,16384", help="cp_sequence_ceiling: row lengths")
+    parser.add_argument("--budget-mib", type=float, default=1024.0, help="cp_sequence_ceiling: memory per rank")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
