@@ -21,7 +21,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleIn
 from titanpod.device import Backend
 from titanpod.graph.capture import autocast_context
 from titanpod.graph.config import TrainConfig
-from titanpod.graph.optimizer import adamw_update_, local_tensor, total_grad_norm
+from titanpod.graph.optimizer import local_tensor, total_grad_norm
 from titanpod.graph.step_base import Batch, StepOutput, TrainStep
 
 
@@ -112,24 +112,14 @@ class PipelineStep(TrainStep):
         self._losses.clear()
         with autocast_context(self.config, self.backend.device_type):
             self._schedule.step(*args, target=target, return_outputs=False, **kwargs)
-        grads = [p.grad for p in self.params]
-        if any(g is None for g in grads):
-            missing = [n for n, p in self.model.named_parameters() if p.grad is None]
-            raise RuntimeError(f"No gradient reached {', '.join(missing[:5])}: is it used by the loss?")
+        grads = self.gradients()
         group = self.pipeline.pp_group
         with torch.no_grad():
-            squared = total_grad_norm(grads).square()  # type: ignore[arg-type]
+            squared = total_grad_norm(grads).square()
             dist.all_reduce(squared, group=group)
             grad_norm = squared.sqrt()
-            applied = adamw_update_(
-                [local_tensor(p) for p in self.params],
-                [local_tensor(g) for g in grads],  # type: ignore[arg-type]
-                self.state,
-                self.lr_tensor(lr),
-                grad_norm,
-                self.decays,
-                self.config,
-            )
+        applied = self.update_(grads, grad_norm, lr)
+        with torch.no_grad():
             if self._losses:
                 loss = torch.stack(self._losses).mean()
             else:

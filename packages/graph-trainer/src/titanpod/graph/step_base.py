@@ -24,7 +24,7 @@ from titanpod.device import Backend
 from titanpod.graph.compiled_steps import CompileReport
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.loss_metrics import loss_and_metrics
-from titanpod.graph.optimizer import AdamWState, init_adamw_state, weight_decays
+from titanpod.graph.optimizer import AdamWState, adamw_update_, init_adamw_state, local_tensor, weight_decays
 from titanpod.graph.step_state import load_optimizer_state_, optimizer_state_dict
 
 Batch = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor] | Mapping[str, torch.Tensor]
@@ -140,6 +140,28 @@ class TrainStep(ABC):
         """Copy ``state`` (the layout of ``state_dict()``) into the step; a missing, unexpected or
         mis-shaped entry raises ``ValueError`` naming it. ``state`` is not kept: it may change afterwards."""
         load_optimizer_state_(self.state, self.names, self.params, state)
+
+    def gradients(self) -> list[torch.Tensor]:
+        """The parameters' gradients after the backward; ``RuntimeError`` naming parameters none reached."""
+        grads = [p.grad for p in self.params]
+        if any(g is None for g in grads):
+            missing = [n for n, p in self.model.named_parameters() if p.grad is None]
+            raise RuntimeError(f"No gradient reached {', '.join(missing[:5])}: is it used by the loss?")
+        return grads  # type: ignore[return-value]
+
+    def update_(self, grads: list[torch.Tensor], grad_norm: torch.Tensor, lr: float) -> torch.Tensor:
+        """One AdamW update of the parameters' local shards from ``grads`` clipped by ``grad_norm`` (skipped
+        where it is not finite); returns whether it was applied (0-d bool)."""
+        with torch.no_grad():
+            return adamw_update_(
+                [local_tensor(p) for p in self.params],
+                [local_tensor(g) for g in grads],
+                self.state,
+                self.lr_tensor(lr),
+                grad_norm,
+                self.decays,
+                self.config,
+            )
 
     @abstractmethod
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:

@@ -22,7 +22,7 @@ from titanpod.graph.compiled_steps import cache_dir_of, compile_step
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.loss_metrics import add_metrics
 from titanpod.graph.memory_policy import apply_memory_policy
-from titanpod.graph.optimizer import adamw_update_, local_tensor, total_grad_norm
+from titanpod.graph.optimizer import local_tensor, total_grad_norm
 from titanpod.graph.step_base import Batch, StepOutput, TrainStep, batch_loss_and_metrics, stack_micro_batches
 
 
@@ -48,21 +48,10 @@ class EagerStep(TrainStep):
             (loss / len(micro_batches)).backward()
             losses.append(loss.detach())
             metrics = add_metrics(metrics, batch_metrics)
-        grads = [p.grad for p in self.params]
-        if any(g is None for g in grads):
-            missing = [n for n, p in self.model.named_parameters() if p.grad is None]
-            raise RuntimeError(f"No gradient reached {', '.join(missing[:5])}: is it used by the loss?")
+        grads = self.gradients()
         with torch.no_grad():
-            grad_norm = total_grad_norm(grads)  # type: ignore[arg-type]
-            applied = adamw_update_(
-                [local_tensor(p) for p in self.params],
-                [local_tensor(g) for g in grads],  # type: ignore[arg-type]
-                self.state,
-                self.lr_tensor(lr),
-                grad_norm,
-                self.decays,
-                self.config,
-            )
+            grad_norm = total_grad_norm(grads)
+        applied = self.update_(grads, grad_norm, lr)
         for param in self.params:
             param.grad = None
         self.backend.end_step()
