@@ -75,6 +75,10 @@ def worker(seq_len: int, out: Path) -> None:
     cost = torch.tensor([after - before], dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(cost, op=dist.ReduceOp.MAX)
+        # each cp rank's loss is its weighted share of the row's; their mean is the row's loss
+        shares = torch.tensor([loss], dtype=torch.float64)
+        dist.all_reduce(shares)
+        loss = shares.item() / dist.get_world_size()
     if not dist.is_initialized() or dist.get_rank() == 0:
         out.write_text(json.dumps({"seq_len": seq_len, "cp": cp, "bytes": int(cost.item()), "loss": loss}))
     if dist.is_initialized():
