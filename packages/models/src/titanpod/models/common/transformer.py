@@ -144,10 +144,7 @@ class Transformer(nn.Module):
         if document_ids_BS is not None:
             document_ids_BS = self.ops.sequence.local(document_ids_BS)
         h_BSM = self.tok_embeddings(tokens_BS)
-        inv_freq = inverse_frequencies(
-            self.args.resolved_head_dim, self.args.rope_theta, self.args.rope_scaling, device=tokens_BS.device
-        )
-        cos_SD, sin_SD = rotary_cos_sin(positions_S, inv_freq, h_BSM.dtype)
+        cos_SD, sin_SD = self.rotary_tables(self.args, positions_S, h_BSM.dtype)
         router_logits: list[torch.Tensor] = []
         dropped: list[torch.Tensor] = []
         for layer in self.layers:

@@ -127,6 +127,11 @@ class ContextParallelHeadLoss:
         return torch.where(count > 0, mean, torch.zeros_like(mean)) * weight
 
 
+def _op_name(op: Any) -> str:
+    """An op's name for a message: ``local_causal_sdpa.<locals>.attention``, ``TorchTpuSplashAttention``."""
+    return getattr(op, "__qualname__", type(op).__name__)
+
+
 def make_context_parallel(model: nn.Module, mesh: DeviceMesh) -> None:
     """Split ``model``'s sequence over ``mesh`` (the cp axis), in place: its sequence slot keeps this
     rank's chunks, every attention slot gathers keys and values, the loss is weighted per rank.
@@ -143,7 +148,7 @@ def make_context_parallel(model: nn.Module, mesh: DeviceMesh) -> None:
         positioned = positioned_form(module.attention_op)
         if positioned is None:
             raise PlanError(
-                f"Context parallelism cannot split attention {module.attention_op!r}: it attends by position with "
+                f"Context parallelism cannot split this model's attention ({_op_name(module.attention_op)}): it needs "
                 "kernels.attention splash, or sdpa without kernels.window; change one, or set parallel.cp 1."
             )
         module.attention_op = ContextParallelAttention(positioned, mesh, sequence)
