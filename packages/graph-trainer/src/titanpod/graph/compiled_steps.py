@@ -96,10 +96,13 @@ def compile_step(
     out_spec = graph.graph._codegen.pytree_info.out_spec  # type: ignore[attr-defined]  # make_fx graphs carry one
     flat = _flat_copy(graph)
     path = cache_dir / f"{step_key(flat, flat_inputs)}.bin" if cache_dir is not None else None
+    constants = _lift_constants(flat)
     if path is not None and path.is_file():
         artifact, cache = CompiledArtifact.load(path=str(path), format="binary"), "hit"
     else:
-        artifact = standalone_compile(flat, flat_inputs, dynamic_shapes="from_example_inputs", donate_graph_module=True)
+        artifact = standalone_compile(
+            flat, [*flat_inputs, *constants], dynamic_shapes="from_example_inputs", donate_graph_module=True
+        )
         cache = "off" if path is None else "miss"
         if path is not None:
             try:
@@ -112,7 +115,7 @@ def compile_step(
                 )
 
     def program(*inputs: Any) -> Any:
-        return pytree.tree_unflatten(list(artifact(*pytree.tree_leaves(inputs))), out_spec)
+        return pytree.tree_unflatten(list(artifact(*pytree.tree_leaves(inputs), *constants)), out_spec)
 
     return program, CompileReport(time.perf_counter() - started, cache, path)
 
@@ -123,6 +126,30 @@ def _flat_copy(graph: fx.GraphModule) -> fx.GraphModule:
     plain = fx.Graph()
     plain.output(plain.graph_copy(graph.graph, {}))  # nodes and their meta, under fx's plain codegen
     return fx.GraphModule(graph, plain)
+
+
+def _lift_constants(graph: fx.GraphModule) -> list[torch.Tensor]:
+    """Turn the tensors ``graph`` reads as attributes into trailing inputs, in place; returns their values.
+
+    A saved artifact does not keep the constants of the graph it was compiled from, so a loaded
+    one is handed them as inputs, exactly as a freshly compiled one is.
+    """
+    tensors = _constants(graph)
+    nodes = [node for node in graph.graph.nodes if node.op == "get_attr" and str(node.target) in tensors]
+    values = [tensors[str(node.target)] for node in nodes]
+    last_input = [node for node in graph.graph.nodes if node.op == "placeholder"][-1]
+    for offset, node in enumerate(nodes):
+        with graph.graph.inserting_after(last_input):
+            lifted = graph.graph.placeholder(f"constant_{offset}")
+        lifted.meta.update(node.meta)
+        node.replace_all_uses_with(lifted)
+        graph.graph.erase_node(node)
+        last_input = lifted
+    for target in {str(node.target) for node in nodes}:  # a buffer left behind would be lifted again by inductor
+        owner_path, _, name = target.rpartition(".")
+        delattr(graph.get_submodule(owner_path) if owner_path else graph, name)
+    graph.recompile()
+    return values
 
 
 def _save_atomically(artifact: Any, path: Path) -> None:

@@ -161,7 +161,7 @@ def _forward_nodes(graph: fx.Graph) -> tuple[set[fx.Node], set[fx.Node]]:
         dataflow |= own
         if own:
             forward.update(nodes[min(order[n] for n in own) : order[loss] + 1])
-    return dataflow, {n for n in forward | dataflow if n.op != "placeholder"}
+    return dataflow, {n for n in forward | dataflow if n.op not in ("placeholder", "get_attr")}  # inputs, constants
 
 
 def _ancestors_of(node: fx.Node) -> set[fx.Node]:

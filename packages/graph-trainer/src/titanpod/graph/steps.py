@@ -20,6 +20,7 @@ from titanpod.device import Backend
 from titanpod.graph.capture import ParamSpec, autocast_context, capture_step
 from titanpod.graph.compiled_steps import cache_dir_of, compile_step
 from titanpod.graph.config import TrainConfig
+from titanpod.graph.constant_folding import fold_constants
 from titanpod.graph.loss_metrics import add_metrics
 from titanpod.graph.memory_policy import apply_memory_policy
 from titanpod.graph.optimizer import local_tensor, total_grad_norm
@@ -97,6 +98,7 @@ class WholeStep(TrainStep):
         """
         inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), document_ids_ABS)
         graph = capture_step(self.model, self.specs, self.config, self.backend.device_type, inputs)
+        fold_constants(graph)
         apply_memory_policy(graph, self.config.memory_policy, self.backend.device_type)
         self.graph = graph
         if self.config.compiler == "none":
