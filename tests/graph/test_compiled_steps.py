@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from titanpod.device import get_backend
-from titanpod.graph import TrainConfig, train
-from titanpod.graph.compiled_steps import cache_dir_of
+from titanpod.graph import TrainConfig, compiled_steps, train
+from titanpod.graph.compiled_steps import cache_dir_of, step_key
+from titanpod.graph.constant_folding import fold_constants
 from titanpod.models import DecoderArgs, Transformer
 
 TINY = DecoderArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=64, ffn_dim=64, max_seq_len=32)
@@ -84,3 +86,19 @@ def test_a_cache_folder_that_cannot_be_written_warns_and_trains_on(tmp_path):
         _, summary = run(str(blocker / "cache"))
     _, uncached = run("off")
     assert summary.losses == uncached.losses
+
+
+def test_the_key_names_the_cpus_vector_instructions_and_the_graphs_constants(monkeypatch):
+    graph = make_fx(lambda x: x * torch.arange(4.0).cos())(torch.ones(4))
+    fold_constants(graph)
+    inputs = [torch.ones(4)]
+    key = step_key(graph, inputs)
+    assert step_key(graph, inputs) == key
+    monkeypatch.setattr(compiled_steps, "_cpu_flags", lambda: {"sse4_2", "avx", "avx2", "fma"})
+    avx2 = step_key(graph, inputs)
+    monkeypatch.setattr(compiled_steps, "_cpu_flags", lambda: {"sse4_2", "avx", "avx2", "fma", "avx512f"})
+    assert step_key(graph, inputs) != avx2
+    monkeypatch.undo()
+    constant = next(name for name, _ in graph.named_buffers())
+    getattr(graph, constant).add_(1.0)  # another value of the same shape is another artifact
+    assert step_key(graph, inputs) != key

@@ -27,6 +27,7 @@ HARMLESS_CHANGES: tuple[str, ...] = (
     "train.memory_policy",
     "train.compiler",
     "train.compile_cache_dir",
+    "train.keep_host_memory",
     "train.skip_nonfinite",
     "checkpoint.*",  # when and where checkpoints go, and this list's escape hatch itself
     "output.*",

@@ -69,6 +69,10 @@ class TrainConfig:
     graph loads it instead of compiling again: ``default`` (``$XDG_CACHE_HOME/titanpod/compiled-steps``, else
     ``~/.cache/titanpod/compiled-steps``), a folder, or ``off`` (compile every run afresh). The folder holds code
     that is loaded and run: keep it one only you write."""
+    keep_host_memory: bool = True
+    """On the cpu lane, keep freed host memory in the process (glibc: no ``mmap`` per allocation, no trimming) so
+    a step's buffers are reused instead of faulted in anew each step; the process then stays at its peak size.
+    See ``titanpod.device.host_memory``."""
     grad_accum_steps: int = 1
     """Micro-batches whose gradients are averaged into one optimizer step."""
     precision: Precision = "fp32"

@@ -17,6 +17,7 @@ from torch import fx, nn
 from torch.distributed.tensor import DTensor
 
 from titanpod.device import Backend
+from titanpod.device.host_memory import keep_freed_host_memory
 from titanpod.graph.capture import ParamSpec, autocast_context, capture_step
 from titanpod.graph.compiled_steps import cache_dir_of, compile_step
 from titanpod.graph.config import TrainConfig
@@ -151,6 +152,8 @@ def build_step(
     ``pipeline`` (a ``titanpod.parallel.torch_executor.PipelineModel``, parallel.pp > 1) gives the
     ``PipelineStep`` over its stages (eager step mode only); ``model`` is then ``pipeline.model``.
     """
+    if config.keep_host_memory and backend.device_type == "cpu":
+        keep_freed_host_memory()
     if pipeline is not None:
         from titanpod.graph.pipeline_step import PipelineStep  # imported here: only pipelines need it
 

@@ -1,0 +1,39 @@
+"""Keeping freed host memory: a buffer freed and allocated again is not faulted in again."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PROGRAM = """
+import resource, sys, torch
+from titanpod.device.host_memory import keep_freed_host_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_host_memory()
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def step():  # three 48 MiB buffers, above the largest size glibc would otherwise serve from its heap
+    a = torch.ones(12 << 20)
+    b = a * 2.0
+    return float((a + b)[0])
+for _ in range(10):
+    step()
+before = faults()
+for _ in range(5):
+    step()
+print((faults() - before) / 5)
+"""
+
+
+def _faults_per_step(mode: str) -> float:
+    done = subprocess.run([sys.executable, "-c", PROGRAM, mode], capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator settings exist on Linux only")
+def test_a_steps_freed_buffers_are_reused_without_page_faults():
+    pages = 3 * (48 << 20) // 4096
+    assert _faults_per_step("release") > pages / 2  # each buffer is mapped anew and unmapped every step
+    assert _faults_per_step("keep") < pages / 100
