@@ -179,31 +179,8 @@ def _constants(graph: fx.GraphModule) -> dict[str, torch.Tensor]:
 
 
 def _vector_isa() -> str:
-    """The CPU's vector instruction sets, which inductor's kernels are compiled for (an artifact for AVX-512 must
-    not load where there is only AVX2, as on another host sharing a home directory).
+    """The CPU vector instructions inductor compiles for on this machine (an artifact for AVX-512 must not load
+    where there is only AVX2, as on another host sharing a home directory)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    Read from the CPU's flags rather than from inductor's own probe, which compiles and runs test programs
-    (about 1.5 s, paid by every run that loads a cached step).
-    """
-    flags = _cpu_flags()
-    if flags is None:
-        return f"{platform.processor()}:{torch.backends.cpu.get_cpu_capability()}"
-    vector = sorted(flag for flag in flags if flag.startswith(_VECTOR_FLAG_PREFIXES))
-    return f"{torch.backends.cpu.get_cpu_capability()}:{','.join(vector)}"
-
-
-_VECTOR_FLAG_PREFIXES = ("sse", "ssse", "avx", "amx", "fma", "f16c", "vnni", "neon", "asimd", "sve", "bf16", "fp16")
-"""Flags (``/proc/cpuinfo``) of the instruction sets generated code may use."""
-
-
-def _cpu_flags() -> set[str] | None:
-    """The first CPU's feature flags from ``/proc/cpuinfo`` (Linux: ``flags`` on x86, ``Features`` on Arm)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features"):
-            return set(value.split())
-    return None
+    return str(pick_vec_isa())
