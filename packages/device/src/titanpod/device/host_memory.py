@@ -14,7 +14,6 @@ The cost: the process keeps the heap at its peak size until it exits, as caching
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 M_TRIM_THRESHOLD = -1
@@ -33,11 +32,8 @@ def keep_freed_host_memory() -> bool:
     """
     if not sys.platform.startswith("linux"):
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
     try:
-        mallopt = ctypes.CDLL(name).mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the C library the process already runs on
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int

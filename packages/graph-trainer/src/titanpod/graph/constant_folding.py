@@ -100,9 +100,11 @@ def fold_constants(graph_module: fx.GraphModule, max_bytes: int = DEFAULT_MAX_BY
     frontier = [
         node
         for node in graph.nodes
-        if node in costly and node.op != "get_attr" and any(user not in constant for user in node.users)
+        if node in costly
+        and node.op != "get_attr"
+        and any(user not in constant for user in node.users)
+        and 0 < _bytes(node) <= max_bytes
     ]
-    frontier = [node for node in frontier if _bytes(node) is not None and _bytes(node) <= max_bytes]  # type: ignore[operator]
     if not frontier:
         return []
     values = _evaluate(graph_module, frontier)
@@ -130,11 +132,10 @@ def _foldable(node: fx.Node) -> bool:
     return not (target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags)
 
 
-def _bytes(node: fx.Node) -> int | None:
+def _bytes(node: fx.Node) -> int:
+    """The size of the node's tensor value; 0 when its value is not one tensor (nothing to fold into a buffer)."""
     value = node.meta.get("val")
-    if not isinstance(value, torch.Tensor):
-        return None
-    return value.numel() * value.element_size()
+    return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
 
 
 def _evaluate(graph_module: fx.GraphModule, wanted: list[fx.Node]) -> dict[fx.Node, torch.Tensor]:
