@@ -14,7 +14,9 @@ glibc's default malloc keeps freed blocks resident once its adaptive mmap thresh
 risen, so resident memory would measure the allocator's retention, not the program's
 need: the measured processes run with ``MALLOC_MMAP_THRESHOLD_=65536``, which returns
 freed large blocks to the system. The ``default malloc`` column shows the same run
-without that setting, for reference.
+without that setting, for reference. For the same reason the runs set
+``train.keep_host_memory false`` (on by default on the cpu lane: it keeps every freed
+block in the process).
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ def measure(case: str, steps: int) -> dict:
     recipe = parse_recipe(["--recipe", name, "--device.lane", "cpu", *CASES[case]])
     if recipe.train.step_mode == "whole_step":
         recipe = with_changes(recipe, train={"compiler": "none"})
-    recipe = with_changes(recipe, train={"steps": steps, "warmup_steps": 0})
+    # keep_host_memory would keep the one-layer warm-up's freed buffers resident in the baseline and let the
+    # measured run reuse them, so the rise above the baseline would understate the run's need.
+    recipe = with_changes(recipe, train={"steps": steps, "warmup_steps": 0, "keep_host_memory": False})
     backend = get_backend("cpu")
     batches = build_run_data(recipe, get_flavor(recipe.model.family, recipe.model.flavor).vocab_size, 0, 1).train
     micro = [next(batches) for _ in range(steps)]
