@@ -9,6 +9,7 @@ with sequence parallelism, Splash and the Pallas loss (llama3_405b), MoE with EP
 capacity (qwen3_235b_a22b), each on both lanes, and the selective memory policy with q/k
 norms on the xla lane (qwen3_8b). The other recipe-lane pairs repeat those combinations at
 other sizes; they are marked ``rehearsal_full`` and run with ``pytest --rehearse-all``.
+On the xla lane a resumed run must match the uninterrupted one exactly, resuming from Orbax.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import pytest
 
 from titanpod.diffusion.cli import main as diffusion_main
-from titanpod.recipes.rehearsal.scaling import STEPS
+from titanpod.recipes.rehearsal.scaling import STEPS, STOP_AT
 
 POD_RECIPES = ["llama3_8b", "llama3_70b", "llama3_405b", "qwen3_8b", "qwen3_32b", "qwen3_235b_a22b"]
 DEFAULT_RUN = {("llama3_405b", "cpu"), ("llama3_405b", "xla"), ("qwen3_235b_a22b", "cpu"),
@@ -61,6 +62,10 @@ def test_pod_recipe_rehearsal_passes(recipe, lane, tmp_path):
     assert entry["losses"][-1] < entry["losses"][0]
     assert entry["resume_difference"] <= 1e-5
     assert entry["weights_difference"] <= 1e-5
+    if lane == "xla":  # one deterministic program (the same executable, from JAX's cache): exact, from Orbax
+        assert entry["resume_difference"] == 0.0 and entry["weights_difference"] == 0.0
+        (checkpoint,) = tmp_path.glob(f"rehearse-{recipe}-*/xla/resumed/checkpoints/step-{STOP_AT:06d}")
+        assert (checkpoint / "orbax").is_dir()
     settings = {row["name"]: row for row in report["settings"][lane]}
     assert settings["train.step_mode"]["rehearsal"] == "whole_step"
     assert settings["kernels.attention"]["rehearsal"] == "splash (Pallas interpret mode)"

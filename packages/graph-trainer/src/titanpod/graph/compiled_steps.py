@@ -43,7 +43,7 @@ class CompileReport:
     cache: str
     """``hit`` (loaded from the cache), ``miss`` (compiled and saved) or ``off`` (compiled, no cache)."""
     path: Path | None
-    """The artifact's file, when the cache is on."""
+    """The artifact's file when the cache is on (on the xla lane: the folder of JAX's cache)."""
 
 
 def cache_dir_of(setting: str) -> Path | None:

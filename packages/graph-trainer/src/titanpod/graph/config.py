@@ -65,8 +65,9 @@ class TrainConfig:
     cpu/cuda, the tpu backend on tpu, ``jax.jit`` on xla) or ``none`` (run the captured
     graph as it is, op by op: for debugging and quick tests)."""
     compile_cache_dir: str = "default"
-    """Where a whole step compiled by inductor (cpu and cuda lanes) is kept, so the next run that captures the same
-    graph loads it instead of compiling again: ``default`` (``$XDG_CACHE_HOME/titanpod/compiled-steps``, else
+    """Where a compiled whole step is kept, so the next run that builds the same program loads it instead of
+    compiling again: inductor's artifacts on the cpu and cuda lanes, JAX's persistent compilation cache (its
+    ``xla`` subfolder) on the xla lane. ``default`` (``$XDG_CACHE_HOME/titanpod/compiled-steps``, else
     ``~/.cache/titanpod/compiled-steps``), a folder, or ``off`` (compile every run afresh). The folder holds code
     that is loaded and run: keep it one only you write."""
     keep_host_memory: bool = True

@@ -73,8 +73,8 @@ class TrainSummary:
     start_step: int = 0
     """Steps done before this call (a resumed run); ``losses[0]`` is step ``start_step + 1``."""
     compile_seconds: float | None = None
-    """Time the first step spent compiling the whole step with inductor, or loading it from the compiled-step
-    cache (``compile_cache`` says which); ``None`` for steps that compile no whole program that way."""
+    """Time the first step spent compiling the whole step (inductor; XLA on the xla lane), or loading it from the
+    compiled-step cache (``compile_cache`` says which); ``None`` for steps that compile no whole program."""
     compile_cache: str | None = None
     """``hit``, ``miss`` or ``off``, with ``compile_seconds``."""
 
@@ -273,7 +273,7 @@ def train(
 
 
 def _compile_fields(train_step: Any) -> dict[str, Any]:
-    """``compile_seconds`` and ``compile_cache`` of the step's last inductor compile, where it made one."""
+    """``compile_seconds`` and ``compile_cache`` of the step's last whole-program compile, where it made one."""
     report = getattr(train_step, "compile_report", None)
     if report is None:
         return {}

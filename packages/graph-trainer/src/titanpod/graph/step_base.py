@@ -101,8 +101,8 @@ class TrainStep(ABC):
     as jax arrays (the trainer-state layout, ``{"model": ..., "optim": ...}``), saved with Orbax."""
 
     compile_report: CompileReport | None = None
-    """How the step's program was last compiled by inductor (time, cache hit or miss); ``None`` for steps
-    that compile no whole program that way."""
+    """How the step's whole program was last compiled (by inductor, or by XLA on the xla lane): time, cache hit
+    or miss; ``None`` for steps that compile no whole program."""
 
     def __init__(self, model: nn.Module, config: TrainConfig, backend: Backend) -> None:
         self.model = model

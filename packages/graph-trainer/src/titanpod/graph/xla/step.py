@@ -29,6 +29,7 @@ from titanpod.graph.config import TrainConfig
 from titanpod.graph.loss_metrics import loss_and_metrics
 from titanpod.graph.optimizer import AdamWState, adamw_update_, state_tree, total_grad_norm
 from titanpod.graph.step_base import Batch, StateFormat, StepOutput, TrainStep, stack_micro_batches
+from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
 from titanpod.graph.xla.precision import bf16_autocast
 from titanpod.graph.xla.remat import remat_policy, rematerialised_blocks
@@ -41,7 +42,9 @@ class XlaStep(TrainStep):
     ``plan`` (a ``titanpod.parallel.ShardingPlan``) and ``axes`` (mesh axis -> size) shard
     parameters, moments and batches over ``mesh`` (built from ``axes`` when not given);
     with no plan every array is replicated on a one-device mesh. The program is compiled
-    on the first call and again only when the batch shape changes. The torch model's
+    on the first call and again only when the batch shape changes, through JAX's persistent
+    compilation cache in ``train.compile_cache_dir`` (``titanpod.graph.xla.compile_cache``);
+    ``compile_report`` says how long the last compile took and whether it came from that cache. The torch model's
     parameters are not updated while training: ``finish()`` copies the trained values back.
     ``state`` holds the AdamW moments and step count as jax arrays, sharded like the parameters.
 
@@ -66,6 +69,9 @@ class XlaStep(TrainStep):
         self.axes = dict(axes or {})
         self.policy = remat_policy(config.memory_policy)
         self._plan, self._mesh, self._initial_values = plan, mesh, initial_values
+        self._cache_folder = xla_cache_dir(config.compile_cache_dir)
+        use_xla_cache(self._cache_folder)  # before the first compile of this step, placing the parameters
+        self._compiled: dict[tuple, Any] = {}  # batch arrays' (shape, dtype)s -> the program compiled for them
         super().__init__(model, config, backend)  # calls initial_state: parameters and moments on the mesh
         self.program = self.jitted_step()
         """The ``jax.jit`` of the step; it compiles on the first call, and again only for a new batch shape."""
@@ -196,12 +202,22 @@ class XlaStep(TrainStep):
         with self.backend.runtime(), jax.set_mesh(self.mesh):
             return self.program.lower(*self._arguments(micro_batches, lr))
 
+    def _compiled_program(self, arguments: tuple) -> Any:
+        """The program compiled for these arguments' batch shapes: compiled (or loaded) on first sight."""
+        key = tuple((array.shape, array.dtype) for array in arguments[5:])
+        if key not in self._compiled:
+            self._compiled[key], self.compile_report = compile_lowered(
+                lambda: self.program.lower(*arguments), self._cache_folder
+            )
+        return self._compiled[key]
+
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
         import jax
 
         # The mesh in context: kernels (titanpod.kernels' jax_op) split their Pallas calls over it.
         with self.backend.runtime(), jax.set_mesh(self.mesh):
-            outputs = self.program(*self._arguments(micro_batches, lr))
+            arguments = self._arguments(micro_batches, lr)
+            outputs = self._compiled_program(arguments)(*arguments)
         self.jax_params, exp_avg, exp_avg_sq, step, loss, grad_norm, applied, metrics = outputs
         self.state = AdamWState(step, exp_avg, exp_avg_sq)
         return StepOutput(loss, grad_norm, applied, metrics)
