@@ -202,6 +202,11 @@ class XlaStep(TrainStep):
         with self.backend.runtime(), jax.set_mesh(self.mesh):
             return self.program.lower(*self._arguments(micro_batches, lr))
 
+    @property
+    def compiled_programs(self) -> int:
+        """Programs this step has compiled (or loaded from the cache) so far: one per batch shape it has seen."""
+        return len(self._compiled)
+
     def _compiled_program(self, arguments: tuple) -> Any:
         """The program compiled for these arguments' batch shapes: compiled (or loaded) on first sight."""
         key = tuple((array.shape, array.dtype) for array in arguments[5:])
