@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,18 +29,30 @@ def xla_cache_dir(setting: str) -> Path | None:
     return None if folder is None else folder / "xla"
 
 
-def use_xla_cache(folder: Path | None) -> None:
-    """Point JAX's persistent compilation cache at ``folder`` (created if missing), or switch it off (None)."""
+def use_xla_cache(folder: Path | None) -> Path | None:
+    """Point JAX's persistent compilation cache at ``folder`` (created if missing), or switch it off (None).
+
+    Returns the folder in use: None when it was off, or when ``folder`` cannot be made (a warning says so and
+    the run compiles without a cache, as the inductor lanes do when they cannot save).
+    """
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 
-    wanted = None if folder is None else str(folder)
-    if jax.config.jax_compilation_cache_dir == wanted:
-        return
     if folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-    compilation_cache.reset_cache()  # JAX opens its cache once per process; a new folder needs a fresh start
-    jax.config.update("jax_compilation_cache_dir", wanted)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            warnings.warn(
+                f"The compiled-step cache folder {folder} cannot be made ({error}); this run compiles its step "
+                "without it. Set train.compile_cache_dir to a folder you can write, or 'off'.",
+                stacklevel=2,
+            )
+            folder = None
+    wanted = None if folder is None else str(folder)
+    if jax.config.jax_compilation_cache_dir != wanted:
+        compilation_cache.reset_cache()  # JAX opens its cache once per process; a new folder needs a fresh start
+        jax.config.update("jax_compilation_cache_dir", wanted)
+    return folder
 
 
 @contextlib.contextmanager

@@ -69,12 +69,13 @@ class XlaStep(TrainStep):
         self.axes = dict(axes or {})
         self.policy = remat_policy(config.memory_policy)
         self._plan, self._mesh, self._initial_values = plan, mesh, initial_values
-        self._cache_folder = xla_cache_dir(config.compile_cache_dir)
-        use_xla_cache(self._cache_folder)  # before the first compile of this step, placing the parameters
+        # Before the first compile of this step, which places the parameters.
+        self._cache_folder = use_xla_cache(xla_cache_dir(config.compile_cache_dir))
         self._compiled: dict[tuple, Any] = {}  # batch arrays' (shape, dtype)s -> the program compiled for them
         super().__init__(model, config, backend)  # calls initial_state: parameters and moments on the mesh
         self.program = self.jitted_step()
-        """The ``jax.jit`` of the step; it compiles on the first call, and again only for a new batch shape."""
+        """The ``jax.jit`` of the step: lowered and compiled once per batch shape (``_compiled_program``), never
+        called itself, so that each compile is timed and its cache hit or miss reported."""
 
     def initial_state(self) -> AdamWState:
         """Place the parameters on the mesh (``jax_params``) and make zero moments sharded like them."""
