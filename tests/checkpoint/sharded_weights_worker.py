@@ -14,6 +14,7 @@ the bytes of parameters it holds, and whether both ways gave the same shards).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from titanpod.device import ensure_process_group, get_backend
 from titanpod.models import build_model
 from titanpod.parallel import PLANS, ParallelConfig
 from titanpod.parallel.torch_executor import parallelize
+from titanpod.runs.process_exit import exit_rank
 
 METADATA = {"step": 0}
 EXTRA_FILES = {"recipe.json": "{}\n"}
@@ -82,4 +84,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # an abort during the work prints every thread's stack
     main()
+    exit_rank(0)  # as the CLIs' ranks leave: see titanpod.runs.process_exit.exit_rank

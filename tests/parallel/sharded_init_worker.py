@@ -8,6 +8,7 @@ same seed; rank 0 writes what it found as JSON.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from titanpod.device import ensure_process_group, get_backend
 from titanpod.models import build_model, region_initializer
 from titanpod.parallel import PLANS, ParallelConfig
 from titanpod.parallel.torch_executor import parallelize
+from titanpod.runs.process_exit import exit_rank
 
 SEED = 7
 
@@ -72,4 +74,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # an abort during the work prints every thread's stack
     main()
+    exit_rank(0)  # as the CLIs' ranks leave: see titanpod.runs.process_exit.exit_rank

@@ -35,7 +35,7 @@ def run_worker(out: Path, *args: str, processes: int = 1) -> dict:
     result = subprocess.run(
         [*launcher, str(WORKER), *args, "--out", str(out)], capture_output=True, text=True, env=env, timeout=600
     )
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, result.stderr[-8000:]
     return json.loads(out.read_text())
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import json
 import os
 from collections import Counter
@@ -40,6 +41,7 @@ from titanpod.models import build_model, get_flavor
 from titanpod.parallel import PLANS, ParallelConfig
 from titanpod.parallel.torch_executor import parallelize, parallelize_pipeline, unshard
 from titanpod.parallel.torch_executor.pipeline_gather import gather_pipeline_weights
+from titanpod.runs.process_exit import exit_rank
 
 
 def local_parameter_bytes(model: torch.nn.Module) -> int:
@@ -195,4 +197,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # an abort during the work prints every thread's stack
     main()
+    exit_rank(0)  # as the CLIs' ranks leave: see titanpod.runs.process_exit.exit_rank

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import json
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from titanpod.recipes.posttrain.registry import grpo_debug
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig
 from titanpod.recipes.recipe import OutputConfig
 from titanpod.rl.grpo.run import run_grpo
+from titanpod.runs.process_exit import exit_rank
 
 
 def lowercase_share(prompt: str, completion: str, answer: str) -> float:
@@ -62,4 +64,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # an abort during the work prints every thread's stack
     main()
+    exit_rank(0)  # as the CLIs' ranks leave: see titanpod.runs.process_exit.exit_rank

@@ -30,7 +30,7 @@ def run_worker(tmp_path: Path, folder: Path, name: str, *args: str, processes: i
     command = [*launcher, str(WORKER), "--init-from", str(folder), "--runs-dir", str(tmp_path / "runs"),
                "--run-name", name, "--out", str(out), *args]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, result.stderr[-8000:]
     return json.loads(out.read_text())
 
 
