@@ -8,6 +8,14 @@ and constants, each input's shape, dtype, strides and device, the torch build, t
 version and the machine's vector instructions. A later run that captures the same graph loads
 it in well under a second.
 
+A later run of the same recipe need not even capture it: beside each artifact the cache keeps a
+shortcut under the step's fingerprint (``titanpod.graph.step_fingerprint``: the code, model,
+config and inputs the graph is made from), with what calling the artifact needs and the capture
+alone would tell (the folded constants and the outputs' structure). ``load_shortcut`` finds it.
+
+Inductor's pick of vector instructions, part of every key, comes from
+``titanpod.graph.vector_isa.VectorIsaProbe``, which works it out while the step is captured.
+
 The cache holds compiled code that is loaded and run, as inductor's own cache does: keep it in
 a folder only you write (the default is under your home directory).
 """
@@ -15,6 +23,7 @@ a folder only you write (the default is under your home directory).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import sys
@@ -32,6 +41,9 @@ from torch.utils import _pytree as pytree
 
 FORMAT = "titanpod-compiled-step-1"
 """Part of every key: a change to how artifacts are made or keyed starts a new set."""
+
+SHORTCUT_FORMAT = "titanpod-step-shortcut-1"
+"""Written in every shortcut file; one of another format is ignored."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +69,9 @@ def cache_dir_of(setting: str) -> Path | None:
     return Path(setting).expanduser()
 
 
-def step_key(graph: fx.GraphModule, flat_inputs: list[Any]) -> str:
-    """The cache key of ``graph`` compiled for ``flat_inputs``: a SHA-256 over what the compiled code depends on."""
+def step_key(graph: fx.GraphModule, flat_inputs: list[Any], vector_isa: str | None = None) -> str:
+    """The cache key of ``graph`` compiled for ``flat_inputs``: a SHA-256 over what the compiled code depends on
+    (``vector_isa``: inductor's pick for this CPU, probed here when not given)."""
     digest = hashlib.sha256()
 
     def add(*parts: object) -> None:
@@ -67,7 +80,7 @@ def step_key(graph: fx.GraphModule, flat_inputs: list[Any]) -> str:
             digest.update(b"\0")
 
     add(FORMAT, torch.__version__, torch.version.git_version, sys.version_info[:3], platform.machine())
-    add(_vector_isa(), graph.code)
+    add(vector_isa if vector_isa is not None else _vector_isa(), graph.code)
     for value in flat_inputs:
         if isinstance(value, torch.Tensor):
             add(tuple(value.shape), value.stride(), value.dtype, value.device.type, value.requires_grad)
@@ -82,12 +95,20 @@ def step_key(graph: fx.GraphModule, flat_inputs: list[Any]) -> str:
 
 
 def compile_step(
-    graph: fx.GraphModule, example_inputs: tuple, cache_dir: Path | None
+    graph: fx.GraphModule,
+    example_inputs: tuple,
+    cache_dir: Path | None,
+    vector_isa: Callable[[], str] | None = None,
+    fingerprint: str | None = None,
 ) -> tuple[Callable[..., Any], CompileReport]:
     """``graph`` (a captured step taking ``example_inputs``' structure) compiled by inductor; from ``cache_dir``
     when an artifact of the same key is there, else compiled and saved there (``None``: no cache).
 
-    The returned callable takes and returns what ``graph`` does (nested lists of tensors).
+    ``vector_isa`` gives inductor's pick of vector instructions (``VectorIsaProbe.result`` of
+    ``titanpod.graph.vector_isa``; inductor's own check is run here when not given). With ``fingerprint``
+    (``titanpod.graph.step_fingerprint``) a shortcut to the artifact is saved under it, for ``load_shortcut``
+    to find without a capture. The returned callable takes and returns what ``graph`` does (nested lists of
+    tensors).
     """
     from torch._inductor import CompiledArtifact, standalone_compile
 
@@ -95,7 +116,8 @@ def compile_step(
     flat_inputs = pytree.tree_leaves(example_inputs)
     out_spec = graph.graph._codegen.pytree_info.out_spec  # type: ignore[attr-defined]  # make_fx graphs carry one
     flat = _flat_copy(graph)
-    path = cache_dir / f"{step_key(flat, flat_inputs)}.bin" if cache_dir is not None else None
+    isa = vector_isa() if vector_isa is not None else _vector_isa()
+    path = cache_dir / f"{step_key(flat, flat_inputs, isa)}.bin" if cache_dir is not None else None
     constants = _lift_constants(flat)
     if path is not None and path.is_file():
         artifact, cache = CompiledArtifact.load(path=str(path), format="binary"), "hit"
@@ -105,19 +127,113 @@ def compile_step(
         )
         cache = "off" if path is None else "miss"
         if path is not None:
-            try:
-                _save_atomically(artifact, path)
-            except OSError as error:  # the compile is done: train on, just without keeping it
-                warnings.warn(
-                    f"The compiled step could not be saved in {path.parent} ({error}); this run goes on, and the "
-                    "next one compiles again. Set train.compile_cache_dir to a folder you can write, or 'off'.",
-                    stacklevel=2,
-                )
+            _warn_unsaved(
+                path.parent,
+                lambda: _save_atomically(lambda partial: artifact.save(path=partial, format="binary"), path),
+            )
+    if path is not None and fingerprint is not None and path.is_file():
+        ops = _custom_ops(flat)
+        _warn_unsaved(path.parent, lambda: _save_shortcut(path, fingerprint, constants, out_spec, ops))
+    return _program(artifact, constants, out_spec), CompileReport(time.perf_counter() - started, cache, path)
 
+
+def load_shortcut(cache_dir: Path, fingerprint: str) -> tuple[Callable[..., Any], CompileReport] | None:
+    """The compiled step that ``compile_step`` saved a shortcut to under ``fingerprint``, loaded without its
+    graph; ``None`` when there is none (or it, or its artifact, cannot be read: the caller captures instead)."""
+    record_path = cache_dir / f"{fingerprint}.shortcut.json"
+    if not record_path.is_file():
+        return None
+    started = time.perf_counter()
+    try:
+        record = json.loads(record_path.read_text())
+        if record.get("format") != SHORTCUT_FORMAT:
+            return None
+        path = cache_dir / record["artifact"]
+        constants = torch.load(cache_dir / record["constants"], weights_only=True) if record["constants"] else []
+        if not path.is_file() or not isinstance(constants, list) or len(constants) != len(record["devices"]):
+            return None
+        if not all(_registered(op) for op in record["ops"]):  # a kernel registered by its capture: capture
+            return None
+        constants = [c.to(device) for c, device in zip(constants, record["devices"], strict=True)]
+        out_spec = pytree.treespec_loads(record["out_spec"])
+        from torch._inductor import CompiledArtifact
+
+        artifact = CompiledArtifact.load(path=str(path), format="binary")
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+        warnings.warn(
+            f"The compiled-step shortcut {record_path} could not be read ({error}); capturing the step.", stacklevel=2
+        )
+        return None
+    return _program(artifact, constants, out_spec), CompileReport(time.perf_counter() - started, "hit", path)
+
+
+def _program(artifact: Any, constants: list[torch.Tensor], out_spec: Any) -> Callable[..., Any]:
     def program(*inputs: Any) -> Any:
         return pytree.tree_unflatten(list(artifact(*pytree.tree_leaves(inputs), *constants)), out_spec)
 
-    return program, CompileReport(time.perf_counter() - started, cache, path)
+    return program
+
+
+def _warn_unsaved(folder: Path, save: Callable[[], None]) -> None:
+    """Run ``save``; a failure to write warns (the compile is done: train on, just without keeping it)."""
+    try:
+        save()
+    except OSError as error:
+        warnings.warn(
+            f"The compiled step could not be saved in {folder} ({error}); this run goes on, and the "
+            "next one compiles again. Set train.compile_cache_dir to a folder you can write, or 'off'.",
+            stacklevel=3,
+        )
+
+
+def _save_shortcut(
+    artifact_path: Path, fingerprint: str, constants: list[torch.Tensor], out_spec: Any, ops: list[str]
+) -> None:
+    """Write the record ``load_shortcut`` reads: the artifact's name, the outputs' structure, the constants and
+    the custom ops the step calls (which must be registered before it runs)."""
+    folder = artifact_path.parent
+    constants_name = f"{fingerprint}.constants.pt" if constants else ""
+    if constants:
+        _save_atomically(
+            lambda partial: torch.save([c.detach().cpu() for c in constants], partial), folder / constants_name
+        )
+    record = {
+        "format": SHORTCUT_FORMAT,
+        "artifact": artifact_path.name,
+        "constants": constants_name,
+        "devices": [str(c.device) for c in constants],
+        "ops": ops,
+        "out_spec": pytree.treespec_dumps(out_spec),
+    }
+    _save_atomically(
+        lambda partial: Path(partial).write_text(json.dumps(record)), folder / f"{fingerprint}.shortcut.json"
+    )
+
+
+BUILTIN_OP_NAMESPACES = frozenset({"aten", "prims", "_c10d_functional", "c10d_functional", "_dtensor", "inductor"})
+"""Namespaces of ops torch registers itself; any other op a step calls was registered by a library or a kernel."""
+
+
+def _custom_ops(graph: fx.GraphModule) -> list[str]:
+    """The qualified names (``namespace::name.overload``) of the ops in ``graph`` that torch does not register."""
+    names = set()
+    for node in graph.graph.nodes:
+        target = node.target
+        custom = isinstance(target, torch._ops.OpOverload) and target.namespace not in BUILTIN_OP_NAMESPACES
+        if node.op == "call_function" and custom:
+            names.add(f"{target.namespace}::{target._opname}.{target._overloadname}")
+    return sorted(names)
+
+
+def _registered(qualified: str) -> bool:
+    """Whether the op ``namespace::name.overload`` is registered in this process."""
+    namespace, _, rest = qualified.partition("::")
+    name, _, overload = rest.partition(".")
+    try:
+        getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
 def _flat_copy(graph: fx.GraphModule) -> fx.GraphModule:
@@ -152,13 +268,14 @@ def _lift_constants(graph: fx.GraphModule) -> list[torch.Tensor]:
     return values
 
 
-def _save_atomically(artifact: Any, path: Path) -> None:
-    """Write ``artifact`` beside ``path`` and rename it into place, so a reader never sees half a file."""
+def _save_atomically(write: Callable[[str], Any], path: Path) -> None:
+    """Write a file beside ``path`` with ``write(partial_path)`` and rename it into place, so a reader never
+    sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".partial")
     os.close(handle)
     try:
-        artifact.save(path=partial, format="binary")
+        write(partial)
         os.replace(partial, path)
     finally:
         if os.path.exists(partial):

@@ -15,17 +15,21 @@ from typing import Any
 import torch
 from torch import fx, nn
 from torch.distributed.tensor import DTensor
+from torch.utils import _pytree as pytree
 
 from titanpod.device import Backend
 from titanpod.device.host_memory import keep_freed_host_memory
-from titanpod.graph.capture import ParamSpec, autocast_context, capture_step
-from titanpod.graph.compiled_steps import cache_dir_of, compile_step
+from titanpod.graph.capture import ParamSpec, autocast_context, capture_step, step_function
+from titanpod.graph.compiled_steps import cache_dir_of, compile_step, load_shortcut
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.constant_folding import fold_constants
+from titanpod.graph.fused_adamw import fused_adamw_op
 from titanpod.graph.loss_metrics import add_metrics
 from titanpod.graph.memory_policy import apply_memory_policy
 from titanpod.graph.optimizer import local_tensor, total_grad_norm
 from titanpod.graph.step_base import Batch, StepOutput, TrainStep, batch_loss_and_metrics, stack_micro_batches
+from titanpod.graph.step_fingerprint import step_fingerprint
+from titanpod.graph.vector_isa import VectorIsaProbe
 
 
 class EagerStep(TrainStep):
@@ -66,6 +70,10 @@ class WholeStep(TrainStep):
     The graph is captured on the first call (it needs the batch shape) and reused while
     the shape stays; a new shape, or batches that start or stop carrying document ids,
     captures again. Document ids are one more graph input, [A, B, S] like the tokens.
+
+    Where inductor compiles the step (the cpu and cuda lanes) and the compiled-step cache is on, the first
+    call looks for the step under its fingerprint first (``titanpod.graph.step_fingerprint``) and, when a
+    run before this one compiled it, loads it without capturing; ``graph`` is then captured only if read.
     """
 
     def __init__(self, model: nn.Module, config: TrainConfig, backend: Backend) -> None:
@@ -75,9 +83,22 @@ class WholeStep(TrainStep):
             for p, decay in zip(self.params, self.decays, strict=True)
         ]
         self.local_params = [local_tensor(p.detach()) for p in self.params]
-        self.graph: fx.GraphModule | None = None
+        self._graph: fx.GraphModule | None = None
+        self._example: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         self._program = None
         self._shape: tuple[Any, ...] | None = None
+        self._inductor = config.compiler == "auto" and backend.compile_backend == "inductor"
+        self._cache_dir = cache_dir_of(config.compile_cache_dir) if self._inductor else None
+        # Started now so that it overlaps whatever comes before the first call, and the capture.
+        self._vector_isa = VectorIsaProbe(self._cache_dir) if self._inductor and backend.device_type == "cpu" else None
+
+    @property
+    def graph(self) -> fx.GraphModule | None:
+        """The captured step for the last batch shape (``None`` before the first call); captured on first read
+        when the compiled step was loaded without it."""
+        if self._graph is None and self._example is not None:
+            self._graph = self._capture(self._inputs(*self._example[:2], self.lr_tensor(0.0), self._example[2]))
+        return self._graph
 
     def _inputs(
         self,
@@ -90,6 +111,20 @@ class WholeStep(TrainStep):
         inputs = (self.local_params, state.exp_avg, state.exp_avg_sq, state.step, lr, tokens_ABS, labels_ABS)
         return inputs if document_ids_ABS is None else (*inputs, document_ids_ABS)
 
+    def _capture(self, inputs: tuple) -> fx.GraphModule:
+        graph = capture_step(self.model, self.specs, self.config, self.backend.device_type, inputs)
+        fold_constants(graph)
+        apply_memory_policy(graph, self.config.memory_policy, self.backend.device_type)
+        return graph
+
+    def _fingerprint(self, inputs: tuple) -> str:
+        """The step's key before capture: what ``_capture`` makes its graph from, and the functions it calls."""
+        isa = self._vector_isa.result() if self._vector_isa is not None else ""
+        builders = (capture_step, fold_constants, apply_memory_policy, step_function)
+        return step_fingerprint(
+            self.model, self.config, self.backend.device_type, self.decays, pytree.tree_leaves(inputs), isa, builders
+        )
+
     def prepare(
         self, tokens_ABS: torch.Tensor, labels_ABS: torch.Tensor, document_ids_ABS: torch.Tensor | None = None
     ) -> fx.GraphModule:
@@ -98,24 +133,43 @@ class WholeStep(TrainStep):
         With ``document_ids_ABS`` [A, B, S] the captured step takes them as its last input.
         """
         inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), document_ids_ABS)
-        graph = capture_step(self.model, self.specs, self.config, self.backend.device_type, inputs)
-        fold_constants(graph)
-        apply_memory_policy(graph, self.config.memory_policy, self.backend.device_type)
-        self.graph = graph
+        graph = self._capture(inputs)
+        self._graph, self._example = graph, (tokens_ABS, labels_ABS, document_ids_ABS)
         if self.config.compiler == "none":
             self._program = graph
-        elif self.backend.compile_backend == "inductor":
+        elif self._inductor:
             self._program, self.compile_report = compile_step(
-                graph, inputs, cache_dir_of(self.config.compile_cache_dir)
+                graph,
+                inputs,
+                self._cache_dir,
+                vector_isa=self._vector_isa.result if self._vector_isa is not None else None,
+                fingerprint=self._fingerprint(inputs) if self._cache_dir is not None else None,
             )
         else:
             self._program = self.backend.compile_step(graph)
         self._shape = _shape_key(tokens_ABS, document_ids_ABS)
         return graph
 
+    def _load_without_capture(
+        self, tokens_ABS: torch.Tensor, labels_ABS: torch.Tensor, document_ids_ABS: torch.Tensor | None
+    ) -> bool:
+        """Load the compiled step a run before this one saved under the step's fingerprint; False if there is none."""
+        if self._cache_dir is None:
+            return False
+        fused_adamw_op()  # the one custom op of titanpod's own a step may call, registered as its capture would
+        inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), document_ids_ABS)
+        loaded = load_shortcut(self._cache_dir, self._fingerprint(inputs))
+        if loaded is None:
+            return False
+        self._program, self.compile_report = loaded
+        self._graph, self._example = None, (tokens_ABS, labels_ABS, document_ids_ABS)
+        self._shape = _shape_key(tokens_ABS, document_ids_ABS)
+        return True
+
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
         tokens_ABS, labels_ABS, ids_ABS = stack_micro_batches(micro_batches)
-        if self._program is None or self._shape != _shape_key(tokens_ABS, ids_ABS):
+        stale = self._program is None or self._shape != _shape_key(tokens_ABS, ids_ABS)
+        if stale and not self._load_without_capture(tokens_ABS, labels_ABS, ids_ABS):
             self.prepare(tokens_ABS, labels_ABS, ids_ABS)
         assert self._program is not None
         inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(lr), ids_ABS)

@@ -1,0 +1,135 @@
+"""Inductor's pick of CPU vector instructions, found without holding up the step's first call.
+
+Inductor decides which vector instructions (AVX-512, AVX2, ...) its CPU kernels use by compiling
+and running a small test program for each candidate the CPU lists, the first time a process
+compiles or loads a kernel (0.4-1.9 s measured on a 2-core CPU with inductor's cache warm,
+several seconds cold). A compiled step's cache key names the pick, and loading a compiled step
+needs it too.
+
+``VectorIsaProbe`` starts that check in a background thread, so it overlaps the capture of the
+step; it checks the candidates at once rather than one after another (5.8 s instead of 9.9 s cold
+here), and remembers its outcome in the compiled-step cache (``vector-isa.json``) under the CPU's
+flags, torch's version and the C++ compiler. A later process on the same CPU asks inductor for
+the candidates its flags allow without running the test programs (inductor's ``cpp.vec_isa_ok``)
+and keeps that answer only when it equals the remembered outcome of the real check; otherwise the
+check runs as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RECORD = "vector-isa.json"
+"""The file in the compiled-step cache folder that remembers the check's outcome."""
+
+
+class VectorIsaProbe:
+    """Inductor's pick of vector instructions for this CPU (``str(pick_vec_isa())``), worked out in a background
+    thread from construction; ``cache_dir`` (the compiled-step cache, or ``None``) remembers a real check's
+    outcome for later processes."""
+
+    def __init__(self, cache_dir: Path | None) -> None:
+        self._cache_dir = cache_dir
+        self._result: str | None = None
+        self._thread = threading.Thread(target=self._run, name="titanpod-vector-isa-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = pick(self._cache_dir)
+        except Exception:  # result() checks again in the caller's thread, where the error belongs
+            self._result = None
+
+    def result(self) -> str:
+        """The pick (waits for the background check; checks again here if it failed there)."""
+        self._thread.join()
+        return self._result if self._result is not None else pick(self._cache_dir)
+
+
+def pick(cache_dir: Path | None) -> str:
+    """Inductor's pick for this CPU: from the candidates the CPU's flags allow when ``cache_dir`` remembers a real
+    check that found exactly those, else from inductor's own check (remembered in ``cache_dir`` afterwards)."""
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
+
+    record_path = cache_dir / RECORD if cache_dir is not None else None
+    machine = _machine_key()
+    remembered = _read(record_path).get(machine) if record_path is not None else None
+    if remembered is not None:
+        with config.patch({"cpp.vec_isa_ok": True}):
+            by_flags = [str(isa) for isa in valid_vec_isa_list()]
+        if by_flags == remembered:
+            return str(pick_vec_isa())
+        valid_vec_isa_list.cache_clear()  # the flags promise more than the check found: check for real
+    _check_candidates_at_once()
+    checked = [str(isa) for isa in valid_vec_isa_list()]
+    if record_path is not None and remembered != checked:
+        _remember(record_path, machine, checked)
+    return str(pick_vec_isa())
+
+
+def _check_candidates_at_once() -> None:
+    """Run inductor's check of every candidate the CPU's flags list in its own thread (each compiles a test
+    program in a subprocess), instead of one after another; inductor keeps each outcome for its own list."""
+    from torch._inductor.cpu_vec_isa import supported_vec_isa_list, x86_isa_checker
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return
+    flags = x86_isa_checker()
+    candidates = [isa for isa in supported_vec_isa_list if all(flag in flags for flag in str(isa).split())]
+    threads = [threading.Thread(target=bool, args=(isa,), daemon=True) for isa in candidates]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _machine_key() -> str:
+    """What the check's outcome depends on: the CPU's flags, torch's build and the C++ compiler inductor calls."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    compiler = shutil.which(get_cpp_compiler()) or get_cpp_compiler()
+    try:
+        stat = os.stat(compiler)
+        compiler_id = f"{os.path.realpath(compiler)}:{stat.st_size}:{stat.st_mtime_ns}"
+    except OSError:
+        compiler_id = compiler
+    parts = [platform.machine(), flags.strip(), torch.__version__, torch.version.git_version, compiler_id]
+    return hashlib.sha256("\0".join(str(part) for part in parts).encode()).hexdigest()
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _remember(path: Path, machine: str, checked: list[str]) -> None:
+    """Add this machine's outcome to the record (written whole and renamed into place; a failure to write is
+    only a lost shortcut)."""
+    record = _read(path)
+    record[machine] = checked
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+        partial.write_text(json.dumps(record))
+        os.replace(partial, path)
+    except OSError:
+        pass
