@@ -217,9 +217,8 @@ LIBRARIES = ("jax", "jaxlib", "torchax", "numpy")
 
 def _namespace_roots() -> list[str]:
     """The folders of titanpod's packages (the ``titanpod`` namespace, one folder per installed package)."""
-    import titanpod
-
-    return sorted({os.path.realpath(path) for path in titanpod.__path__})
+    namespace = sys.modules[__name__.partition(".")[0]]  # imported already: this module lies in it
+    return sorted({os.path.realpath(path) for path in namespace.__path__})
 
 
 def _unwrapped(function: Any) -> Any:
