@@ -66,10 +66,12 @@ class TrainConfig:
     graph as it is, op by op: for debugging and quick tests)."""
     compile_cache_dir: str = "default"
     """Where a compiled whole step is kept, so the next run that builds the same program loads it instead of
-    compiling again: inductor's artifacts on the cpu and cuda lanes, JAX's persistent compilation cache (its
-    ``xla`` subfolder) on the xla lane. ``default`` (``$XDG_CACHE_HOME/titanpod/compiled-steps``, else
-    ``~/.cache/titanpod/compiled-steps``), a folder, or ``off`` (compile every run afresh). The folder holds code
-    that is loaded and run: keep it one only you write."""
+    compiling again: inductor's artifacts on the cpu and cuda lanes (with a shortcut under the step's
+    fingerprint, so a later run of the same recipe loads the step without capturing it, and the outcome of the
+    CPU's vector-instruction check), JAX's persistent compilation cache (its ``xla`` subfolder) on the xla lane.
+    ``default`` (``$XDG_CACHE_HOME/titanpod/compiled-steps``, else ``~/.cache/titanpod/compiled-steps``), a
+    folder, or ``off`` (compile every run afresh). The folder holds code that is loaded and run: keep it one
+    only you write."""
     keep_host_memory: bool = True
     """On the cpu lane, keep freed host memory in the process (glibc: no ``mmap`` per allocation, no trimming) so
     a step's buffers are reused instead of faulted in anew each step; the process then stays at its peak size.
