@@ -130,3 +130,12 @@ def test_the_vector_isa_check_is_remembered_and_a_record_that_disagrees_is_check
     assert json.loads((tmp_path / vector_isa.RECORD).read_text()) == {machine: checked}
     assert vector_isa.VectorIsaProbe(tmp_path).result() == real
     assert vector_isa.VectorIsaProbe(None).result() == real
+
+
+def test_a_vector_isa_setting_of_the_users_is_left_to_inductor(tmp_path):
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    with config.patch({"cpp.vec_isa_ok": False}):
+        assert vector_isa.pick(tmp_path) == str(pick_vec_isa())
+    assert not (tmp_path / vector_isa.RECORD).exists()

@@ -129,7 +129,7 @@ def compile_step(
         if path is not None:
             _warn_unsaved(
                 path.parent,
-                lambda: _save_atomically(lambda partial: artifact.save(path=partial, format="binary"), path),
+                lambda: save_atomically(lambda partial: artifact.save(path=partial, format="binary"), path),
             )
     if path is not None and fingerprint is not None and path.is_file():
         ops = _custom_ops(flat)
@@ -194,7 +194,7 @@ def _save_shortcut(
     folder = artifact_path.parent
     constants_name = f"{fingerprint}.constants.pt" if constants else ""
     if constants:
-        _save_atomically(
+        save_atomically(
             lambda partial: torch.save([c.detach().cpu() for c in constants], partial), folder / constants_name
         )
     record = {
@@ -205,7 +205,7 @@ def _save_shortcut(
         "ops": ops,
         "out_spec": pytree.treespec_dumps(out_spec),
     }
-    _save_atomically(
+    save_atomically(
         lambda partial: Path(partial).write_text(json.dumps(record)), folder / f"{fingerprint}.shortcut.json"
     )
 
@@ -268,7 +268,7 @@ def _lift_constants(graph: fx.GraphModule) -> list[torch.Tensor]:
     return values
 
 
-def _save_atomically(write: Callable[[str], Any], path: Path) -> None:
+def save_atomically(write: Callable[[str], Any], path: Path) -> None:
     """Write a file beside ``path`` with ``write(partial_path)`` and rename it into place, so a reader never
     sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)

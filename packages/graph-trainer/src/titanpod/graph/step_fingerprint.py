@@ -86,32 +86,39 @@ def step_fingerprint(
     return digest.hexdigest()
 
 
-def describe(function: Any) -> Any:
+def describe(function: Any, depth: int = 0) -> Any:
     """What a callable computes, the same in every process: a function's module, name and code (its closure
     and defaults described too), a bound method's function and owner's type, any other object by its ``repr``."""
+    if depth > MAX_DEPTH:
+        return _ADDRESS.sub("", repr(function))
     if isinstance(function, functools.partial):
-        return ("partial", describe(function.func), describe_object(function.args), describe_object(function.keywords))
+        parts = (function.func, function.args, function.keywords)
+        return ("partial", *(describe_object(part, depth + 1) for part in parts))
     if isinstance(function, types.MethodType):
-        return ("method", describe(function.__func__), type(function.__self__).__qualname__)
+        return ("method", describe(function.__func__, depth + 1), type(function.__self__).__qualname__)
     if isinstance(function, types.FunctionType):
-        cells = [describe_object(cell.cell_contents) for cell in function.__closure__ or () if _filled(cell)]
+        cells = [describe_object(cell.cell_contents, depth + 1) for cell in function.__closure__ or () if _filled(cell)]
         return (
             function.__module__,
             function.__qualname__,
             _code_digest(function.__code__),
-            describe_object(function.__defaults__),
+            describe_object(function.__defaults__, depth + 1),
             cells,
         )
-    return describe_object(function)
+    return describe_object(function, depth)
+
+
+MAX_DEPTH = 4
+"""How deep ``describe`` and ``describe_object`` follow closures, fields and items before settling for ``repr``."""
 
 
 def describe_object(value: Any, depth: int = 0) -> Any:
     """``value`` as a comparable description: functions by ``describe``, dataclasses field by field, containers
     item by item, anything else by its ``repr`` with memory addresses removed."""
-    if depth > 4:
+    if depth > MAX_DEPTH:
         return _ADDRESS.sub("", repr(value))
     if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
-        return describe(value)
+        return describe(value, depth)
     if isinstance(value, torch.Tensor):
         return _describe_tensor(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

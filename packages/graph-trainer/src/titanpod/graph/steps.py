@@ -132,9 +132,15 @@ class WholeStep(TrainStep):
 
         With ``document_ids_ABS`` [A, B, S] the captured step takes them as its last input.
         """
+        example = (tokens_ABS, labels_ABS, document_ids_ABS)
         inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), document_ids_ABS)
+        return self._prepare(example, inputs, self._fingerprint(inputs) if self._cache_dir is not None else None)
+
+    def _prepare(
+        self, example: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], inputs: tuple, fingerprint: str | None
+    ) -> fx.GraphModule:
         graph = self._capture(inputs)
-        self._graph, self._example = graph, (tokens_ABS, labels_ABS, document_ids_ABS)
+        self._graph, self._example = graph, example
         if self.config.compiler == "none":
             self._program = graph
         elif self._inductor:
@@ -143,34 +149,33 @@ class WholeStep(TrainStep):
                 inputs,
                 self._cache_dir,
                 vector_isa=self._vector_isa.result if self._vector_isa is not None else None,
-                fingerprint=self._fingerprint(inputs) if self._cache_dir is not None else None,
+                fingerprint=fingerprint,
             )
         else:
             self._program = self.backend.compile_step(graph)
-        self._shape = _shape_key(tokens_ABS, document_ids_ABS)
+        self._shape = _shape_key(example[0], example[2])
         return graph
 
-    def _load_without_capture(
-        self, tokens_ABS: torch.Tensor, labels_ABS: torch.Tensor, document_ids_ABS: torch.Tensor | None
-    ) -> bool:
-        """Load the compiled step a run before this one saved under the step's fingerprint; False if there is none."""
-        if self._cache_dir is None:
-            return False
+    def _load_shortcut(self, example: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], fingerprint: str) -> bool:
+        """Load the compiled step a run before this one saved under ``fingerprint``; False if there is none."""
+        assert self._cache_dir is not None
         fused_adamw_op()  # the one custom op of titanpod's own a step may call, registered as its capture would
-        inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), document_ids_ABS)
-        loaded = load_shortcut(self._cache_dir, self._fingerprint(inputs))
+        loaded = load_shortcut(self._cache_dir, fingerprint)
         if loaded is None:
             return False
         self._program, self.compile_report = loaded
-        self._graph, self._example = None, (tokens_ABS, labels_ABS, document_ids_ABS)
-        self._shape = _shape_key(tokens_ABS, document_ids_ABS)
+        self._graph, self._example = None, example
+        self._shape = _shape_key(example[0], example[2])
         return True
 
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
         tokens_ABS, labels_ABS, ids_ABS = stack_micro_batches(micro_batches)
-        stale = self._program is None or self._shape != _shape_key(tokens_ABS, ids_ABS)
-        if stale and not self._load_without_capture(tokens_ABS, labels_ABS, ids_ABS):
-            self.prepare(tokens_ABS, labels_ABS, ids_ABS)
+        if self._program is None or self._shape != _shape_key(tokens_ABS, ids_ABS):
+            example = (tokens_ABS, labels_ABS, ids_ABS)
+            inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), ids_ABS)
+            fingerprint = self._fingerprint(inputs) if self._cache_dir is not None else None
+            if fingerprint is None or not self._load_shortcut(example, fingerprint):
+                self._prepare(example, inputs, fingerprint)
         assert self._program is not None
         inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(lr), ids_ABS)
         grad_norm, applied, metrics, *losses = self._program(*inputs)

@@ -17,6 +17,7 @@ check runs as before.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from titanpod.graph.compiled_steps import save_atomically
 
 RECORD = "vector-isa.json"
 """The file in the compiled-step cache folder that remembers the check's outcome."""
@@ -57,10 +60,13 @@ class VectorIsaProbe:
 
 def pick(cache_dir: Path | None) -> str:
     """Inductor's pick for this CPU: from the candidates the CPU's flags allow when ``cache_dir`` remembers a real
-    check that found exactly those, else from inductor's own check (remembered in ``cache_dir`` afterwards)."""
+    check that found exactly those, else from inductor's own check (remembered in ``cache_dir`` afterwards);
+    inductor's own answer as it is when ``TORCHINDUCTOR_VEC_ISA_OK`` (``cpp.vec_isa_ok``) is set."""
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
 
+    if config.cpp.vec_isa_ok is not None:  # the user decided (TORCHINDUCTOR_VEC_ISA_OK): inductor skips its check
+        return str(pick_vec_isa())
     record_path = cache_dir / RECORD if cache_dir is not None else None
     machine = _machine_key()
     remembered = _read(record_path).get(machine) if record_path is not None else None
@@ -122,14 +128,8 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _remember(path: Path, machine: str, checked: list[str]) -> None:
-    """Add this machine's outcome to the record (written whole and renamed into place; a failure to write is
-    only a lost shortcut)."""
+    """Add this machine's outcome to the record (a failure to write only loses the shortcut)."""
     record = _read(path)
     record[machine] = checked
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
-        partial.write_text(json.dumps(record))
-        os.replace(partial, path)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        save_atomically(lambda partial: Path(partial).write_text(json.dumps(record)), path)
