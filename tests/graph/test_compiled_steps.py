@@ -84,6 +84,7 @@ def test_a_cache_folder_that_cannot_be_written_warns_and_trains_on(tmp_path):
     blocker.write_text("not a folder")
     with pytest.warns(UserWarning, match="could not be saved"):
         _, summary = run(str(blocker / "cache"))
+    assert summary.compile_cache == "off"  # compiled and kept nowhere: the summary must not say cached
     _, uncached = run("off")
     assert summary.losses == uncached.losses
 

@@ -53,7 +53,8 @@ class CompileReport:
     seconds: float
     """Wall time to compile (or load) it; the capture before it is not counted."""
     cache: str
-    """``hit`` (loaded from the cache), ``miss`` (compiled and saved) or ``off`` (compiled, no cache)."""
+    """``hit`` (loaded from the cache), ``miss`` (compiled and saved) or ``off`` (compiled, not kept: the cache is
+    off, or the folder could not be written)."""
     path: Path | None
     """The artifact's file when the cache is on (on the xla lane: the folder of JAX's cache)."""
 
@@ -125,12 +126,12 @@ def compile_step(
         artifact = standalone_compile(
             flat, [*flat_inputs, *constants], dynamic_shapes="from_example_inputs", donate_graph_module=True
         )
-        cache = "off" if path is None else "miss"
-        if path is not None:
-            _warn_unsaved(
-                path.parent,
-                lambda: save_atomically(lambda partial: artifact.save(path=partial, format="binary"), path),
-            )
+        cache = "miss"
+        saved = path is not None and _warn_unsaved(
+            path.parent, lambda: save_atomically(lambda partial: artifact.save(path=partial, format="binary"), path)
+        )
+        if not saved:  # compiled, and kept nowhere
+            cache, path = "off", None
     if path is not None and fingerprint is not None and path.is_file():
         ops = _custom_ops(flat)
         _warn_unsaved(path.parent, lambda: _save_shortcut(path, fingerprint, constants, out_spec, ops))
@@ -174,16 +175,19 @@ def _program(artifact: Any, constants: list[torch.Tensor], out_spec: Any) -> Cal
     return program
 
 
-def _warn_unsaved(folder: Path, save: Callable[[], None]) -> None:
-    """Run ``save``; a failure to write warns (the compile is done: train on, just without keeping it)."""
+def _warn_unsaved(folder: Path, save: Callable[[], None]) -> bool:
+    """Run ``save``; whether it wrote. A failure to write warns (the compile is done: train on, just without
+    keeping it)."""
     try:
         save()
+        return True
     except OSError as error:
         warnings.warn(
             f"The compiled step could not be saved in {folder} ({error}); this run goes on, and the "
             "next one compiles again. Set train.compile_cache_dir to a folder you can write, or 'off'.",
             stacklevel=3,
         )
+        return False
 
 
 def _save_shortcut(
