@@ -1,14 +1,15 @@
 """titanpod beside torchtitan's Trainer and a transformers loop, on one shape, in one run, with ratios.
 
     uv run python tools/bench/vs_anchors.py [--anchors ../shared/anchors] [--repeats 2]
-        [--precisions fp32,bf16] [--modes eager,whole_step] [--steps 20]
+        [--precisions fp32,bf16] [--modes eager,whole_step,eager+cpu_flash,whole_step+cpu_flash] [--steps 20]
 
 Drives the anchor harness (its README: torchtitan 0.3.0's real ``Trainer`` and a plain
 ``LlamaForCausalLM`` loop, each in its own environment, built by its ``setup.sh``) and
-titanpod's step API (the harness's ``run_product.py``, in this environment) on torchtitan's
-llama3 debugmodel shape: one measured matmul peak, then every system ``--repeats`` times,
-interleaved. Per precision it prints tokens/s (median of the repeats' step medians), the
-ratio to torchtitan and to transformers, MFU against the measured peak and each repeat's
+titanpod's step API (the harness's ``run_product.py``, in this environment, with the reference
+ops; ``MODE+ATTENTION`` modes through ``anchor_titanpod_kernels.py``, the same measurement with
+that ``kernels.attention``) on torchtitan's llama3 debugmodel shape: one measured matmul peak,
+then every system ``--repeats`` times, interleaved. Per precision it prints tokens/s (median of
+the repeats' step medians), the ratio to torchtitan and to transformers, MFU against the measured peak and each repeat's
 first step (compilation included).
 
 bf16: torchtitan with bf16 parameters through its FSDP mixed precision, transformers
@@ -41,7 +42,11 @@ def main() -> None:
     parser.add_argument("--anchors", type=Path, default=REPO.parent / "shared" / "anchors")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--precisions", default="fp32")
-    parser.add_argument("--modes", default="eager,whole_step")
+    parser.add_argument(
+        "--modes",
+        default="eager,whole_step,eager+cpu_flash,whole_step+cpu_flash",
+        help="titanpod step modes; MODE+ATTENTION runs the mode with that kernels.attention",
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--wait-quiet", type=float, default=60.0, help="seconds each runner waits for idle CPUs")
     args = parser.parse_args()
@@ -79,7 +84,13 @@ def main() -> None:
             else:
                 run("transformers", [str(hf_python), "run_hf.py", *with_peak])
             for mode in modes:
-                product = [sys.executable, "run_product.py", "--mode", mode, "--precision", precision]
+                step_mode, _, attention = mode.partition("+")
+                if attention:
+                    kernels = str(HERE / "anchor_titanpod_kernels.py")
+                    product = [sys.executable, kernels, "--anchors", str(anchors), "--mode", step_mode,
+                               "--attention", attention, "--precision", precision]  # fmt: skip
+                else:
+                    product = [sys.executable, "run_product.py", "--mode", mode, "--precision", precision]
                 run(f"titanpod {mode}", [*product, *with_peak])
     records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     print_table(records, precisions, peak)
