@@ -25,6 +25,7 @@ namespace {
 
 constexpr int W = 8;   // floats per vector
 constexpr int KB = 4;  // key vectors per step: independent accumulator chains
+constexpr int R = 2;   // query rows per pass: they share each load of a key's row
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
@@ -102,45 +103,71 @@ void forward_row_block(const Problem& p, const float* q, const float* k, const f
   float* ob = o + (b * p.H + h) * S * D;
   float* lb = lse + (b * p.H + h) * S;
   transpose<D>(k + b * p.k[0] + kh * p.k[1], p.k[2], S, Sp, kt);
-  for (int64_t i = 0; i < S; ++i) {
-    const int64_t lo = first_key(p, b, i);
-    const int64_t j0 = lo / W * W, j1 = j0 + (i + 1 - j0 + KB * W - 1) / (KB * W) * (KB * W);
-    float qs[D];
-    for (int d = 0; d < D; ++d) qs[d] = qb[i * p.q[2] + d] * p.scale;
-    const v8 first = splat(float(lo)), last = splat(float(i));
-    v8 running_max = splat(-3.0e38f);
+  for (int64_t i0 = 0; i0 < S; i0 += R) {
+    // Rows i0 and i0 + 1 share each load of K and V; past the end, the second row repeats the first.
+    int64_t lo[R], hi[R];
+    float qs[R][D];
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = std::min(i0 + r, S - 1);
+      lo[r] = first_key(p, b, i);
+      hi[r] = i;
+      for (int d = 0; d < D; ++d) qs[r][d] = qb[i * p.q[2] + d] * p.scale;
+    }
+    const int64_t first = std::min(lo[0], lo[1]), last = std::max(hi[0], hi[1]);
+    const int64_t j0 = first / W * W, j1 = j0 + (last + 1 - j0 + KB * W - 1) / (KB * W) * (KB * W);
+    v8 running_max[R] = {splat(-3.0e38f), splat(-3.0e38f)};
     for (int64_t jb = j0; jb < j1; jb += KB * W) {
-      v8 acc[KB] = {};
+      v8 acc[R][KB] = {};
       for (int d = 0; d < D; ++d)
-        for (int u = 0; u < KB; ++u) acc[u] += qs[d] * load(kt + d * Sp + jb + u * W);
-      for (int u = 0; u < KB; ++u) {
-        const v8 j = lane_index() + float(jb + u * W);
-        acc[u] = (j >= first && j <= last) ? acc[u] : splat(-3.0e38f);
-        store(s + jb + u * W, acc[u]);
-        running_max = running_max > acc[u] ? running_max : acc[u];
+        for (int u = 0; u < KB; ++u) {
+          const v8 kr = load(kt + d * Sp + jb + u * W);
+          acc[0][u] += qs[0][d] * kr;
+          acc[1][u] += qs[1][d] * kr;
+        }
+      for (int r = 0; r < R; ++r)
+        for (int u = 0; u < KB; ++u) {
+          const v8 j = lane_index() + float(jb + u * W);
+          const v8 x = (j >= splat(float(lo[r])) && j <= splat(float(hi[r]))) ? acc[r][u] : splat(-3.0e38f);
+          store(s + r * Sp + jb + u * W, x);
+          running_max[r] = running_max[r] > x ? running_max[r] : x;
+        }
+    }
+    float m[R], l[R];
+    for (int r = 0; r < R; ++r) {
+      m[r] = hmax(running_max[r]);
+      v8 total{};
+      for (int64_t jb = j0; jb < j1; jb += W) {
+        const v8 x = load(s + r * Sp + jb);
+        const v8 e = x > -1.0e38f ? vexp(x - m[r]) : v8{};  // masked keys weigh exactly 0
+        store(s + r * Sp + jb, e);
+        total += e;
       }
+      l[r] = hsum(total);
     }
-    const float m = hmax(running_max);
-    v8 total{};
-    for (int64_t jb = j0; jb < j1; jb += W) {
-      const v8 e = vexp(load(s + jb) - m);
-      store(s + jb, e);
-      total += e;
-    }
-    const float l = hsum(total);
-    constexpr int U = 4;  // keys per step in p @ V: independent accumulators
-    v8 acc[U][D / W] = {};
-    int64_t j = lo;
-    for (; j + U <= i + 1; j += U)
+    constexpr int U = 2;  // keys per step in P @ V: independent accumulators
+    v8 acc[R][U][D / W] = {};
+    int64_t j = first;
+    for (; j + U <= last + 1; j += U)
       for (int u = 0; u < U; ++u) {
         const float* vj = vb + (j + u) * p.v[2];
-        for (int c = 0; c < D / W; ++c) acc[u][c] += s[j + u] * load(vj + c * W);
+        const float p0 = s[j + u], p1 = s[Sp + j + u];
+        for (int c = 0; c < D / W; ++c) {
+          const v8 vjc = load(vj + c * W);
+          acc[0][u][c] += p0 * vjc;
+          acc[1][u][c] += p1 * vjc;
+        }
       }
-    for (; j <= i; ++j)
-      for (int c = 0; c < D / W; ++c) acc[0][c] += s[j] * load(vb + j * p.v[2] + c * W);
-    const float inv = 1.f / l;
-    for (int c = 0; c < D / W; ++c) store(ob + i * D + c * W, ((acc[0][c] + acc[1][c]) + (acc[2][c] + acc[3][c])) * inv);
-    lb[i] = m + std::log(l);
+    for (; j <= last; ++j)
+      for (int c = 0; c < D / W; ++c) {
+        const v8 vjc = load(vb + j * p.v[2] + c * W);
+        acc[0][0][c] += s[j] * vjc;
+        acc[1][0][c] += s[Sp + j] * vjc;
+      }
+    for (int r = 0; r < R && i0 + r < S; ++r) {
+      const float inv = 1.f / l[r];
+      for (int c = 0; c < D / W; ++c) store(ob + (i0 + r) * D + c * W, (acc[r][0][c] + acc[r][1][c]) * inv);
+      lb[i0 + r] = m[r] + std::log(l[r]);
+    }
   }
 }
 
@@ -160,50 +187,69 @@ void backward_kv_head(const Problem& p, const float* q, const float* k, const fl
     const float* ob = o + (b * p.H + h) * S * D;
     float* gqb = gq + (b * p.H + h) * S * D;
     const float* lb = lse + (b * p.H + h) * S;
-    for (int64_t i = 0; i < S; ++i) {
-      const int64_t lo = first_key(p, b, i);
-      const int64_t j0 = lo / W * W, j1 = j0 + (i + 1 - j0 + KB * W - 1) / (KB * W) * (KB * W);
-      float qs[D], g[D];
-      float delta = 0.f;
-      for (int d = 0; d < D; ++d) {
-        qs[d] = qb[i * p.q[2] + d] * p.scale;
-        g[d] = gob[i * p.go[2] + d];
-        delta += g[d] * ob[i * D + d];
+    for (int64_t i0 = 0; i0 < S; i0 += R) {
+      // Rows i0 and i0 + 1; past the end, the second row repeats the first with no keys.
+      int64_t lo[R], hi[R];
+      float qs[R][D], g[R][D], delta[R], row_lse[R];
+      for (int r = 0; r < R; ++r) {
+        const int64_t i = std::min(i0 + r, S - 1);
+        lo[r] = first_key(p, b, i);
+        hi[r] = i0 + r < S ? i : lo[r] - 1;
+        delta[r] = 0.f;
+        for (int d = 0; d < D; ++d) {
+          qs[r][d] = qb[i * p.q[2] + d] * p.scale;
+          g[r][d] = gob[i * p.go[2] + d];
+          delta[r] += g[r][d] * ob[i * D + d];
+        }
+        row_lse[r] = lb[i];
       }
-      const float row_lse = lb[i];
-      const v8 first = splat(float(lo)), last = splat(float(i));
-      for (int64_t jb = j0; jb < j1; jb += KB * W) {
-        v8 score[KB] = {}, dp[KB] = {};
-        for (int d = 0; d < D; ++d)
+      const int64_t first = std::min(lo[0], lo[1]), last = std::max(hi[0], hi[1]);
+      const int64_t j0 = first / W * W, j1 = j0 + (last + 1 - j0 + KB * W - 1) / (KB * W) * (KB * W);
+      for (int r = 0; r < R; ++r) {
+        const v8 row_first = splat(float(lo[r])), row_last = splat(float(hi[r]));
+        float* row_prob = prob + r * Sp;
+        float* row_ds = ds + r * Sp;
+        for (int64_t jb = j0; jb < j1; jb += KB * W) {
+          v8 score[KB] = {}, dp[KB] = {};
+          for (int d = 0; d < D; ++d)
+            for (int u = 0; u < KB; ++u) {
+              score[u] += qs[r][d] * load(kt + d * Sp + jb + u * W);
+              dp[u] += g[r][d] * load(vt + d * Sp + jb + u * W);
+            }
           for (int u = 0; u < KB; ++u) {
-            score[u] += qs[d] * load(kt + d * Sp + jb + u * W);
-            dp[u] += g[d] * load(vt + d * Sp + jb + u * W);
+            const v8 j = lane_index() + float(jb + u * W);
+            v8 pj = vexp(score[u] - row_lse[r]);
+            pj = (j >= row_first && j <= row_last) ? pj : v8{};
+            store(row_prob + jb + u * W, pj);
+            store(row_ds + jb + u * W, pj * (dp[u] - delta[r]));
           }
-        for (int u = 0; u < KB; ++u) {
-          const v8 j = lane_index() + float(jb + u * W);
-          v8 pj = vexp(score[u] - row_lse);
-          pj = (j >= first && j <= last) ? pj : v8{};
-          store(prob + jb + u * W, pj);
-          store(ds + jb + u * W, pj * (dp[u] - delta));
         }
       }
-      v8 dq[2][D / W] = {}, gv8[D / W], qv8[D / W];
+      // dV += P^T dO, dK += dS^T Q (one read-modify-write of each key's rows for both query rows), dQ = dS K.
+      v8 dq0[D / W] = {}, dq1[D / W] = {}, g0[D / W], g1[D / W], q0[D / W], q1[D / W];
       for (int c = 0; c < D / W; ++c) {
-        gv8[c] = load(g + c * W);
-        qv8[c] = load(qs + c * W);
+        g0[c] = load(g[0] + c * W);
+        g1[c] = load(g[1] + c * W);
+        q0[c] = load(qs[0] + c * W);
+        q1[c] = load(qs[1] + c * W);
       }
-      for (int64_t j = lo; j <= i; ++j) {
-        const float pj = prob[j], dsj = ds[j];
+      for (int64_t j = first; j <= last; ++j) {
+        const float p0 = prob[j], p1 = prob[Sp + j], ds0 = ds[j], ds1 = ds[Sp + j];
         const float* kj = kb + j * p.k[2];
         float* dvj = dv + j * D;
         float* dkj = dk + j * D;
         for (int c = 0; c < D / W; ++c) {
-          store(dvj + c * W, load(dvj + c * W) + pj * gv8[c]);
-          dq[j & 1][c] += dsj * load(kj + c * W);
-          store(dkj + c * W, load(dkj + c * W) + dsj * qv8[c]);
+          const v8 kjc = load(kj + c * W);
+          store(dvj + c * W, load(dvj + c * W) + p0 * g0[c] + p1 * g1[c]);
+          dq0[c] += ds0 * kjc;
+          dq1[c] += ds1 * kjc;
+          store(dkj + c * W, load(dkj + c * W) + ds0 * q0[c] + ds1 * q1[c]);
         }
       }
-      for (int c = 0; c < D / W; ++c) store(gqb + i * D + c * W, (dq[0][c] + dq[1][c]) * p.scale);
+      for (int c = 0; c < D / W; ++c) {
+        store(gqb + i0 * D + c * W, dq0[c] * p.scale);
+        if (i0 + 1 < S) store(gqb + (i0 + 1) * D + c * W, dq1[c] * p.scale);
+      }
     }
   }
   std::memcpy(gk + (b * p.K + kh) * S * D, dk, sizeof(float) * S * D);
@@ -232,7 +278,7 @@ void parallel(int64_t n, int threads, F f) {
 template <int D>
 void forward(const Problem& p, const float* q, const float* k, const float* v, float* o, float* lse, int threads) {
   parallel(p.B * p.H, threads, [&](int64_t first, int64_t end) {
-    std::vector<float> kt(D * padded(p.S)), s(padded(p.S));
+    std::vector<float> kt(D * padded(p.S)), s(R * padded(p.S));
     for (int64_t n = first; n < end; ++n) forward_row_block<D>(p, q, k, v, o, lse, n / p.H, n % p.H, kt.data(), s.data());
   });
 }
@@ -242,7 +288,7 @@ void backward(const Problem& p, const float* q, const float* k, const float* v, 
               const float* go, float* gq, float* gk, float* gv, int threads) {
   parallel(p.B * p.K, threads, [&](int64_t first, int64_t end) {
     const int64_t Sp = padded(p.S);
-    std::vector<float> kt(D * Sp), vt(D * Sp), prob(Sp), ds(Sp), dk(p.S * D), dv(p.S * D);
+    std::vector<float> kt(D * Sp), vt(D * Sp), prob(R * Sp), ds(R * Sp), dk(p.S * D), dv(p.S * D);
     for (int64_t n = first; n < end; ++n)
       backward_kv_head<D>(p, q, k, v, o, lse, go, gq, gk, gv, n / p.K, n % p.K, kt.data(), vt.data(), prob.data(),
                           ds.data(), dk.data(), dv.data());
