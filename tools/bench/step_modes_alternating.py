@@ -11,7 +11,8 @@ then the variants take turns, one step each, for ``--rounds`` rounds: drift land
 them alike. Printed per variant: the median and best step time, tokens/s and the ratio of
 medians to the first variant's.
 
-Variants are ``mode[:memory_policy[:precision]]``. Models: those of ``step_modes.py``, and
+Variants are ``mode[:memory_policy[:precision]][+attention]`` (``+cpu_flash``: that
+``kernels.attention``). Models: those of ``step_modes.py``, and
 ``anchors``, the shape of ``vs_anchors.py`` (torchtitan's llama3 debugmodel at batch 4 x 512).
 """
 
@@ -45,20 +46,23 @@ ANCHORS = {
 
 
 def _build(spec: dict, variant: str):
-    """A fresh model of ``spec`` (seed 0) and its step for ``variant`` (``mode[:policy[:precision]]``)."""
+    """A fresh model of ``spec`` (seed 0) and its step for ``variant`` (``mode[:policy[:precision]][+attention]``)."""
     import torch
 
     from titanpod.device import get_backend
     from titanpod.graph import TrainConfig, build_step
+    from titanpod.kernels import KernelConfig, model_ops
     from titanpod.models import DecoderArgs, Transformer, build_model
     from titanpod.models.common.rope import Llama3RopeScaling
 
+    variant, _, attention = variant.partition("+")
+    ops = model_ops(KernelConfig(attention=attention or "sdpa"))
     torch.manual_seed(0)
     if "flavor" in spec:
-        model = build_model("llama3", spec["flavor"], device="cpu")
+        model = build_model("llama3", spec["flavor"], ops, device="cpu")
     else:
         scaling = {"rope_scaling": Llama3RopeScaling()} if spec.get("llama31_scaling") else {}
-        model = Transformer(DecoderArgs(**spec["args"], **scaling))
+        model = Transformer(DecoderArgs(**spec["args"], **scaling), ops)
     model.init_weights(0)
     parts = variant.split(":")
     mode, policy, precision = parts + ["eager", "save", "fp32"][len(parts) :]
