@@ -10,17 +10,15 @@ parameters and a fused fp32 AdamW. Prints one JSON record, system ``hf-transform
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from anchor_harness import import_harness, start_run, timed_steps
+
 
 def main() -> None:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--anchors", type=Path, required=True)
-    known, _ = pre.parse_known_args()
-    sys.path.insert(0, str(known.anchors.resolve()))
-    import common
+    common = import_harness()
     from run_hf import build_model
 
     parser = argparse.ArgumentParser(description=__doc__)
@@ -30,13 +28,7 @@ def main() -> None:
     with common.stdout_to_stderr():
         import torch
 
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        quiet = common.quiet_check(args)
-        peak = common.resolve_peak(args)
-        config = dict(common.BENCH_CONFIG)
-        config.update(seq_len=args.seq_len, local_batch_size=args.batch_size, steps=args.steps,
-                      warmup_steps=args.warmup, seed=args.seed)  # fmt: skip
+        quiet, peak, config = start_run(common, args)
         torch.manual_seed(args.seed)
         model, _, hidden = build_model(config, "sdpa")
         model.train()
@@ -52,22 +44,18 @@ def main() -> None:
         n_embed = model.model.embed_tokens.weight.numel()
         fpt = common.flops_per_token(n_params - n_embed, config["n_layers"], config["n_heads"],
                                      config["dim"] // config["n_heads"], config["seq_len"])  # fmt: skip
-        generator = torch.Generator().manual_seed(args.seed)
-        batch, seq, vocab = config["local_batch_size"], config["seq_len"], config["vocab_size"]
-        clock, losses = common.StepClock(), []
-        loadavg_start = [round(x, 2) for x in os.getloadavg()]
-        for _ in range(config["steps"]):
-            clock.start()
+
+        def one_step(ids: torch.Tensor) -> float:
             optimizer.zero_grad(set_to_none=True)
-            ids = torch.randint(0, vocab, (batch, seq), generator=generator)
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
             optimizer.step()
-            losses.append(loss.item())
-            clock.stop()
-        stats = common.summarize_steps(clock, config["warmup_steps"], batch * seq)
-        stats["loadavg_start"] = loadavg_start
+            return loss.item()
+
+        stats = timed_steps(common, config, one_step, extra_token=0)
+        losses = stats.pop("losses")
+        stats.pop("first_step_s")
         config.update(ffn_hidden_dim=hidden, n_params=n_params, precision="bf16 autocast, fp32 parameters",
                       loss_first_last=[round(losses[0], 4), round(losses[-1], 4)])  # fmt: skip
         versions = common.versions(["torch", "transformers"])

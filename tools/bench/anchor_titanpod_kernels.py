@@ -13,18 +13,15 @@ same measurement (the harness's ``common`` config, data, clock and record, impor
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from anchor_harness import import_harness, start_run, timed_steps
+
 
 def main() -> None:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--anchors", type=Path, required=True)
-    known, _ = pre.parse_known_args()
-    sys.path.insert(0, str(known.anchors.resolve()))
-    import common
-
+    common = import_harness()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--anchors", type=Path, required=True)
     parser.add_argument("--mode", default="whole_step", choices=["eager", "per_block", "whole_step"])
@@ -42,13 +39,7 @@ def main() -> None:
         from titanpod.models import DecoderArgs, Transformer, parameter_count
         from titanpod.models.common.rope import Llama3RopeScaling
 
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        quiet = common.quiet_check(args)
-        peak = common.resolve_peak(args)
-        config = dict(common.BENCH_CONFIG)
-        config.update(seq_len=args.seq_len, local_batch_size=args.batch_size, steps=args.steps,
-                      warmup_steps=args.warmup, seed=args.seed)  # fmt: skip
+        quiet, peak, config = start_run(common, args)
         hidden = common.swiglu_hidden_dim(config["dim"], config["ffn_multiple_of"])
         model_args = DecoderArgs(
             dim=config["dim"], n_layers=config["n_layers"], n_heads=config["n_heads"],
@@ -67,23 +58,18 @@ def main() -> None:
         n_embed = model.tok_embeddings.weight.numel()
         fpt = common.flops_per_token(n_params - n_embed, config["n_layers"], config["n_heads"],
                                      config["dim"] // config["n_heads"], config["seq_len"])  # fmt: skip
-        generator = torch.Generator().manual_seed(args.seed)
-        batch, seq, vocab = config["local_batch_size"], config["seq_len"], config["vocab_size"]
-        clock, losses = common.StepClock(), []
-        loadavg_start = [round(x, 2) for x in os.getloadavg()]
-        for _ in range(config["steps"]):
-            clock.start()
-            ids = torch.randint(0, vocab, (batch, seq + 1), generator=generator)
-            losses.append(float(step([(ids[:, :-1], ids[:, 1:])], config["lr"]).loss))
-            clock.stop()
-        stats = common.summarize_steps(clock, config["warmup_steps"], batch * seq)
-        stats["loadavg_start"] = loadavg_start
+
+        def one_step(ids: torch.Tensor) -> float:
+            return float(step([(ids[:, :-1], ids[:, 1:])], config["lr"]).loss)
+
+        stats = timed_steps(common, config, one_step, extra_token=1)
+        losses, first_step_s = stats.pop("losses"), stats.pop("first_step_s")
         record_config = dict(config)
         record_config.update(ffn_hidden_dim=hidden, n_params=n_params, n_params_embedding=n_embed,
                              step_mode=args.mode, precision=args.precision, attention=args.attention,
                              head_loss=args.head_loss, optimizer="titanpod functional AdamW, clip 1.0, constant lr",
                              loss_first_last=[round(losses[0], 4), round(losses[-1], 4)],
-                             first_step_s=round(clock.wall[0], 2))  # fmt: skip
+                             first_step_s=first_step_s)  # fmt: skip
         system = f"titanpod-{args.mode}+{args.attention}-{args.precision}"
         record = common.finish_record(system, stats, fpt, peak, record_config,
                                       common.versions(["torch", "titanpod-graph", "titanpod-kernels"]),
