@@ -149,6 +149,15 @@ def test_failed_build_shows_the_compiler_message_and_leaves_nothing(tmp_path):
     assert list(cache.iterdir()) == []
 
 
+def test_an_unwritable_cache_folder_is_named(tmp_path):
+    source = tmp_path / "answer.cpp"
+    source.write_text('extern "C" int answer() { return 42; }\n')
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(RuntimeError, match=r"a-file/cache.*XDG_CACHE_HOME"):
+        shared_library(source, blocker / "cache")
+
+
 def test_a_build_is_kept_and_reused(tmp_path):
     source = tmp_path / "answer.cpp"
     source.write_text('extern "C" int answer() { return 42; }\n')

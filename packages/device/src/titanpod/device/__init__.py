@@ -8,6 +8,7 @@ package imports torch only: jax, torch_tpu and torch_xla load when a lane needs 
 from titanpod.device.backend import Backend, get_backend
 from titanpod.device.chips import CHIPS, ChipSpec, chip_by_name, measure_cpu_peak
 from titanpod.device.config import DeviceConfig
+from titanpod.device.cpu_features import cpu_features
 from titanpod.device.distributed import ProcessInfo, ensure_process_group, process_info
 from titanpod.device.errors import LaneUnavailableError, MeshError
 from titanpod.device.lane_traits import LANE_TRAITS, LaneTraits, lane_traits
@@ -30,6 +31,7 @@ __all__ = [
     "ProcessInfo",
     "check_mesh_axes",
     "chip_by_name",
+    "cpu_features",
     "ensure_process_group",
     "get_backend",
     "lane_traits",

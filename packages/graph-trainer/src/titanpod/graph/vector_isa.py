@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from titanpod.device import cpu_features
 from titanpod.graph.compiled_steps import save_atomically
 
 RECORD = "vector-isa.json"
@@ -101,12 +102,6 @@ def _check_candidates_at_once() -> None:
 
 def _machine_key() -> str:
     """What the check's outcome depends on: the CPU's flags, torch's build and the C++ compiler inductor calls."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            flags = next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        pass
     from torch._inductor.cpp_builder import get_cpp_compiler
 
     compiler = shutil.which(get_cpp_compiler()) or get_cpp_compiler()
@@ -115,7 +110,7 @@ def _machine_key() -> str:
         compiler_id = f"{os.path.realpath(compiler)}:{stat.st_size}:{stat.st_mtime_ns}"
     except OSError:
         compiler_id = compiler
-    parts = [platform.machine(), flags.strip(), torch.__version__, torch.version.git_version, compiler_id]
+    parts = [platform.machine(), cpu_features(), torch.__version__, torch.version.git_version, compiler_id]
     return hashlib.sha256("\0".join(str(part) for part in parts).encode()).hexdigest()
 
 

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from titanpod.device import cpu_features
+
 FLAGS = ("-O3", "-std=c++17", "-ffp-contract=fast", "-shared", "-fPIC", "-pthread")
 """Compiler flags every build takes."""
 OPTIONAL_FLAGS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
@@ -46,17 +48,6 @@ def compiler() -> str:
     )
 
 
-def _cpu_features() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith(("flags", "Features")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _compiler_identity(cxx: str) -> str:
     done = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
     return (done.stdout or done.stderr).strip()
@@ -66,7 +57,7 @@ def library_key(source: Path, cxx: str) -> str:
     """The name a build of ``source`` by ``cxx`` is kept under on this machine."""
     digest = hashlib.sha256(source.read_bytes())
     flags = " ".join([*FLAGS, *(" ".join(extra) for extra in OPTIONAL_FLAGS)])
-    for part in (_compiler_identity(cxx), flags, platform.machine(), _cpu_features()):
+    for part in (_compiler_identity(cxx), flags, platform.machine(), cpu_features()):
         digest.update(b"\0" + part.encode())
     return f"{source.stem}-{digest.hexdigest()[:20]}"
 
@@ -87,11 +78,18 @@ def shared_library(source: Path, cache_dir: Path | None = None) -> ctypes.CDLL:
     """
     cache_dir = native_cache_dir() if cache_dir is None else cache_dir
     cxx = compiler()
-    built = cache_dir / f"{library_key(source, cxx)}.so"
+    key = library_key(source, cxx)
+    built = cache_dir / f"{key}.so"
     if not built.exists():
         print(f"building {source.name} with {cxx} (once on this machine)...", file=sys.stderr, flush=True)
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        handle, scratch = tempfile.mkstemp(suffix=".so", dir=cache_dir)
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            handle, scratch = tempfile.mkstemp(prefix=f"{key}.", suffix=".partial", dir=cache_dir)
+        except OSError as error:
+            raise RuntimeError(
+                f"Cannot write the built {source.name} into {cache_dir} ({error}); point $XDG_CACHE_HOME at a "
+                "folder you can write, or set kernels.attention to 'sdpa'."
+            ) from error
         os.close(handle)
         try:
             done = _compile(cxx, source, Path(scratch))
