@@ -42,9 +42,10 @@ CASES.append(  # pipeline stages are rehearsed on the cpu lane only (the xla exe
 
 def rehearse(recipe: str, runs_dir, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "COLUMNS": "160"}
+    # The runs folder as a user names it, relative to where the command starts (the runs start elsewhere).
     command = [sys.executable, "-m", "titanpod.pretrain.cli", "--recipe", recipe, "--rehearse",
-               "--output.runs-dir", str(runs_dir), *extra]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+               "--output.runs-dir", runs_dir.name, *extra]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=runs_dir.parent, timeout=1800)
     reports = list(runs_dir.glob(f"rehearse-{recipe}-*/rehearsal.json"))
     assert len(reports) == 1, result.stdout[-3000:] + result.stderr[-3000:]
     return result, json.loads(reports[0].read_text())

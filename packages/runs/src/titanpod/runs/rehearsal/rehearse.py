@@ -215,6 +215,7 @@ def rehearse(recipe: Recipe, folder: Path, console: Console, lanes: tuple[str, .
     """
     lanes = lanes or rehearsal_lanes(recipe)
     check_honourable(recipe, lanes)
+    folder = folder.resolve()  # the runs start in this folder: a path relative to ours would not be found there
     folder.mkdir(parents=True, exist_ok=True)
     data_dir = folder / "dataset"
     if recipe.data.source == "hub":
