@@ -101,3 +101,34 @@ def test_the_key_covers_the_vector_instructions_and_the_values_of_the_graphs_con
     constant = next(name for name, _ in graph.named_buffers())
     getattr(graph, constant).add_(1.0)  # another value of the same shape is another artifact
     assert step_key(graph, inputs) != key
+    key = step_key(graph, inputs)
+    assert step_key(graph, inputs, options={}) != key  # compiled with other inductor settings: another artifact
+
+
+def _residual_stack(inputs):
+    """Layers that each normalise the residual stream and add a matmul of it back (a decoder's skeleton)."""
+    h_BSD, *weights = inputs
+    for w in weights:
+        normed_BSD = h_BSD * torch.rsqrt(h_BSD.pow(2).mean(-1, keepdim=True) + 1e-5)
+        h_BSD = h_BSD + (normed_BSD.view(-1, h_BSD.shape[-1]) @ w).view(h_BSD.shape)
+    return [h_BSD]
+
+
+def test_cpu_steps_store_the_residual_stream_once_so_layers_share_their_kernels(monkeypatch):
+    from torch._inductor.utils import run_and_get_code
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = ([torch.randn(2, 8, 32, generator=generator)] + [torch.randn(32, 32, generator=generator) / 8 for _ in range(8)],)
+    graph = make_fx(_residual_stack)(*inputs)
+    expected = _residual_stack(*inputs)[0]
+
+    def kernels_and_output(options):
+        monkeypatch.setattr(compiled_steps, "CPU_OPTIONS", options)
+        (output,), (code,) = run_and_get_code(lambda: compiled_steps.compile_step(graph, inputs, None)[0](*inputs))
+        return code.count("= async_compile.cpp_pybinding"), output
+
+    ours, output = kernels_and_output(compiled_steps.CPU_OPTIONS)
+    defaults, default_output = kernels_and_output({})
+    assert ours < defaults  # inductor's defaults re-sum earlier layers' outputs in each norm: a kernel per depth
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(default_output, expected, rtol=1e-5, atol=1e-5)
