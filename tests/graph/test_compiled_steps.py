@@ -118,7 +118,8 @@ def test_cpu_steps_store_the_residual_stream_once_so_layers_share_their_kernels(
     from torch._inductor.utils import run_and_get_code
 
     generator = torch.Generator().manual_seed(0)
-    inputs = ([torch.randn(2, 8, 32, generator=generator)] + [torch.randn(32, 32, generator=generator) / 8 for _ in range(8)],)
+    weights = [torch.randn(32, 32, generator=generator) / 8 for _ in range(8)]
+    inputs = ([torch.randn(2, 8, 32, generator=generator), *weights],)
     graph = make_fx(_residual_stack)(*inputs)
     expected = _residual_stack(*inputs)[0]
 

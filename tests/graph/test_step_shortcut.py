@@ -48,11 +48,13 @@ def fingerprint(step: WholeStep) -> str:
 
 def test_a_later_run_loads_the_step_without_capturing_it_and_trains_the_same(tmp_path):
     first = whole_step(str(tmp_path))
+    assert not first._shortcut_possible()  # nothing checked on this machine yet: capture while the check runs
     first_losses = train_steps(first)
     assert first.compile_report is not None and first.compile_report.cache == "miss"
     assert len(list(tmp_path.glob("*.shortcut.json"))) == 1
 
     second = whole_step(str(tmp_path))
+    assert second._shortcut_possible()
     second_losses = train_steps(second)
     assert second.compile_report is not None and second.compile_report.cache == "hit"
     assert second._graph is None, "the step was captured although its shortcut was there"
@@ -119,14 +121,17 @@ def test_the_vector_isa_check_is_remembered_and_a_record_that_disagrees_is_check
 
     real = str(pick_vec_isa())
     checked = [str(isa) for isa in valid_vec_isa_list()]
-    assert vector_isa.pick(tmp_path) == real
+    told: list[bool] = []
+    assert vector_isa.pick(tmp_path, told.append) == real
     record = json.loads((tmp_path / vector_isa.RECORD).read_text())
     assert list(record.values()) == [checked]
-    assert vector_isa.pick(tmp_path) == real  # from the CPU's flags, matching the record
+    assert vector_isa.pick(tmp_path, told.append) == real  # from the CPU's flags, matching the record
+    assert told == [True, False]
 
     (machine,) = record
     (tmp_path / vector_isa.RECORD).write_text(json.dumps({machine: ["avx2"]}))
-    assert vector_isa.pick(tmp_path) == real
+    assert vector_isa.pick(tmp_path, told.append) == real
+    assert told[-1] is True
     assert json.loads((tmp_path / vector_isa.RECORD).read_text()) == {machine: checked}
     assert vector_isa.VectorIsaProbe(tmp_path).result() == real
     assert vector_isa.VectorIsaProbe(None).result() == real
@@ -136,6 +141,8 @@ def test_a_vector_isa_setting_of_the_users_is_left_to_inductor(tmp_path):
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
+    told: list[bool] = []
     with config.patch({"cpp.vec_isa_ok": False}):
-        assert vector_isa.pick(tmp_path) == str(pick_vec_isa())
+        assert vector_isa.pick(tmp_path, told.append) == str(pick_vec_isa())
+    assert told == [False]
     assert not (tmp_path / vector_isa.RECORD).exists()

@@ -134,16 +134,20 @@ class WholeStep(TrainStep):
         """
         example = (tokens_ABS, labels_ABS, document_ids_ABS)
         inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), document_ids_ABS)
-        return self._prepare(example, inputs, self._fingerprint(inputs) if self._cache_dir is not None else None)
+        return self._prepare(example, inputs, None)
 
     def _prepare(
         self, example: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], inputs: tuple, fingerprint: str | None
     ) -> fx.GraphModule:
+        """Capture and compile; the fingerprint for the shortcut, when not given, is worked out after the capture
+        (which overlaps the vector-instruction check it waits for)."""
         graph = self._capture(inputs)
         self._graph, self._example = graph, example
         if self.config.compiler == "none":
             self._program = graph
         elif self._inductor:
+            if fingerprint is None and self._cache_dir is not None:
+                fingerprint = self._fingerprint(inputs)
             self._program, self.compile_report = compile_step(
                 graph,
                 inputs,
@@ -155,6 +159,14 @@ class WholeStep(TrainStep):
             self._program = self.backend.compile_step(graph)
         self._shape = _shape_key(example[0], example[2])
         return graph
+
+    def _shortcut_possible(self) -> bool:
+        """Whether a run before this one can have left a shortcut: the cache is on and, on the CPU, this machine's
+        vector instructions were checked before (a first process on a machine captures at once, while the check
+        runs, instead of waiting seconds for a fingerprint no shortcut is saved under yet)."""
+        if self._cache_dir is None:
+            return False
+        return self._vector_isa is None or not self._vector_isa.runs_check()
 
     def _load_shortcut(self, example: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], fingerprint: str) -> bool:
         """Load the compiled step a run before this one saved under ``fingerprint``; False if there is none."""
@@ -173,7 +185,7 @@ class WholeStep(TrainStep):
         if self._program is None or self._shape != _shape_key(tokens_ABS, ids_ABS):
             example = (tokens_ABS, labels_ABS, ids_ABS)
             inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), ids_ABS)
-            fingerprint = self._fingerprint(inputs) if self._cache_dir is not None else None
+            fingerprint = self._fingerprint(inputs) if self._shortcut_possible() else None
             if fingerprint is None or not self._load_shortcut(example, fingerprint):
                 self._prepare(example, inputs, fingerprint)
         assert self._program is not None
