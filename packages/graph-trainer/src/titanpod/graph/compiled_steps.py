@@ -39,6 +39,8 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from titanpod.graph.early_kernel_builds import kernels_built_as_generated
+
 FORMAT = "titanpod-compiled-step-1"
 """Part of every key: a change to how artifacts are made or keyed starts a new set."""
 
@@ -137,13 +139,14 @@ def compile_step(
     if path is not None and path.is_file():
         artifact, cache = CompiledArtifact.load(path=str(path), format="binary"), "hit"
     else:
-        artifact = standalone_compile(
-            flat,
-            [*flat_inputs, *constants],
-            dynamic_shapes="from_example_inputs",
-            options={"config_patches": options},
-            donate_graph_module=True,
-        )
+        with kernels_built_as_generated():
+            artifact = standalone_compile(
+                flat,
+                [*flat_inputs, *constants],
+                dynamic_shapes="from_example_inputs",
+                options={"config_patches": options},
+                donate_graph_module=True,
+            )
         cache = "miss"
         saved = path is not None and _warn_unsaved(
             path.parent, lambda: save_atomically(lambda partial: artifact.save(path=partial, format="binary"), path)
