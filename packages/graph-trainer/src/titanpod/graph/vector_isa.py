@@ -121,31 +121,31 @@ def _best_candidate_builds() -> bool:
     the capture beside it keeps the other); ``False`` where it fails, or where the pick is not simply the best
     (``cpp.simdlen`` or ``ATEN_CPU_CAPABILITY`` set, or another architecture): those check every candidate."""
     from torch._inductor import config
-    from torch._inductor.cpu_vec_isa import supported_vec_isa_list, x86_isa_checker
 
-    if platform.machine() not in ("x86_64", "AMD64") or config.cpp.simdlen is not None:
+    if config.cpp.simdlen is not None or os.environ.get("ATEN_CPU_CAPABILITY"):
         return False
-    if os.environ.get("ATEN_CPU_CAPABILITY"):
-        return False
-    flags = x86_isa_checker()
-    candidates = [isa for isa in supported_vec_isa_list if all(flag in flags for flag in str(isa).split())]
+    candidates = _x86_candidates()
     return bool(candidates) and bool(candidates[0])
 
 
 def _check_candidates_at_once() -> None:
     """Run inductor's check of every candidate the CPU's flags list in its own thread (each compiles a test
     program in a subprocess), instead of one after another; inductor keeps each outcome for its own list."""
-    from torch._inductor.cpu_vec_isa import supported_vec_isa_list, x86_isa_checker
-
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return
-    flags = x86_isa_checker()
-    candidates = [isa for isa in supported_vec_isa_list if all(flag in flags for flag in str(isa).split())]
-    threads = [threading.Thread(target=bool, args=(isa,), daemon=True) for isa in candidates]
+    threads = [threading.Thread(target=bool, args=(isa,), daemon=True) for isa in _x86_candidates()]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def _x86_candidates() -> list[Any]:
+    """Inductor's vector-instruction candidates that the x86 CPU's flags list, best first (none elsewhere)."""
+    from torch._inductor.cpu_vec_isa import supported_vec_isa_list, x86_isa_checker
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    flags = x86_isa_checker()
+    return [isa for isa in supported_vec_isa_list if all(flag in flags for flag in str(isa).split())]
 
 
 def _machine_key() -> str:
