@@ -54,3 +54,20 @@ def test_kernels_are_submitted_as_they_are_generated_and_built_once(monkeypatch)
     assert kernels >= 2
     assert submitted == [True] * kernels  # every kernel during generation, none a second time at load
     torch.testing.assert_close(loss, _layers(*inputs)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_overlapping_blocks_leave_inductor_as_they_found_it():
+    from torch._inductor import config
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+
+    from titanpod.graph.early_kernel_builds import kernels_built_as_generated
+
+    original = PythonWrapperCodegen.define_kernel
+    with config.patch({"compile_threads": 2}):
+        first, second = kernels_built_as_generated(), kernels_built_as_generated()
+        first.__enter__()  # two compiles in two threads: the first to start ends first
+        assert PythonWrapperCodegen.define_kernel is not original
+        second.__enter__()
+        first.__exit__(None, None, None)
+        second.__exit__(None, None, None)
+    assert PythonWrapperCodegen.define_kernel is original

@@ -31,10 +31,10 @@ def kernels_built_as_generated() -> Iterator[None]:
     from torch._inductor.async_compile import AsyncCompile, get_compile_threads
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen
 
-    if get_compile_threads() <= 1:
-        yield
-        return
     original = PythonWrapperCodegen.define_kernel
+    if get_compile_threads() <= 1 or getattr(original, "builds_as_generated", False):
+        yield  # no workers, or a block already open (here or in another thread), whose exit restores inductor's own
+        return
     compiler = AsyncCompile()
     failures: list[BaseException] = []
 
@@ -47,6 +47,7 @@ def kernels_built_as_generated() -> Iterator[None]:
                 failures.append(error)
         return defined
 
+    define_kernel.builds_as_generated = True  # type: ignore[attr-defined]
     PythonWrapperCodegen.define_kernel = define_kernel  # type: ignore[method-assign]
     try:
         yield
