@@ -72,8 +72,10 @@ def _one(model_name: str, way: str) -> dict:
     report = step.compile_report
     later = statistics.median(timed() for _ in range(4))
     folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    sources = sorted(folder.rglob("*.py"), key=lambda path: path.stat().st_size)
-    kernels = sources[-1].read_text().count("= async_compile.cpp_pybinding") if sources and first > 5 else None
+    kernels = None
+    if report is not None and report.cache != "hit":  # a compile wrote its module; the largest is the step's
+        module = max(folder.rglob("*.py"), key=lambda path: path.stat().st_size)
+        kernels = module.read_text().count("= async_compile.cpp_pybinding")
     return {
         "first": first,
         "compile": report.seconds if report else None,
