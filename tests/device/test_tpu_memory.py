@@ -13,7 +13,7 @@ from titanpod.device.backends.tpu import TpuBackend
 
 
 def test_memory_statistics_say_unavailable_rather_than_report_host_memory(monkeypatch):
-    def not_supported() -> int:
+    def not_supported(device_index: int | None = None) -> int:
         raise RuntimeError("memory_allocated is not supported on this backend")
 
     monkeypatch.setattr(torch.accelerator.memory, "memory_allocated", not_supported)

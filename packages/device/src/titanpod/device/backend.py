@@ -48,8 +48,8 @@ class Backend(ABC):
         """How many devices of this lane this host sees."""
 
     @abstractmethod
-    def synchronize(self) -> None:
-        """Block until all work queued on the device is done (for honest timings)."""
+    def synchronize(self, local_rank: int = 0) -> None:
+        """Block until all work queued on the device of this local rank is done (for honest timings)."""
 
     def compile_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
         """The whole training step (a captured graph) compiled as one program: ``torch.compile`` with the lane's
@@ -58,19 +58,20 @@ class Backend(ABC):
             raise ValueError(f"The {self.lane} lane compiles with jax.jit; use the xla step for it.")
         return torch.compile(step, backend=self.compile_backend, fullgraph=True, dynamic=False)
 
-    def place_batch(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A batch tensor on this process's device (laid out over the mesh, where the lane shards batches itself)."""
-        return tensor.to(self.device())
+    def place_batch(self, tensor: torch.Tensor, local_rank: int = 0) -> torch.Tensor:
+        """A batch tensor on the device of the process with this local rank (laid out over the mesh, where the
+        lane shards batches itself)."""
+        return tensor.to(self.device(local_rank))
 
     def end_step(self) -> None:  # noqa: B027 - optional: only lazy lanes record work to cut
         """Mark the end of a training step: a lazy lane (torch_xla) runs the step's recorded ops as one program."""
 
     @abstractmethod
-    def memory_stats(self) -> MemoryStats:
-        """Memory use of this process's device."""
+    def memory_stats(self, local_rank: int = 0) -> MemoryStats:
+        """Memory use of the device of the process with this local rank."""
 
-    def reset_peak_memory(self) -> None:  # noqa: B027 - optional: not every lane can reset
-        """Start a new peak-memory window, where the lane supports it."""
+    def reset_peak_memory(self, local_rank: int = 0) -> None:  # noqa: B027 - optional: not every lane can reset
+        """Start a new peak-memory window on the device of this local rank, where the lane supports it."""
 
     @abstractmethod
     def chip(self) -> ChipSpec:

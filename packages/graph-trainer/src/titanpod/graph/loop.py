@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import nn
 
-from titanpod.device import Backend
+from titanpod.device import Backend, process_info
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.interrupt import stop_after_step
 from titanpod.graph.loss_metrics import DROPPED_TOKENS
@@ -79,10 +79,11 @@ class TrainSummary:
     """``hit``, ``miss`` or ``off``, with ``compile_seconds``."""
 
 
-def _to_device(batch: Batch, backend: Backend) -> Batch:
+def _to_device(batch: Batch, backend: Backend, local_rank: int) -> Batch:
+    """Every tensor of ``batch`` on the device of the process with this local rank."""
     if isinstance(batch, Mapping):
-        return {name: backend.place_batch(tensor) for name, tensor in batch.items()}
-    return tuple(backend.place_batch(tensor) for tensor in batch)  # type: ignore[return-value]
+        return {name: backend.place_batch(tensor, local_rank) for name, tensor in batch.items()}
+    return tuple(backend.place_batch(tensor, local_rank) for tensor in batch)  # type: ignore[return-value]
 
 
 def _first_tensor_size(batch: Batch) -> int:
@@ -139,6 +140,9 @@ def train(
     elements of its first tensor); ``flops_per_token`` is per such token. Gradients are
     reduced by the model's own sharding (titanpod.parallel).
 
+    Batches go to this process's device, the one its local rank (torchrun's ``LOCAL_RANK``) selects on its host;
+    the loop waits for that device and reports its memory.
+
     Losses stay on the device and are read back every ``config.log_every`` steps, so the
     loop waits for the device only when it reports. A step whose gradient norm is NaN or
     Inf changes nothing; it is counted as skipped, or, with ``skip_nonfinite`` off, ends
@@ -150,6 +154,7 @@ def train(
     if start_step == 0:
         torch.manual_seed(config.seed)  # a resumed run keeps the random state its checkpoint restored
     train_step = step if step is not None else build_step(model, config, backend)
+    local_rank = process_info().local_rank
     peak = backend.chip().peak_flops
     pending: list[StepOutput] = []
     losses: list[float] = []
@@ -181,7 +186,7 @@ def train(
             for step_number in range(start_step + 1, last_step + 1):
                 micro_batches = [next(batches) for _ in range(config.grad_accum_steps)]
                 if not backend.single_controller:  # a single controller's step places batches itself
-                    micro_batches = [_to_device(batch, backend) for batch in micro_batches]
+                    micro_batches = [_to_device(batch, backend, local_rank) for batch in micro_batches]
                 lr = config.lr * lr_multiplier(step_number, config)
                 out = train_step(micro_batches, lr)
                 if reduce_loss is not None:
@@ -194,7 +199,7 @@ def train(
                 tokens_since += step_tokens
                 reporting = step_number % config.log_every == 0 or step_number == last_step
                 if step_number == start_step + 1:
-                    backend.synchronize()
+                    backend.synchronize(local_rank)
                     measured_from = time.perf_counter()
                     if not reporting:  # the first report's window starts after the first step
                         tokens_since, last_report = 0, measured_from
@@ -222,7 +227,7 @@ def train(
                         tokens_per_second=tps,
                         tflops_per_second=flops_per_token * tps / devices / 1e12,
                         mfu=mfu(flops_per_token, tps, devices, peak),
-                        peak_memory_gib=backend.memory_stats().peak_gib,
+                        peak_memory_gib=backend.memory_stats(local_rank).peak_gib,
                         elapsed_seconds=now - start,
                         skipped_steps=len(skipped),
                         dropped_tokens=sum(dropped) if dropped else None,
@@ -247,7 +252,7 @@ def train(
         except KeyboardInterrupt:  # a second signal, Ctrl-C outside the main thread: maybe inside a step
             interrupted, stop_signal, stopped_at_once = True, stop.signal_at_once(), True
     train_step.finish()
-    backend.synchronize()
+    backend.synchronize(local_rank)
     end = time.perf_counter()
     if pending:  # a step is pending only once it is done
         read_back(start_step + len(losses) + len(pending))
@@ -259,7 +264,7 @@ def train(
         losses=losses,
         tokens_per_second=tps_all,
         mfu=mfu(flops_per_token, tps_all, devices, peak),
-        peak_memory_gib=backend.memory_stats().peak_gib,
+        peak_memory_gib=backend.memory_stats(local_rank).peak_gib,
         wall_seconds=end - start,
         interrupted=interrupted,
         stop_signal=stop_signal,

@@ -193,8 +193,8 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
                 validate(summary.steps_done)
 
         session.say(
-            f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family} {recipe.model.flavor}: "
-            f"{parameters:,} parameters"
+            f"lane [bold]{backend.lane}[/] on {backend.device(info.local_rank)}, "
+            f"{recipe.model.family} {recipe.model.flavor}: {parameters:,} parameters"
             + (f" from {recipe.model.init_from}" if pretrained is not None else "")
             + f"; step {describe_step(recipe.train, backend)}; run directory {session.run_dir}"
         )

@@ -227,8 +227,8 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
         step = build_step(model, recipe.train, backend)
         start_step = session.resume(model, step, data.train)
         session.say(
-            f"lane [bold]{backend.lane}[/] on {backend.device()}, {recipe.model.family}: {parameters:,} parameters "
-            f"from {escape(started_from)}; step {describe_step(recipe.train, backend)}; "
+            f"lane [bold]{backend.lane}[/] on {backend.device(session.info.local_rank)}, {recipe.model.family}: "
+            f"{parameters:,} parameters from {escape(started_from)}; step {describe_step(recipe.train, backend)}; "
             f"run directory {session.run_dir}"
         )
         session.say(data.describe())

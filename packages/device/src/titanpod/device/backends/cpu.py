@@ -28,14 +28,14 @@ class CpuBackend(Backend):
         """One: the host."""
         return 1
 
-    def synchronize(self) -> None:
+    def synchronize(self, local_rank: int = 0) -> None:
         """Nothing to wait for: CPU ops finish before they return."""
 
-    def memory_stats(self) -> MemoryStats:
+    def memory_stats(self, local_rank: int = 0) -> MemoryStats:
         """The process's resident set size, now and at its peak."""
         return host_memory_stats()
 
-    def reset_peak_memory(self) -> None:
+    def reset_peak_memory(self, local_rank: int = 0) -> None:
         """Start a new peak window for the process's resident memory (on Linux)."""
         reset_host_peak()
 

@@ -27,23 +27,22 @@ class CudaBackend(Backend):
         """GPUs visible to this process."""
         return torch.cuda.device_count()
 
-    def synchronize(self) -> None:
-        """Wait for the current GPU's streams."""
-        torch.cuda.synchronize()
+    def synchronize(self, local_rank: int = 0) -> None:
+        """Wait for the streams of this local rank's GPU."""
+        torch.cuda.synchronize(local_rank)
 
-    def memory_stats(self) -> MemoryStats:
-        """Bytes held by PyTorch's caching allocator on the current GPU."""
-        index = torch.cuda.current_device()
+    def memory_stats(self, local_rank: int = 0) -> MemoryStats:
+        """Bytes held by PyTorch's caching allocator on this local rank's GPU."""
         return MemoryStats(
-            current_bytes=torch.cuda.memory_allocated(index),
-            peak_bytes=torch.cuda.max_memory_allocated(index),
-            limit_bytes=torch.cuda.get_device_properties(index).total_memory,
+            current_bytes=torch.cuda.memory_allocated(local_rank),
+            peak_bytes=torch.cuda.max_memory_allocated(local_rank),
+            limit_bytes=torch.cuda.get_device_properties(local_rank).total_memory,
             kind="device",
         )
 
-    def reset_peak_memory(self) -> None:
-        """Reset the allocator's peak counter."""
-        torch.cuda.reset_peak_memory_stats()
+    def reset_peak_memory(self, local_rank: int = 0) -> None:
+        """Reset the allocator's peak counter of this local rank's GPU."""
+        torch.cuda.reset_peak_memory_stats(local_rank)
 
     def chip(self) -> ChipSpec:
         """The current GPU: the chip table's peak with the device's own memory (looked up once per backend).

@@ -63,9 +63,9 @@ class TorchXlaBackend(Backend):
         """Every device of the job under SPMD (one process drives them all), else one per process."""
         return self._xr.global_runtime_device_count() if self.spmd else world_size
 
-    def place_batch(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The batch tensor on the ``xla`` device, split over the mesh's data axes under SPMD."""
-        placed = tensor.to(self.device())
+    def place_batch(self, tensor: torch.Tensor, local_rank: int = 0) -> torch.Tensor:
+        """The batch tensor on this process's ``xla`` device, split over the mesh's data axes under SPMD."""
+        placed = tensor.to(self.device(local_rank))
         return placed if self._batch_layout is None else self._batch_layout(placed)
 
     def compile_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
@@ -81,17 +81,18 @@ class TorchXlaBackend(Backend):
         """Cut the recorded graph: the step's ops run now as one program, and the next step records anew."""
         self._torch_xla.sync()
 
-    def synchronize(self) -> None:
-        """Cut the lazy graph and wait for the device."""
+    def synchronize(self, local_rank: int = 0) -> None:
+        """Cut the lazy graph and wait for this process's device."""
         self._torch_xla.sync()
         self._xm.wait_device_ops()
 
-    def memory_stats(self) -> MemoryStats:
-        """Device memory as PJRT reports it; on the host PJRT device, the process's resident memory."""
+    def memory_stats(self, local_rank: int = 0) -> MemoryStats:
+        """Memory of this process's device as PJRT reports it; on the host PJRT device, the process's resident
+        memory."""
         if self.on_host:
             return host_memory_stats()
         try:
-            info = self._xm.get_memory_info(self.device())
+            info = self._xm.get_memory_info(self.device(local_rank))
         except RuntimeError as error:  # a PJRT client without allocator statistics
             return unavailable_memory_stats(f"PJRT reports no memory statistics here ({error})")
         used = int(info.get("bytes_used", 0))

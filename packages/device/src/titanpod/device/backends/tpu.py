@@ -69,25 +69,25 @@ class TpuBackend(Backend):
         """TPU devices visible to this process."""
         return torch.accelerator.device_count()
 
-    def synchronize(self) -> None:
-        """Wait for queued TPU work."""
-        torch.accelerator.synchronize()
+    def synchronize(self, local_rank: int = 0) -> None:
+        """Wait for the work queued on this local rank's TPU."""
+        torch.accelerator.synchronize(local_rank)
 
-    def memory_stats(self) -> MemoryStats:
-        """Device memory from ``torch.accelerator.memory``; ``unavailable`` (with the reason) where
-        torch_tpu does not report it. Host memory is never passed off as the TPU's."""
+    def memory_stats(self, local_rank: int = 0) -> MemoryStats:
+        """Memory of this local rank's TPU from ``torch.accelerator.memory``; ``unavailable`` (with the reason)
+        where torch_tpu does not report it. Host memory is never passed off as the TPU's."""
         limit = _chip_memory_or_none()
         try:
-            current = torch.accelerator.memory.memory_allocated()
-            peak = torch.accelerator.memory.max_memory_allocated()
+            current = torch.accelerator.memory.memory_allocated(local_rank)
+            peak = torch.accelerator.memory.max_memory_allocated(local_rank)
         except (RuntimeError, NotImplementedError, AttributeError) as error:
             return unavailable_memory_stats(f"torch_tpu does not report device memory: {error}", limit)
         return MemoryStats(current, peak, limit, "device")
 
-    def reset_peak_memory(self) -> None:
-        """Reset the peak counter, where torch_tpu supports it."""
+    def reset_peak_memory(self, local_rank: int = 0) -> None:
+        """Reset the peak counter of this local rank's TPU, where torch_tpu supports it."""
         with contextlib.suppress(RuntimeError, NotImplementedError, AttributeError):
-            torch.accelerator.memory.reset_peak_memory_stats()
+            torch.accelerator.memory.reset_peak_memory_stats(local_rank)
 
     def chip(self) -> ChipSpec:
         """The TPU generation, from the slice type the VM advertises."""

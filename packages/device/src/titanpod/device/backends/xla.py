@@ -51,14 +51,14 @@ class XlaBackend(Backend):
         """torchax's environment: inside it, torch ops on ``jax`` tensors run as JAX ops."""
         return self._env
 
-    def synchronize(self) -> None:
-        """Wait for every computation JAX has dispatched."""
+    def synchronize(self, local_rank: int = 0) -> None:
+        """Wait for every computation JAX has dispatched (one process drives every device)."""
         self._jax.effects_barrier()
         for array in self._jax.live_arrays():
             array.block_until_ready()
 
-    def memory_stats(self) -> MemoryStats:
-        """Device memory from JAX; the host's resident set where JAX keeps no statistics (CPU)."""
+    def memory_stats(self, local_rank: int = 0) -> MemoryStats:
+        """Memory of this process's first JAX device; the host's resident set where JAX keeps no statistics (CPU)."""
         stats = self._jax.local_devices()[0].memory_stats()
         if not stats:
             return host_memory_stats()

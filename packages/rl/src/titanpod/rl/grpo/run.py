@@ -220,7 +220,7 @@ def run_steps(
         losses=losses,
         tokens_per_second=tokens_per_second,
         mfu=mfu(flops_per_token, tokens_per_second, session.devices, backend.chip().peak_flops),
-        peak_memory_gib=backend.memory_stats().peak_gib,
+        peak_memory_gib=backend.memory_stats(session.info.local_rank).peak_gib,
         wall_seconds=end - began,
         interrupted=interrupted,
         stop_signal=stop_signal,
