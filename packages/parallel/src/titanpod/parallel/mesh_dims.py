@@ -39,6 +39,19 @@ def param_mesh_dims(plan: ShardingPlan, name: str, ndim: int, axes: Mapping[str,
     return tuple(_entry(d) for d in dims)
 
 
+def gathered_param_mesh_dims(plan: ShardingPlan, name: str, ndim: int, axes: Mapping[str, int]) -> MeshDims:
+    """The dims of parameter ``name`` where a block uses it (FSDP's gather): its storage's, less the data shard
+    axes; the tp dimension stays split over ``tp`` and an expert dimension over ``ep``."""
+    stored = param_mesh_dims(plan, name, ndim, axes)
+    kept = ("tp", "ep") if plan.rule_for(name).ep_dim is not None else ("tp",)
+
+    def keep(entry: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+        names = [entry] if isinstance(entry, str) else list(entry or ())
+        return _entry([axis for axis in names if axis in kept])
+
+    return tuple(keep(entry) for entry in stored)
+
+
 def batch_mesh_dims(axes: Mapping[str, int], ndim: int = 2) -> MeshDims:
     """The dims of a batch [B, S, ...]: B split over every data axis, S over ``cp`` (context parallelism:
     each device holds a stretch of every row; the partitioner brings keys and values to the queries that

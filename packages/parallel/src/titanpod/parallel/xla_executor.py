@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from titanpod.parallel.mesh_dims import batch_mesh_dims, param_mesh_dims
+from titanpod.parallel.mesh_dims import batch_mesh_dims, gathered_param_mesh_dims, param_mesh_dims
 from titanpod.parallel.plan import ShardingPlan
 
 
@@ -21,6 +21,14 @@ def param_partition_spec(plan: ShardingPlan, name: str, ndim: int, axes: Mapping
     from jax.sharding import PartitionSpec
 
     return PartitionSpec(*param_mesh_dims(plan, name, ndim, axes))
+
+
+def gathered_partition_spec(plan: ShardingPlan, name: str, ndim: int, axes: Mapping[str, int]) -> Any:
+    """The ``PartitionSpec`` of parameter ``name`` where a block uses it: gathered over the data shard axes
+    (see ``titanpod.parallel.mesh_dims.gathered_param_mesh_dims``)."""
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec(*gathered_param_mesh_dims(plan, name, ndim, axes))
 
 
 def batch_partition_spec(axes: Mapping[str, int], ndim: int = 2) -> Any:

@@ -58,24 +58,55 @@ def _has_pinned_host() -> bool:
     return "pinned_host" in kinds
 
 
+BlockGather = Callable[[str, Any], Any]
+"""``gather(name, array)``: parameter ``name`` (as the model names it) as a block uses it, e.g. its FSDP
+shards gathered by a sharding constraint; ``array`` is the JAX value of the stored parameter."""
+
+BLOCKS = "layers"
+"""The attribute holding a model's transformer blocks (an ``nn.ModuleList``), each wrapped on its own."""
+
+
+def has_blocks(model: nn.Module) -> bool:
+    """Whether ``model`` keeps its transformer blocks in ``model.layers`` (each then wrapped on its own)."""
+    return isinstance(getattr(model, BLOCKS, None), nn.ModuleList)
+
+
 @contextlib.contextmanager
-def rematerialised_blocks(model: nn.Module, whole: nn.Module, policy: Any) -> Iterator[None]:
+def rematerialised_blocks(
+    model: nn.Module,
+    whole: nn.Module,
+    policy: Any,
+    gather: BlockGather | None = None,
+    layout_input: Callable[[Any], Any] | None = None,
+) -> Iterator[None]:
     """While tracing, run each transformer block of ``model`` (``layers.<i>``) under ``jax.checkpoint(policy)``.
 
     A block's inputs are what the backward keeps of it (plus what ``policy`` saves); its
     other activations are recomputed in the backward, one block at a time, as the torch
     lanes' policies do. A model without ``layers`` is rematerialised as a whole: ``whole``,
-    the module whose forward runs its loss.
+    the module whose forward runs its loss. ``policy`` ``None`` wraps the blocks without
+    rematerialising them (for ``gather``).
+
+    ``gather`` maps each of a block's parameters to what the block computes with, inside the
+    block (so a recomputed block gathers again, as FSDP does, and nothing gathered is kept);
+    ``layout_input`` lays out a block's first tensor argument (the hidden states).
     """
-    blocks = getattr(model, "layers", None)
-    targets: list[nn.Module] = list(blocks) if isinstance(blocks, nn.ModuleList) else [whole]
-    originals = {id(block): block.__dict__.get("forward") for block in targets}
+    targets: list[tuple[nn.Module, list[str]]]
+    if has_blocks(model):
+        blocks = getattr(model, BLOCKS)
+        targets = [(block, [f"{BLOCKS}.{i}.{name}" for name, _ in block.named_parameters()])
+                   for i, block in enumerate(blocks)]  # fmt: skip
+    else:
+        targets = [(whole, [name for name, _ in model.named_parameters()])]
+    originals = {id(block): block.__dict__.get("forward") for block, _ in targets}
     try:
-        for block in targets:
-            block.forward = checkpointed_forward(block, block.forward, policy)  # type: ignore[method-assign]
+        for block, names in targets:
+            block.forward = checkpointed_forward(  # type: ignore[method-assign]
+                block, block.forward, policy, names, gather, layout_input
+            )
         yield
     finally:
-        for block in targets:
+        for block, _ in targets:
             original = originals[id(block)]
             if original is None:
                 del block.forward
@@ -83,9 +114,18 @@ def rematerialised_blocks(model: nn.Module, whole: nn.Module, policy: Any) -> It
                 block.forward = original  # type: ignore[method-assign]
 
 
-def checkpointed_forward(block: nn.Module, forward: Callable[..., Any], policy: Any) -> Callable[..., Any]:
-    """``forward`` of ``block`` as a torch callable that runs under ``jax.checkpoint``: the block's
-    parameters and tensor arguments go in as JAX values, other arguments are closed over."""
+def checkpointed_forward(
+    block: nn.Module,
+    forward: Callable[..., Any],
+    policy: Any,
+    names: list[str] | None = None,
+    gather: BlockGather | None = None,
+    layout_input: Callable[[Any], Any] | None = None,
+) -> Callable[..., Any]:
+    """``forward`` of ``block`` as a torch callable that runs under ``jax.checkpoint`` (plainly, with ``policy``
+    ``None``): the block's parameters and tensor arguments go in as JAX values, other arguments are closed
+    over. ``gather`` (given the parameters' ``names`` in the model) and ``layout_input``: see
+    ``rematerialised_blocks``."""
     import jax
     from torch.utils import _pytree as pytree
     from torchax.interop import jax_view, torch_view
@@ -96,6 +136,10 @@ def checkpointed_forward(block: nn.Module, forward: Callable[..., Any], policy: 
         is_tensor = [isinstance(leaf, torch.Tensor) for leaf in leaves]
 
         def body(params_j: list[Any], tensors_j: list[Any]) -> Any:
+            if gather is not None and names is not None:
+                params_j = [gather(name, p) for name, p in zip(names, params_j, strict=True)]
+            if layout_input is not None and tensors_j:
+                tensors_j = [layout_input(tensors_j[0]), *tensors_j[1:]]
             tensors = iter(torch_view(tensors_j))
             full = [next(tensors) if flag else leaf for leaf, flag in zip(leaves, is_tensor, strict=True)]
             call_args, call_kwargs = pytree.tree_unflatten(full, tree)
@@ -103,6 +147,7 @@ def checkpointed_forward(block: nn.Module, forward: Callable[..., Any], policy: 
                 return jax_view(forward(*call_args, **call_kwargs))
 
         tensors = [leaf for leaf, flag in zip(leaves, is_tensor, strict=True) if flag]
-        return torch_view(jax.checkpoint(body, policy=policy)(jax_view(params), jax_view(tensors)))
+        run = body if policy is None else jax.checkpoint(body, policy=policy)
+        return torch_view(run(jax_view(params), jax_view(tensors)))
 
     return checkpointed

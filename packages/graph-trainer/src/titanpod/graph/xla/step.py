@@ -32,7 +32,7 @@ from titanpod.graph.step_base import Batch, StateFormat, StepOutput, TrainStep, 
 from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
 from titanpod.graph.xla.precision import bf16_autocast
-from titanpod.graph.xla.remat import remat_policy, rematerialised_blocks
+from titanpod.graph.xla.remat import has_blocks, remat_policy, rematerialised_blocks
 from titanpod.graph.xla.state import RegionValues, load_state_tree, place_params, zero_adamw_state
 
 
@@ -65,8 +65,12 @@ class XlaStep(TrainStep):
         axes: Mapping[str, int] | None = None,
         mesh: Any = None,
         initial_values: RegionValues | None = None,
+        gather_dtype: torch.dtype | None = None,
     ) -> None:
         self.axes = dict(axes or {})
+        self.gather_dtype = gather_dtype
+        """The dtype parameters are gathered in for a block's use (FSDP's ``param_dtype``): cast before the
+        gather, so the gather moves those bytes; ``None`` gathers them as stored (fp32)."""
         self.policy = remat_policy(config.memory_policy)
         self._plan, self._mesh, self._initial_values = plan, mesh, initial_values
         # Before the first compile of this step, which places the parameters.
@@ -100,10 +104,13 @@ class XlaStep(TrainStep):
         parameters and gradients stay fp32), with each transformer block rematerialised
         by the memory policy.
         """
-        from torchax.interop import jax_view
+        from torchax.interop import jax_view, torch_view
 
         model, names, config = self.model, self.names, self.config
         wrapper = _LossModule(model)
+        gather, layout_input = self.gather_rule(), self.hidden_layout()
+        # Blocks gather their own parameters; the rest (embeddings, final norm, head) are gathered up front.
+        outside = [gather is not None and not (has_blocks(model) and name.startswith("layers.")) for name in names]
 
         def torch_loss(
             params: list[torch.Tensor],
@@ -111,16 +118,70 @@ class XlaStep(TrainStep):
             labels_BS: torch.Tensor,
             document_ids_BS: torch.Tensor | None = None,
         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            if gather is not None:
+                params = [
+                    torch_view(gather(name, jax_view(param))) if up_front else param
+                    for name, param, up_front in zip(names, params, outside, strict=True)
+                ]
             bound = {"inner." + name: param for name, param in zip(names, params, strict=True)}
             inputs = (tokens_BS, labels_BS) if document_ids_BS is None else (tokens_BS, labels_BS, document_ids_BS)
             with contextlib.ExitStack() as stack:
                 if config.precision == "bf16":
                     stack.enter_context(bf16_autocast())
-                if self.policy is not None:
-                    stack.enter_context(rematerialised_blocks(model, wrapper, self.policy))
+                if self.policy is not None or gather is not None:
+                    stack.enter_context(rematerialised_blocks(model, wrapper, self.policy, gather, layout_input))
                 return torch.func.functional_call(wrapper, bound, inputs)
 
         return jax_view(torch_loss)
+
+    def gather_rule(self) -> Callable[[str, Any], Any] | None:
+        """FSDP's gather as sharding constraints: parameter ``name``'s JAX value cast to ``gather_dtype`` and laid
+        out whole over the data shard axes (still split over ``tp``, experts over ``ep``). ``None`` when nothing is
+        sharded over a data axis. Without it XLA's partitioner may keep the weights sharded and split the
+        activations' features to match, moving activations instead of weights."""
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import NamedSharding
+
+        from titanpod.parallel.xla_executor import gathered_partition_spec
+
+        if self._plan is None:
+            return None
+        shapes = {name: param.ndim for name, param in zip(self.names, self.params, strict=True)}
+        targets = {
+            name: NamedSharding(self.mesh, gathered_partition_spec(self._plan, name, ndim, self.axes))
+            for name, ndim in shapes.items()
+        }
+        if all(target.spec == sharding.spec for target, sharding in zip(targets.values(), self.param_shardings,
+                                                                          strict=True)):  # fmt: skip
+            return None
+        dtype = None if self.gather_dtype is None else jnp.dtype(str(self.gather_dtype).removeprefix("torch."))
+
+        def gather(name: str, array: Any) -> Any:
+            if dtype is not None and jnp.issubdtype(array.dtype, jnp.floating):
+                array = array.astype(dtype)
+            return jax.lax.with_sharding_constraint(array, targets[name])
+
+        return gather
+
+    def hidden_layout(self) -> Callable[[Any], Any] | None:
+        """A block's hidden states [B, S, D] laid out as the batch is (B over the data axes, S over ``cp``);
+        ``None`` on a mesh without data axes."""
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from titanpod.parallel.xla_executor import batch_partition_spec
+
+        if not any(self.axes.get(axis, 1) > 1 for axis in ("dp_replicate", "fsdp", "ep", "cp")):
+            return None
+
+        def layout(array: Any) -> Any:
+            if array.ndim != 3:
+                return array
+            spec = PartitionSpec(*batch_partition_spec(self.axes, 3))
+            return jax.lax.with_sharding_constraint(array, NamedSharding(self.mesh, spec))
+
+        return layout
 
     def update_function(self) -> Callable[..., Any]:
         """The optimizer as a JAX function: (params, grads, exp_avg, exp_avg_sq, step, lr) ->
