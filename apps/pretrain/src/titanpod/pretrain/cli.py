@@ -7,6 +7,7 @@ titanpod-pretrain --output.run-name try1 --resume   # continue try1 from its new
 titanpod-pretrain --resume                         # continue the newest run of the recipe that has one
 titanpod-pretrain --recipe llama3_405b --dry-run   # memory per device and step time on its target slice
 titanpod-pretrain --recipe llama3_405b --dry-run --chip v5p --chips 512
+titanpod-pretrain --recipe llama3_8b --compile-for target  # the step compiled by libtpu for its slice (envs/tpu)
 titanpod-pretrain --recipe llama3_405b --rehearse  # run it here, small, with every setting, and check resume
 titanpod-pretrain --recipe runs/try1/recipe.json   # a recipe file (any run's recipe.json)
 titanpod-pretrain --recipe mine.toml --train.lr 1e-3  # a TOML file: base = "llama3_debug" plus what differs
@@ -61,6 +62,17 @@ class Command:
     """Run the recipe on this machine at a small size with every setting it makes, and check it resumes exactly."""
     rehearse_lanes: tuple[Literal["cpu", "xla"], ...] | None = None
     """Lanes to rehearse on; ``None``: the recipe's, or both for a TPU recipe."""
+    compile_for: str | None = None
+    """Compile the whole training step for a TPU slice (``v5p-8``, ``v6e-256``; ``target``: the recipe's own) with
+    libtpu on this host, without TPUs or weights, and report memory a chip, flops, the compiler's estimated step
+    time and the collectives (needs the tpu environment: ``cd envs/tpu && uv run titanpod-pretrain ...``)."""
+    compile_layers: tuple[int, ...] = ()
+    """With --compile-for: compile the model cut to this many layers; two depths (``2 4``) compile both and
+    extrapolate the whole model's figures by depth."""
+    compile_output: Path | None = None
+    """With --compile-for: the folder for report.json (default ``<runs_dir>/compile-<recipe>-<slice>``)."""
+    compile_keep_program: tyro.conf.FlagCreatePairsOff[bool] = False
+    """With --compile-for: also keep the optimised HLO and the serialised executable in that folder."""
     chip: str | None = None
     """Short for --target.chip: the chip kind --dry-run plans for (``v5p``, ``v6e``, ``h100`` ...)."""
     chips: int | None = None
@@ -170,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             print_error(error)
             return 2
         return 0 if plan.fits else 1
+    if command.compile_for is not None:
+        return compile_command(command, console)
     if command.rehearse:
         return rehearse_command(recipe, command.rehearse_lanes, console)
     main_process = process_info().is_main  # under torchrun only rank 0 speaks
@@ -186,6 +200,24 @@ def main(argv: list[str] | None = None) -> int:
     if process_info().world_size > 1:
         exit_rank(code)  # once the run is written: see exit_rank
     return code
+
+
+def compile_command(command: Command, console: Console) -> int:
+    """``--compile-for SLICE``: 0 when the step compiled for the slice fits a chip, 1 when not, 2 on bad input."""
+    from titanpod.runs.slice_compile_command import compile_for_command
+
+    try:
+        return compile_for_command(
+            command.recipe,
+            command.compile_for or "target",
+            console,
+            layers=command.compile_layers,
+            output_dir=command.compile_output,
+            keep_program=command.compile_keep_program,
+        )
+    except (KeyError, ValueError, RuntimeError) as error:
+        print_error(error)
+        return 2
 
 
 def rehearse_command(recipe: Recipe, lanes: tuple[str, ...] | None, console: Console) -> int:

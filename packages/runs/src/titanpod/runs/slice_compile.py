@@ -1,0 +1,303 @@
+"""``--compile-for SLICE``: a recipe's whole training step compiled by the TPU compiler for a slice, on any host.
+
+The program is the xla lane's step (``titanpod.graph.xla.XlaStep``): the recipe's model
+(built on the meta device, no weights), its family's sharding plan on the slice's mesh, its
+kernels compiled for the TPU (Pallas through Mosaic, never interpret mode), memory policy,
+precision, micro-batches and the AdamW update, all in one ``jax.jit`` program compiled by
+libtpu for the slice's abstract devices (``titanpod.device.tpu_slices``). The report sets the
+compiler's figures (memory a chip, flops, estimated step time) beside the dry-run planner's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import resource
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from titanpod.device import CHIPS, get_backend
+from titanpod.device.tpu_slices import TpuSlice, abstract_devices, parse_slice, slice_of
+from titanpod.graph.xla.ahead_of_time import AbstractXlaStep, BatchShape
+from titanpod.graph.xla.program_figures import (
+    Collective,
+    DeviceMemory,
+    ProgramFigures,
+    optimised_hlo,
+    program_figures,
+)
+from titanpod.kernels import model_ops
+from titanpod.models import build_model
+from titanpod.parallel import DATA_AXES, PLANS
+from titanpod.recipes.planner.plan import plan_run
+from titanpod.recipes.recipe import Recipe
+
+GiB = 1024**3
+
+NO_COLLECTIVE_MATMUL_LOOPS = {
+    "xla_tpu_enable_windowed_einsum_for_all_gather": False,
+    "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False,
+}
+"""libtpu options that keep the compiler from turning gathers and reductions next to matmuls into ``while``
+loops: a loop's body counts once in the cost analysis, which would hide most of their work."""
+
+
+@dataclass(frozen=True)
+class SliceCompileReport:
+    """What compiling a recipe's step for a slice found, per chip unless said otherwise."""
+
+    recipe: str
+    """The recipe's name."""
+    slice: str
+    """The slice compiled for, e.g. ``v5p-8``."""
+    chips: int
+    """Chips in the job (every slice)."""
+    chip_hbm: int
+    """HBM a chip, bytes."""
+    chip_peak_flops: float
+    """The chip's peak dense bf16 FLOP/s."""
+    mesh: dict[str, int]
+    """Mesh axis -> size (axes of size 1 left out)."""
+    batch: BatchShape
+    """The step's batch as the program takes it, over the whole mesh."""
+    layers: int
+    """Transformer layers in the compiled program."""
+    model_layers: int
+    """Transformer layers of the recipe's model."""
+    kernels: dict[str, str]
+    """Slot -> kernel (attention, head_loss, expert_matmul)."""
+    program: ProgramFigures
+    """The compiler's figures for one chip."""
+    planner_bytes: int
+    """The dry-run planner's estimate of memory a chip."""
+    model_flops_per_chip: float
+    """The model's training flops a step a chip (6N + attention per token, no recompute; see the README)."""
+    tokens_per_step: int
+    """Tokens one step trains on over the whole job."""
+    trace_seconds: float
+    """Wall time to trace and lower the step."""
+    compile_seconds: float
+    """Wall time of the compiler."""
+    peak_host_bytes: int
+    """Peak resident memory of this process by the end of the compile."""
+    extrapolated_from: tuple[int, ...] = ()
+    """The depths compiled when the figures are extrapolated to ``layers`` (linear in depth); empty when the
+    program of ``layers`` layers itself was compiled."""
+
+    @property
+    def fits(self) -> bool:
+        """Whether the compiler's peak memory a chip is within the chip's HBM."""
+        return self.program.memory.total <= self.chip_hbm
+
+    @property
+    def planner_difference(self) -> float:
+        """(planner - compiler) / compiler for memory a chip."""
+        return (self.planner_bytes - self.program.memory.total) / self.program.memory.total
+
+    @property
+    def flops_ratio(self) -> float:
+        """The compiler's flops over the model's: above 1 is recompute (about 1.33 with every block recomputed)
+        and other work; well below that, some work is hidden from the compiler's count."""
+        return self.program.flops / self.model_flops_per_chip
+
+    @property
+    def step_seconds(self) -> float | None:
+        """The compiler's estimate of a step's time (``optimal_seconds``), an estimate, not a measurement."""
+        return self.program.optimal_seconds
+
+    @property
+    def tokens_per_second_per_chip(self) -> float | None:
+        """Tokens a second a chip at the estimated step time."""
+        seconds = self.step_seconds
+        return None if seconds is None else self.tokens_per_step / self.chips / seconds
+
+    @property
+    def estimated_mfu(self) -> float | None:
+        """MFU at the estimated step time: the model's flops a chip over (step time x peak)."""
+        seconds = self.step_seconds
+        return None if seconds is None else self.model_flops_per_chip / seconds / self.chip_peak_flops
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain values for JSON, with the derived figures."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["batch"] = dataclasses.asdict(self.batch)
+        data["program"] = self.program.to_dict()
+        data |= {
+            "fits": self.fits,
+            "planner_difference": self.planner_difference,
+            "flops_ratio": self.flops_ratio,
+            "estimated_step_seconds": self.step_seconds,
+            "estimated_tokens_per_second_per_chip": self.tokens_per_second_per_chip,
+            "estimated_mfu": self.estimated_mfu,
+        }
+        return data
+
+
+def target_slice(recipe: Recipe, name: str) -> TpuSlice:
+    """The slice ``--compile-for`` names: ``target`` is the recipe's own (``target.chip`` x ``target.chips``)."""
+    if name == "target":
+        return slice_of(recipe.target.chip, recipe.target.chips)
+    return parse_slice(name)
+
+
+def for_tpu(recipe: Recipe, layers: int | None = None) -> Recipe:
+    """The recipe as the pod runs it: its Pallas kernels compiled (never interpret mode), no step cache, and
+    the model cut to ``layers`` transformer layers when given."""
+    kernels = recipe.kernels
+    kernels = dataclasses.replace(
+        kernels,
+        splash=dataclasses.replace(kernels.splash, interpret=False),
+        grouped_matmul=dataclasses.replace(kernels.grouped_matmul, interpret=False),
+        pallas_loss=dataclasses.replace(kernels.pallas_loss, interpret=False),
+    )
+    model = recipe.model
+    if layers is not None:
+        model = dataclasses.replace(model, shape=dataclasses.replace(model.shape, n_layers=layers))
+    train = dataclasses.replace(recipe.train, compile_cache_dir="off")
+    return dataclasses.replace(recipe, kernels=kernels, model=model, train=train)
+
+
+def compile_for_slice(
+    recipe: Recipe, tpu: TpuSlice, *, layers: int | None = None, dump_dir: Path | None = None, say: Any = print
+) -> tuple[SliceCompileReport, Any]:
+    """Compile ``recipe``'s step for ``tpu`` and report on it; also returns the ``jax.stages.Compiled``.
+
+    ``layers`` compiles the model cut to that many layers (a quick look; the full depth is the default).
+    ``dump_dir`` keeps the compiler's HLO there (a temporary folder otherwise, for the collectives).
+    """
+    import jax
+    import numpy as np
+
+    if recipe.parallel.pp > 1:
+        raise ValueError(
+            f"{recipe.name} runs pipeline stages (parallel.pp={recipe.parallel.pp}), which run as eager steps, "
+            "not as one compiled program; --compile-for compiles the whole step of a recipe without pipelining."
+        )
+    chip = CHIPS[tpu.chip]
+    full_depth = recipe.model.args().n_layers
+    pod = for_tpu(recipe, layers)
+    devices = abstract_devices(tpu)
+    axes = pod.parallel.mesh_axes(len(devices))
+    split = {axis: size for axis, size in axes.items() if size > 1} or {"fsdp": 1}
+    mesh = jax.sharding.Mesh(np.asarray(devices).reshape(tuple(split.values())), tuple(split))
+    data_ranks = math.prod(axes[axis] for axis in DATA_AXES)
+    shape = BatchShape(
+        micro_batches=pod.train.grad_accum_steps,
+        batch=pod.data.batch_size * data_ranks,
+        seq_len=pod.data.seq_len,
+        documents=pod.data.document_masking,
+    )
+    model = build_model(pod.model.family, pod.model.args(), model_ops(pod.kernels))
+    depth = model.args.n_layers
+    say(
+        f"compiling {recipe.name} ({depth} of {full_depth} layers) for {tpu.name}: mesh "
+        + " x ".join(f"{axis} {size}" for axis, size in split.items())
+        + f", batch {shape.micro_batches} x {shape.batch} x {shape.seq_len}"
+    )
+    backend = get_backend("xla")
+    step = AbstractXlaStep(model, pod.train, backend, PLANS[pod.model.family], axes, mesh)
+    with tempfile.TemporaryDirectory(prefix="titanpod-hlo-") as scratch:
+        folder = dump_dir or Path(scratch)
+        compiled_step = step.compile(shape, folder, NO_COLLECTIVE_MATMUL_LOOPS)
+        figures = program_figures(compiled_step.compiled, optimised_hlo(compiled_step.compiled, folder))
+    tokens = shape.micro_batches * shape.batch * shape.seq_len
+    planned = plan_run(pod, chip, tpu.total_chips, pod.target.mfu)
+    report = SliceCompileReport(
+        recipe=recipe.name,
+        slice=tpu.name,
+        chips=tpu.total_chips,
+        chip_hbm=chip.memory_bytes,
+        chip_peak_flops=chip.peak_flops,
+        mesh=split,
+        batch=shape,
+        layers=depth,
+        model_layers=full_depth,
+        kernels={slot: getattr(pod.kernels, slot) for slot in ("attention", "head_loss", "expert_matmul")},
+        program=figures,
+        planner_bytes=planned.memory.total,
+        model_flops_per_chip=model.flops_per_token(shape.seq_len) * tokens / len(devices),
+        tokens_per_step=tokens,
+        trace_seconds=compiled_step.trace_seconds,
+        compile_seconds=compiled_step.compile_seconds,
+        peak_host_bytes=peak_host_bytes(),
+    )
+    return report, compiled_step.compiled
+
+
+def extrapolated(shallow: SliceCompileReport, deeper: SliceCompileReport) -> SliceCompileReport:
+    """The full model's figures from two compiles of shallow copies (``deeper`` with more layers): every memory
+    part, flop, byte, second and collective grows linearly with depth, as identical layers make it. Compile time
+    and host memory are the two compiles' own (summed, and the larger)."""
+    if deeper.layers <= shallow.layers:
+        raise ValueError("Extrapolating by depth needs two compiles of different depths, the second deeper.")
+    depth = shallow.model_layers
+    scale = (depth - shallow.layers) / (deeper.layers - shallow.layers)
+
+    def grow(low: float, high: float) -> float:
+        return low + (high - low) * scale
+
+    a, b = shallow.program, deeper.program
+    memory = DeviceMemory(*(round(grow(getattr(a.memory, f.name), getattr(b.memory, f.name)))
+                            for f in dataclasses.fields(DeviceMemory)))  # fmt: skip
+    collectives = {
+        kind: Collective(
+            round(grow(a.collectives.get(kind, Collective(0, 0)).count, b.collectives[kind].count)),
+            round(grow(a.collectives.get(kind, Collective(0, 0)).bytes, b.collectives[kind].bytes)),
+        )
+        for kind in b.collectives
+    }
+    seconds = (
+        None if a.optimal_seconds is None or b.optimal_seconds is None else grow(a.optimal_seconds, b.optimal_seconds)
+    )
+    program = ProgramFigures(
+        memory, grow(a.flops, b.flops), grow(a.bytes_accessed, b.bytes_accessed), seconds, collectives,
+        b.while_loops,
+    )  # fmt: skip
+    return dataclasses.replace(
+        deeper,
+        layers=depth,
+        program=program,
+        model_flops_per_chip=grow(shallow.model_flops_per_chip, deeper.model_flops_per_chip),
+        planner_bytes=round(grow(shallow.planner_bytes, deeper.planner_bytes)),
+        trace_seconds=shallow.trace_seconds + deeper.trace_seconds,
+        compile_seconds=shallow.compile_seconds + deeper.compile_seconds,
+        peak_host_bytes=max(shallow.peak_host_bytes, deeper.peak_host_bytes),
+        extrapolated_from=(shallow.layers, deeper.layers),
+    )
+
+
+def peak_host_bytes() -> int:
+    """This process's peak resident memory so far, in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def write_report(report: SliceCompileReport, path: Path) -> Path:
+    """Write the report as JSON to ``path`` (folders made as needed); returns the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return path
+
+
+def save_executable(compiled: Any, path: Path) -> Path | None:
+    """The compiled program, serialised by JAX, to ``path``; ``None`` (with a note) where JAX cannot."""
+    from jax.experimental import serialize_executable
+
+    try:
+        payload, _, _ = serialize_executable.serialize(compiled)
+    except Exception as error:
+        print(f"the executable could not be serialised: {error}", file=sys.stderr)
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(payload)
+    return path
+
+
+def timed(label: str, started: float) -> str:
+    """``label`` with the seconds since ``started``."""
+    return f"{label} in {time.perf_counter() - started:.1f} s"

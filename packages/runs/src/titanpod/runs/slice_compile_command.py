@@ -1,0 +1,120 @@
+"""``--compile-for SLICE`` for people: compile, print the figures as a table, write them as JSON, and exit
+non-zero when the step does not fit a chip."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from titanpod.recipes.recipe import Recipe
+from titanpod.runs.slice_compile import (
+    SliceCompileReport,
+    compile_for_slice,
+    extrapolated,
+    save_executable,
+    target_slice,
+    write_report,
+)
+
+GiB = 1024**3
+
+
+def compile_for_command(
+    recipe: Recipe,
+    slice_name: str,
+    console: Console,
+    *,
+    layers: tuple[int, ...] = (),
+    output_dir: Path | None = None,
+    keep_program: bool = False,
+) -> int:
+    """Compile ``recipe``'s step for the slice ``slice_name`` (``target``: the recipe's own), print and write
+    the report; 0 when it fits a chip, 1 when not (saying what dominates), 2 for a request that cannot be met.
+
+    ``layers``: one depth compiles the model cut to that many layers; two (``2,4``) compile both and report the
+    whole model's figures extrapolated by depth. ``keep_program`` also writes the optimised HLO and the
+    serialised executable beside the report.
+    """
+    tpu = target_slice(recipe, slice_name)
+    folder = output_dir or Path(recipe.output.runs_dir) / f"compile-{recipe.name}-{tpu.name.replace(' ', '')}"
+    if len(layers) > 2 or (len(layers) == 2 and layers[0] >= layers[1]):
+        raise ValueError(f"--compile-layers takes one depth or two rising ones (e.g. 2,4); got {layers}.")
+    started = time.perf_counter()
+    reports: list[SliceCompileReport] = []
+    compiled = None
+    for depth in layers or (None,):
+        hlo = folder / (f"hlo-{depth}-layers" if depth else "hlo") if keep_program else None
+        with console.status(f"compiling {recipe.name} for {tpu.name} ({depth or 'all'} layers) with libtpu ..."):
+            report, compiled = compile_for_slice(recipe, tpu, layers=depth, dump_dir=hlo, say=console.print)
+        console.print(
+            f"compiled {report.layers} layers in {report.compile_seconds:.1f} s "
+            f"(traced and lowered in {report.trace_seconds:.1f} s)"
+        )
+        reports.append(report)
+    report = extrapolated(*reports) if len(reports) == 2 else reports[0]
+    path = write_report(report, folder / "report.json")
+    if keep_program and compiled is not None:
+        save_executable(compiled, folder / "executable.bin")
+    console.print(slice_table(report))
+    console.print(f"report: {path} (all of it in {time.perf_counter() - started:.0f} s)", soft_wrap=True)
+    if not report.fits:
+        part, size = report.program.memory.largest()
+        console.print(
+            f"[bold red]does not fit[/]: {report.program.memory.total / GiB:.1f} GiB a chip of "
+            f"{report.chip_hbm / GiB:.1f}; the largest part is {part} at {size / GiB:.1f} GiB. Shard more "
+            "(parallel.fsdp / tp), recompute more (train.memory_policy recompute), or take a smaller "
+            "data.batch_size with more train.grad_accum_steps."
+        )
+        return 1
+    return 0
+
+
+def slice_table(report: SliceCompileReport) -> Table:
+    """The report as a two-column table, a chip's figures with the planner's beside the compiler's."""
+    memory = report.program.memory
+    depth = f"{report.layers} layers"
+    if report.extrapolated_from:
+        depth += f" (extrapolated from compiles of {' and '.join(map(str, report.extrapolated_from))})"
+    elif report.layers != report.model_layers:
+        depth += f" of {report.model_layers} (a shallow copy)"
+    table = Table(title=f"{report.recipe} compiled for {report.slice} by libtpu", show_header=False)
+    table.add_row("program", f"{depth}; mesh " + " x ".join(f"{a} {n}" for a, n in report.mesh.items()))
+    batch = report.batch
+    table.add_row(
+        "batch", f"{batch.micro_batches} x {batch.batch} x {batch.seq_len} tokens ({report.tokens_per_step:,} a step)"
+    )
+    table.add_row("kernels", ", ".join(f"{slot} {name}" for slot, name in report.kernels.items()))
+    table.add_row("HBM a chip (compiler)", "")
+    table.add_row("  arguments", _gib(memory.arguments))
+    table.add_row("  temporaries", _gib(memory.temporaries))
+    table.add_row("  outputs not aliased", _gib(memory.outputs - memory.aliased))
+    table.add_row("  code", _gib(memory.code))
+    verdict = "[green]fits[/]" if report.fits else "[bold red]does not fit[/]"
+    table.add_row("  total", f"{_gib(memory.total)} of {report.chip_hbm / GiB:.1f} GiB: {verdict}")
+    table.add_row("HBM a chip (planner)", f"{_gib(report.planner_bytes)} ({report.planner_difference:+.1%})")
+    table.add_row(
+        "flops a chip",
+        f"{report.program.flops / 1e12:,.1f} TFLOP compiler / {report.model_flops_per_chip / 1e12:,.1f} model "
+        f"= {report.flops_ratio:.2f}",
+    )
+    if report.step_seconds is not None:
+        table.add_row(
+            "step (compiler's estimate)",
+            f"{report.step_seconds:.3f} s: {report.tokens_per_second_per_chip:,.0f} tokens/s a chip, "
+            f"est. MFU {report.estimated_mfu:.1%}",
+        )
+    if report.program.collectives:
+        table.add_row("collectives a step", "")
+    for kind, collective in report.program.collectives.items():
+        table.add_row(f"  {kind}", f"{collective.count} ops, {collective.bytes / GiB:,.2f} GiB a step")
+    if report.program.while_loops:
+        table.add_row("while loops", f"{report.program.while_loops} (each body counted once in flops and time)")
+    table.add_row("compile", f"{report.compile_seconds:.1f} s; peak host memory {_gib(report.peak_host_bytes)}")
+    return table
+
+
+def _gib(size: float) -> str:
+    return f"{size / GiB:,.2f} GiB"
