@@ -9,6 +9,8 @@ and logsumexp. The backward recomputes each tile's logits from those, forms
 gradient (one kernel, over vocabulary tiles) and the weight gradient (another, over row
 tiles). No [N, V] array exists at any point. On the xla lane's mesh each data shard
 runs the kernels on its own rows, and the shards' sums and counts make the global mean.
+Each kernel declares its cost (``loss_cost_estimates``), which a compiled step's
+``cost_analysis`` counts as the kernel.
 """
 
 from __future__ import annotations
@@ -107,6 +109,41 @@ def _grad_w_kernel(h_ref, w_ref, labels_ref, lse_ref, scale_ref, dw_ref, *, bloc
     dw_ref[...] += jnp.dot(d.T.astype(h_ref.dtype), h_ref[...], preferred_element_type=jnp.float32)
 
 
+LOSS_MATMULS = {"forward": 1, "grad_h": 2, "grad_w": 2}
+"""[N, M] x [M, V] matmuls each kernel does over the padded rows and vocabulary: the forward the
+logits; each gradient kernel recomputes them and multiplies back (dH = dL W, dW = dL^T H). Forward
+and backward together are 10 N V M flops, not the 6 N V M of a loss that keeps its logits."""
+
+
+def loss_cost_estimates(rows: int, vocab: int, dim: int, itemsize: int, config: PallasLossConfig) -> dict[str, Any]:
+    """The ``pl.CostEstimate`` of each kernel (``"forward"``, ``"grad_h"``, ``"grad_w"``) for ``rows``
+    token rows and a ``vocab`` x ``dim`` head of ``itemsize`` bytes, both already padded to whole tiles.
+
+    Flops: ``LOSS_MATMULS`` matmuls of 2 x rows x vocab x dim (the elementwise softmax work is left
+    out). Transcendentals: an exponential per logit (and the forward's logarithm per row). Bytes: a
+    block that stays put along the inner grid axis is read once, the other input once per outer
+    tile; per-row columns in float32.
+    """
+    from jax.experimental import pallas as pl
+
+    n_rows, n_vocab = rows // config.block_rows, vocab // config.block_vocab
+    logits, column = rows * vocab, rows * 4
+    hidden, head = rows * dim * itemsize, vocab * dim * itemsize
+    moved = {
+        "forward": hidden + n_rows * head + column + 5 * column,  # h; W per row tile; labels; five columns out
+        "grad_h": hidden + n_rows * head + 3 * column + rows * dim * 4,  # h; W per row tile; columns; dh (f32)
+        "grad_w": head + n_vocab * (hidden + 3 * column) + vocab * dim * 4,  # W; h and columns per vocab tile; dw
+    }
+    return {
+        kernel: pl.CostEstimate(
+            flops=matmuls * 2 * logits * dim,
+            transcendentals=logits + (rows if kernel == "forward" else 0),
+            bytes_accessed=moved[kernel],
+        )
+        for kernel, matmuls in LOSS_MATMULS.items()
+    }
+
+
 def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int, interpret: bool) -> Any:
     """A JAX function ``(h_NM, w_VM, labels_N) -> mean loss`` with a Pallas forward and backward
     (run in Pallas interpret mode when ``interpret``)."""
@@ -125,6 +162,9 @@ def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int, in
         labels = jnp.pad(labels.astype(jnp.int32), (0, n_pad), constant_values=IGNORE_INDEX)[:, None]
         return h, jnp.pad(w, ((0, v_pad), (0, 0))), labels, (h.shape[0]) // bn
 
+    def costs(h, w):  # of the padded arrays
+        return loss_cost_estimates(h.shape[0], w.shape[0], dim, h.dtype.itemsize, config)
+
     row = pl.BlockSpec((config.block_rows, 1), lambda i, v: (i, 0))
     hidden = pl.BlockSpec((config.block_rows, dim), lambda i, v: (i, 0))
     weight = pl.BlockSpec((bv, dim), lambda i, v: (v, 0))
@@ -135,7 +175,7 @@ def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int, in
         kernel = functools.partial(_forward_kernel, block_v=bv, vocab=vocab, n_v=n_v)
         loss, lse, *_ = pl.pallas_call(
             kernel, grid=(n_n, n_v), in_specs=[hidden, weight, row], out_specs=[row] * 5,
-            out_shape=[column] * 5, interpret=interpret,
+            out_shape=[column] * 5, interpret=interpret, cost_estimate=costs(h, w)["forward"],
         )(h, w, labels)  # fmt: skip
         return loss[:, 0], lse
 
@@ -165,6 +205,7 @@ def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int, in
             functools.partial(_grad_h_kernel, **statics), grid=(n_n, n_v),
             in_specs=[hidden, weight, row, row, row], out_specs=hidden,
             out_shape=jax.ShapeDtypeStruct(h.shape, jnp.float32), interpret=interpret,
+            cost_estimate=costs(h, w)["grad_h"],
         )(h, w, labels, lse, scale)  # fmt: skip
         by_vocab = {"hidden": pl.BlockSpec((config.block_rows, dim), lambda v, i: (i, 0)),
                     "weight": pl.BlockSpec((bv, dim), lambda v, i: (v, 0)),
@@ -173,6 +214,7 @@ def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int, in
             functools.partial(_grad_w_kernel, **statics), grid=(n_v, n_n),
             in_specs=[by_vocab["hidden"], by_vocab["weight"], by_vocab["row"], by_vocab["row"], by_vocab["row"]],
             out_specs=by_vocab["weight"], out_shape=jax.ShapeDtypeStruct(w.shape, jnp.float32), interpret=interpret,
+            cost_estimate=costs(h, w)["grad_w"],
         )(h, w, labels, lse, scale)  # fmt: skip
         return dh[: h0.shape[0]].astype(h0.dtype), dw[:vocab].astype(w0.dtype), None
 
