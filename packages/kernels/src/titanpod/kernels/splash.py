@@ -12,6 +12,14 @@ form (``at_positions``, used by context parallelism) attends queries at some chu
 over keys at others, with the mask a static table built from their positions. On the xla
 lane's mesh the kernel runs per shard: batch over the data axes, heads over ``tp`` when
 it divides both head counts.
+
+The kernel's mask tables are numpy arrays (``splash_mqa_kernel``), so building it needs no
+device: it compiles by Mosaic for an abstract TPU mesh as well as in interpret mode. JAX's
+Splash declares no cost estimates; titanpod declares them for each of its Pallas calls
+(``titanpod.kernels.pallas_costs``), so a compiled step's ``cost_analysis`` counts attention:
+per (batch, query head), forward 4 x D flops per visited score, backward 14 x D (its dq and
+dkv kernels, ``SPLASH_MATMULS``), a visited score being one of a tile the mask does not rule
+out (causal: a little over S^2 / 2, the diagonal tiles whole).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import torch
 
 from titanpod.kernels.jax_op import JaxOp, free_op_name, jax_op, pallas_interpret
 from titanpod.kernels.mesh_split import batch_axes, head_axis
+from titanpod.kernels.pallas_costs import with_cost_estimates
 from titanpod.models import SequenceChunks, document_causal_mask
 
 LANES = 128
@@ -83,7 +92,8 @@ class SplashAttention:
         if key not in self._ops:
             shape = f"{S}_{G}_{D}" if at is None else f"{at[0].length}x{at[1].length}_{G}_{D}_positioned"
             name = free_op_name(f"splash_{shape}_{str(dtype).split('.')[-1]}{'_documents' if documents else ''}")
-            self._ops[key] = jax_op(name, self._kernel(S, G, D, documents, interpret, at), shard=_per_shard)
+            kernel = self._kernel(S, G, D, dtype.itemsize, documents, interpret, at)
+            self._ops[key] = jax_op(name, kernel, shard=_per_shard)
         return self._ops[key]
 
     def _head_mask(self, S: int, at: tuple[SequenceChunks, SequenceChunks] | None) -> Any:
@@ -103,7 +113,14 @@ class SplashAttention:
         return splash.NumpyMask(allowed_sS)
 
     def _kernel(
-        self, S: int, G: int, D: int, documents: bool, interpret: bool, at: tuple[SequenceChunks, SequenceChunks] | None
+        self,
+        S: int,
+        G: int,
+        D: int,
+        itemsize: int,
+        documents: bool,
+        interpret: bool,
+        at: tuple[SequenceChunks, SequenceChunks] | None,
     ) -> Any:
         import jax
         from jax.experimental.pallas.ops.tpu import splash_attention as splash
@@ -115,12 +132,13 @@ class SplashAttention:
             block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
             block_q_dq=block_q, block_kv_dq=block_kv,
         )  # fmt: skip
-        # The kernel is built once and reused by every later trace (jit, grad, remat): its mask tables
-        # must be concrete arrays, not values of whichever trace happened to build it first.
-        with jax.ensure_compile_time_eval():
-            kernel = splash.make_splash_mqa_single_device(
-                mask=splash.MultiHeadMask([self._head_mask(S, at)] * G), block_sizes=tiles, interpret=interpret
-            )
+        mask_GsS = splash.MultiHeadMask([self._head_mask(S, at)] * G)
+        mqa, costs = splash_mqa_kernel(mask_GsS, tiles, D, itemsize, interpret)
+
+        def one_call(q_GsD: Any, k_SD: Any, v_SD: Any, *ids: Any) -> Any:
+            return mqa(q_GsD, k_SD, v_SD, splash.SegmentIds(*ids) if ids else None)
+
+        kernel = with_cost_estimates(one_call, lambda name, _params: costs[splash_phase(name)])
 
         def attention(q_BHSD: Any, k_BKSD: Any, v_BKSD: Any) -> Any:
             B, K = k_BKSD.shape[:2]
@@ -134,9 +152,9 @@ class SplashAttention:
         def attention_over_documents(q_BHsD: Any, k_BKSD: Any, v_BKSD: Any, q_ids_Bs: Any, k_ids_BS: Any) -> Any:
             B, K = k_BKSD.shape[:2]
             q_BKGsD = (q_BHsD * (D**-0.5)).astype(q_BHsD.dtype).reshape(B, K, G, S_q, D)
-            segments = splash.SegmentIds(q=q_ids_Bs, kv=k_ids_BS)  # each leaf [B, length]; one row per kernel call
-            per_kv_head = jax.vmap(kernel, in_axes=(0, 0, 0, None))  # every kv head of a row: that row's ids
-            out_BKGsD = jax.vmap(per_kv_head)(q_BKGsD, k_BKSD, v_BKSD, segments)
+            # Each row's ids become the kernel's segment ids, the same for every kv head of the row.
+            per_kv_head = jax.vmap(kernel, in_axes=(0, 0, 0, None, None))
+            out_BKGsD = jax.vmap(per_kv_head)(q_BKGsD, k_BKSD, v_BKSD, q_ids_Bs, k_ids_BS)
             return out_BKGsD.reshape(B, K * G, S_q, D)
 
         if not documents:
@@ -190,6 +208,75 @@ class SplashAttention:
         # The kernel's segment ids are int32; ids relative to each row's smallest keep "same document" exact.
         ids_BS = (document_ids_BS - document_ids_BS.amin(dim=1, keepdim=True)).to(torch.int32)
         return self._op(S, H // K, D, q_BHSD.dtype, True, q_BHSD.device)(q_BHSD, k_BKSD, v_BKSD, ids_BS)
+
+
+SPLASH_MATMULS = {"fwd": 2, "dq": 3, "dkv": 4}
+"""Block matmuls per visited tile in each of the kernel's Pallas calls: the forward QK^T and PV; the dq
+kernel recomputes QK^T, then dP = dO V^T and dQ = dS K; the dkv kernel recomputes QK^T, then
+dV = P^T dO, dP = dO V^T and dK = dS^T Q. The backward is 7/2 of the forward, not the 5/2 of a
+fused flash backward: the two kernels each recompute QK^T and dP."""
+
+
+def splash_phase(kernel_name: str) -> str:
+    """``"fwd"``, ``"dq"`` or ``"dkv"``: which of Splash's Pallas calls ``kernel_name`` names
+    (``splash_mqa_<phase>[_segmented]_[no_]residuals``); ``KeyError`` for any other kernel."""
+    parts = kernel_name.split("_")
+    if len(parts) < 3 or parts[0] != "splash" or parts[2] not in SPLASH_MATMULS:
+        raise KeyError(f"{kernel_name!r} is not one of Splash attention's Pallas calls.")
+    return parts[2]
+
+
+def splash_mqa_kernel(mask: Any, tiles: Any, D: int, itemsize: int, interpret: bool) -> tuple[Any, dict[str, Any]]:
+    """JAX's Splash kernel in its MQA form (one kv head and its G query heads, ``mask`` [G, S, S_kv])
+    with its mask tables kept as numpy arrays, and the ``pl.CostEstimate`` of one call of each of its
+    Pallas calls (``"fwd"``, ``"dq"``, ``"dkv"``), for ``D``-wide heads of ``itemsize`` bytes.
+
+    ``make_splash_mqa_single_device`` builds the same kernel from the same tables but makes them
+    device arrays (``jnp.array``): inside a trace they would be values of that trace (the kernel is
+    built once and reused by every later trace: jit, grad, remat), and under the abstract mesh of an
+    ahead-of-time compile for a TPU there is no device to put them on. Numpy tables are neither: each
+    trace that calls the kernel takes them as constants, on whatever platform it compiles for.
+
+    Costs count the work the kernel does: the tiles its tables visit (a causal mask's diagonal tiles
+    whole, so a little over half of all tiles), ``SPLASH_MATMULS`` block matmuls of 2 x tile x tile x D
+    flops each per query head, one exponential per visited score. Bytes: each query row tile read
+    (and written) once per call, each visited tile's key/value (forward, dq) or query/dO (dkv) tiles
+    read again; ids and mask tables left out.
+    """
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mask_info
+
+    G, S_q, S_kv = mask.shape
+    tables = {
+        "fwd": mask_info.process_mask(mask, (tiles.block_q, tiles.block_kv)),
+        "dq": mask_info.process_mask(mask, (tiles.block_q_dq, tiles.block_kv_dq)),
+        "dkv": mask_info.process_mask_dkv(mask, (tiles.block_q_dkv, tiles.block_kv_dkv)),
+    }
+    kernel = kernel_lib.SplashAttentionKernel(
+        *(tables[phase][0] for phase in ("fwd", "dq", "dkv")),
+        block_sizes=tiles, is_mqa=True, save_residuals=False, mask_value=kernel_lib.DEFAULT_MASK_VALUE,
+        attn_logits_soft_cap=None, residual_checkpoint_name=None, mask_function=tables["fwd"][1],
+        interpret=interpret,
+    )  # fmt: skip
+    blocks = {"fwd": (tiles.block_q, tiles.block_kv), "dq": (tiles.block_q_dq, tiles.block_kv_dq),
+              "dkv": (tiles.block_q_dkv, tiles.block_kv_dkv)}  # fmt: skip
+    q_rows, kv_rows, f32 = G * S_q * D * itemsize, S_kv * D * itemsize, 4
+    costs = {}
+    for phase, (info, _) in tables.items():
+        block_mask = info.block_mask
+        visited = int((block_mask != 0).sum()) * (G // block_mask.shape[0])  # tile tables shared by all G heads
+        bq, bkv = blocks[phase]
+        scores = visited * bq * bkv
+        moved = {
+            "fwd": 2 * q_rows + G * S_q * f32 + visited * 2 * bkv * D * itemsize,  # q in, out and lse out; k, v
+            "dq": 3 * q_rows + 2 * G * S_q * f32 + visited * 2 * bkv * D * itemsize,  # q, dO, dq; lse, di; k, v
+            "dkv": 4 * kv_rows + visited * (2 * bq * D * itemsize + 2 * bq * f32),  # k, v, dk, dv; q, dO, lse, di
+        }[phase]
+        costs[phase] = pl.CostEstimate(
+            flops=SPLASH_MATMULS[phase] * 2 * scores * D, transcendentals=scores, bytes_accessed=moved
+        )
+    return kernel, costs
 
 
 def _check_heads_and_dtype(H: int, K: int, dtype: torch.dtype) -> None:
