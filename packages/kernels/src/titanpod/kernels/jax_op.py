@@ -71,7 +71,9 @@ def pallas_interpret(setting: bool | None, device: torch.device) -> bool:
 
     An explicit ``setting`` wins. Tensors on the ``tpu`` device (torch_tpu) run the compiled
     kernel, without asking JAX for its backend (which would make JAX claim the TPU torch_tpu
-    holds); elsewhere the kernel is compiled only where JAX's own default backend is a TPU.
+    holds). Elsewhere the kernel is compiled where JAX's context mesh (``jax.set_mesh``: the
+    xla lane's step, also when compiled ahead of time for a TPU topology from a host without
+    one) is of TPUs, or, with no mesh in context, where JAX's default backend is a TPU.
     """
     if setting is not None:
         return setting
@@ -79,6 +81,9 @@ def pallas_interpret(setting: bool | None, device: torch.device) -> bool:
         return False
     import jax
 
+    mesh_device = jax.sharding.get_abstract_mesh().abstract_device  # None without a mesh of devices
+    if mesh_device is not None:
+        return mesh_device.platform != "tpu"
     return jax.default_backend() != "tpu"
 
 
@@ -120,15 +125,20 @@ class JaxOp:
         itself and ``jax.jit`` compiles it into the step. When JAX's context mesh
         (``jax.set_mesh``) has several devices, ``fn`` runs as the ``shard`` rule splits it.
         """
-        import jax
         from torchax.interop import jax_view, torch_view
 
-        arrays = jax_view(list(inputs))
+        return torch_view(self.in_jax(*jax_view(list(inputs))))
+
+    def in_jax(self, *arrays: Any) -> Any:
+        """``fn`` on JAX arrays (or tracers) as ``call_in_jax`` runs it: when JAX's context mesh
+        (``jax.set_mesh``) has several devices, split over it by the ``shard`` rule."""
+        import jax
+
         mesh = jax.sharding.get_abstract_mesh()
         fn = self.fn
         if self.shard is not None and not mesh.empty and mesh.size > 1:
             fn = self.shard(fn, mesh, *arrays)
-        return torch_view(fn(*arrays))
+        return fn(*arrays)
 
 
 def _torchax_tensors(tensors: Sequence[Any]) -> bool:
