@@ -144,12 +144,47 @@ def loss_cost_estimates(rows: int, vocab: int, dim: int, itemsize: int, config: 
     }
 
 
-def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int, interpret: bool) -> Any:
+VMEM_BUDGET = 48 * 2**20
+"""Bytes of a TensorCore's VMEM the loss kernels may use (v5p and v7 have 64 MiB, v5e and v6e 128 MiB). Mosaic's
+default scoped limit is lower (16 MiB on v5p), so the kernels ask for what their tiles need."""
+
+
+def loss_vmem_bytes(block_rows: int, block_vocab: int, dim: int, itemsize: int) -> int:
+    """VMEM the largest loss kernel needs with these tiles: double-buffered hidden and head tiles of ``itemsize``
+    bytes, a double-buffered float32 gradient tile (the larger of dh's and dW's) and the logits tile's temporaries."""
+    inputs = 2 * dim * itemsize * (block_rows + block_vocab)
+    gradient = 2 * dim * 4 * max(block_rows, block_vocab)
+    return inputs + gradient + 4 * block_rows * block_vocab * 4 + 2**20
+
+
+def fitted_tiles(config: PallasLossConfig, dim: int, itemsize: int) -> PallasLossConfig:
+    """``config`` with its tiles halved (the larger first, down to 128) until the kernels fit ``VMEM_BUDGET`` for a
+    model dim of ``dim``: a wide model (4,096 and up) needs smaller tiles than the defaults."""
+    import dataclasses
+
+    rows, vocab = config.block_rows, config.block_vocab
+    while loss_vmem_bytes(rows, vocab, dim, itemsize) > VMEM_BUDGET and max(rows, vocab) > 128:
+        if vocab >= rows:
+            vocab //= 2
+        else:
+            rows //= 2
+    return dataclasses.replace(config, block_rows=rows, block_vocab=vocab)
+
+
+def make_pallas_cross_entropy(
+    config: PallasLossConfig, vocab: int, dim: int, interpret: bool, itemsize: int = 4
+) -> Any:
     """A JAX function ``(h_NM, w_VM, labels_N) -> mean loss`` with a Pallas forward and backward
-    (run in Pallas interpret mode when ``interpret``)."""
+    (run in Pallas interpret mode when ``interpret``) for hidden states and head of ``itemsize`` bytes; the tiles
+    are ``config``'s, made smaller where they would not fit a TensorCore's VMEM (``fitted_tiles``)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    config = fitted_tiles(config, dim, itemsize)
+    vmem = loss_vmem_bytes(config.block_rows, config.block_vocab, dim, itemsize)
+    limits = None if interpret else pltpu.CompilerParams(vmem_limit_bytes=max(vmem, 16 * 2**20))
 
     bv = config.block_vocab
     v_pad = -vocab % bv
@@ -176,6 +211,7 @@ def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int, in
         loss, lse, *_ = pl.pallas_call(
             kernel, grid=(n_n, n_v), in_specs=[hidden, weight, row], out_specs=[row] * 5,
             out_shape=[column] * 5, interpret=interpret, cost_estimate=costs(h, w)["forward"],
+            compiler_params=limits,
         )(h, w, labels)  # fmt: skip
         return loss[:, 0], lse
 
@@ -205,7 +241,7 @@ def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int, in
             functools.partial(_grad_h_kernel, **statics), grid=(n_n, n_v),
             in_specs=[hidden, weight, row, row, row], out_specs=hidden,
             out_shape=jax.ShapeDtypeStruct(h.shape, jnp.float32), interpret=interpret,
-            cost_estimate=costs(h, w)["grad_h"],
+            cost_estimate=costs(h, w)["grad_h"], compiler_params=limits,
         )(h, w, labels, lse, scale)  # fmt: skip
         by_vocab = {"hidden": pl.BlockSpec((config.block_rows, dim), lambda v, i: (i, 0)),
                     "weight": pl.BlockSpec((bv, dim), lambda v, i: (v, 0)),
@@ -214,7 +250,7 @@ def make_pallas_cross_entropy(config: PallasLossConfig, vocab: int, dim: int, in
             functools.partial(_grad_w_kernel, **statics), grid=(n_v, n_n),
             in_specs=[by_vocab["hidden"], by_vocab["weight"], by_vocab["row"], by_vocab["row"], by_vocab["row"]],
             out_specs=by_vocab["weight"], out_shape=jax.ShapeDtypeStruct(w.shape, jnp.float32), interpret=interpret,
-            cost_estimate=costs(h, w)["grad_w"],
+            cost_estimate=costs(h, w)["grad_w"], compiler_params=limits,
         )(h, w, labels, lse, scale)  # fmt: skip
         return dh[: h0.shape[0]].astype(h0.dtype), dw[:vocab].astype(w0.dtype), None
 
@@ -261,7 +297,7 @@ class PallasLinearCrossEntropy:
         interpret = pallas_interpret(self.config.interpret, h_BSM.device)
         key = (vocab, dim, h_BSM.dtype, interpret)
         if key not in self._ops:
-            fn = make_pallas_cross_entropy(self.config, vocab, dim, interpret)
+            fn = make_pallas_cross_entropy(self.config, vocab, dim, interpret, h_BSM.dtype.itemsize)
             name = free_op_name(f"pallas_ce_{vocab}_{dim}_{str(h_BSM.dtype).split('.')[-1]}")
             self._ops[key] = jax_op(name, fn, shard=_per_shard)
         labels = labels_BS.reshape(-1).to(torch.int32)
