@@ -211,6 +211,7 @@ def build_step(
     axes: dict[str, int] | None = None,
     initial_values: Callable[[str, tuple[slice, ...]], torch.Tensor] | None = None,
     pipeline: Any = None,
+    gather_dtype: torch.dtype | None = None,
 ) -> TrainStep:
     """The step for ``config.step_mode`` on ``backend``'s lane.
 
@@ -222,6 +223,7 @@ def build_step(
     ``plan``, ``axes`` and ``initial_values`` (their model is materialised already).
     ``pipeline`` (a ``titanpod.parallel.torch_executor.PipelineModel``, parallel.pp > 1) gives the
     ``PipelineStep`` over its stages (eager step mode only); ``model`` is then ``pipeline.model``.
+    ``gather_dtype``: the xla step gathers sharded parameters in this dtype (FSDP's ``param_dtype``).
     """
     if config.keep_host_memory and backend.device_type == "cpu":
         keep_freed_host_memory()
@@ -232,7 +234,9 @@ def build_step(
     if backend.single_controller:
         from titanpod.graph.xla.step import XlaStep  # imported here: only that lane needs it
 
-        return XlaStep(model, config, backend, plan=plan, axes=axes, initial_values=initial_values)
+        return XlaStep(
+            model, config, backend, plan=plan, axes=axes, initial_values=initial_values, gather_dtype=gather_dtype
+        )
     if config.step_mode == "whole_step":
         return WholeStep(model, config, backend)
     return EagerStep(model, config, backend, compile_blocks=config.step_mode == "per_block")

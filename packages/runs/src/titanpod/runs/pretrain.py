@@ -169,7 +169,14 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     with RunSession(recipe, backend, console) as session:
         plan = PLANS[recipe.model.family]  # the xla step creates a meta model's parameters from initial_values
         step = build_step(
-            trained, recipe.train, backend, plan=plan, axes=xla_axes, initial_values=initial_values, pipeline=pipeline
+            trained,
+            recipe.train,
+            backend,
+            plan=plan,
+            axes=xla_axes,
+            initial_values=initial_values,
+            pipeline=pipeline,
+            gather_dtype=getattr(torch, recipe.parallel.param_dtype),  # FSDP gathers in the plan's dtype
         )
         start_step = session.resume(trained, step, batches, data_state=lambda: gather_data_state(batches))
         validated_at: list[int] = []

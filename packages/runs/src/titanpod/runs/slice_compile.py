@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from titanpod.device import CHIPS, get_backend
 from titanpod.device.tpu_slices import TpuSlice, abstract_devices, parse_slice, slice_of
 from titanpod.graph.xla.ahead_of_time import AbstractXlaStep, BatchShape
@@ -200,7 +202,8 @@ def compile_for_slice(
         + f", batch {shape.micro_batches} x {shape.batch} x {shape.seq_len}"
     )
     backend = get_backend("xla")
-    step = AbstractXlaStep(model, pod.train, backend, PLANS[pod.model.family], axes, mesh)
+    gather_dtype = getattr(torch, pod.parallel.param_dtype)  # as the pretraining runner builds the step
+    step = AbstractXlaStep(model, pod.train, backend, PLANS[pod.model.family], axes, mesh, gather_dtype)
     with tempfile.TemporaryDirectory(prefix="titanpod-hlo-") as scratch:
         folder = dump_dir or Path(scratch)
         compiled_step = step.compile(shape, folder, NO_COLLECTIVE_MATMUL_LOOPS)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from titanpod.device import Backend
@@ -67,8 +68,9 @@ class AbstractXlaStep(XlaStep):
         plan: Any,
         axes: Mapping[str, int],
         mesh: Any,
+        gather_dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(model, config, backend, plan=plan, axes=axes, mesh=mesh)
+        super().__init__(model, config, backend, plan=plan, axes=axes, mesh=mesh, gather_dtype=gather_dtype)
 
     def initial_state(self) -> AdamWState:
         """The parameters and moments as ``ShapeDtypeStruct``s sharded by the plan (replicated without one)."""
