@@ -17,6 +17,8 @@ TPU_VM_ENVIRONMENT = {
     "TPU_ACCELERATOR_TYPE": "v5p-8",
     "TPU_WORKER_ID": "0",
     "TPU_WORKER_HOSTNAMES": "localhost",
+    # Only compiling here: a second process loading libtpu beside another's compile is harmless.
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
 }
 """What a v5p-8 VM sets; the chip table reads the generation from ``TPU_ACCELERATOR_TYPE``."""
 

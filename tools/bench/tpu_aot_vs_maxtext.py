@@ -1,0 +1,203 @@
+"""titanpod's training step against MaxText's, both compiled by libtpu for the same TPU slice on this host.
+
+For each case the same model, slice, sequences a chip, sequence length and recompute choice are
+compiled twice: titanpod's step (``titanpod-pretrain --compile-for``, from ``envs/tpu``) and MaxText's
+own (its ``train_compile`` path, ``envs/maxtext/compile_step.py``, from ``envs/maxtext``). Printed for
+both: HBM a chip, the compiler's flops, its estimated step time, MFU at that time (titanpod's
+convention for both: 6N + attention without causal halving, the same model flops on each side) and
+the compile's wall time, with titanpod / MaxText ratios. Every figure but the compile time is the
+compiler's own, the same on every host: no quiet machine is needed.
+
+Attention is counted alike on both sides: Pallas rows use titanpod's Splash (which declares its
+cost) against MaxText's tokamax Splash (which declares one too); ``xla`` rows use XLA's own
+dot-product attention on both (titanpod's ``sdpa``, MaxText's ``dot_product``). Layers are unrolled
+on both sides; ``--layers 2,4`` compiles two shallow copies of each and extrapolates by depth.
+
+    uv run python tools/bench/tpu_aot_vs_maxtext.py                      # Llama 3 8B, Qwen 3 8B on v5p-8
+    uv run python tools/bench/tpu_aot_vs_maxtext.py --cases llama3_8b --layers 2 --attention pallas
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GiB = 1024**3
+NO_LOOPS = (
+    "--xla_tpu_enable_windowed_einsum_for_all_gather=false --xla_tpu_enable_windowed_einsum_for_reduce_scatter=false"
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model on one slice, as each side names it."""
+
+    recipe: str
+    """titanpod's recipe."""
+    maxtext_model: str
+    """MaxText's model name."""
+    slice: str
+    """The slice, e.g. ``v5p-8``."""
+    seq_len: int
+    """Tokens a sequence."""
+    batch: int = 1
+    """Sequences a chip."""
+
+
+CASES = {
+    "llama3_8b": Case("llama3_8b", "llama3-8b", "v5p-8", 8192),
+    "qwen3_8b": Case("qwen3_8b", "qwen3-8b", "v5p-8", 8192),
+    "llama3_70b": Case("llama3_70b", "llama3-70b", "v5p-64", 8192),
+    "qwen3_235b_a22b": Case("qwen3_235b_a22b", "qwen3-235b-a22b", "v5p-256", 4096),
+}
+
+
+def titanpod_figures(case: Case, attention: str, layers: list[int], folder: Path) -> dict:
+    """titanpod's report.json for the case (full depth, or extrapolated from ``layers``)."""
+    kernels = ["--kernels.attention", "splash" if attention == "pallas" else "sdpa"]
+    command = [
+        "uv", "run", "--project", str(ROOT / "envs/tpu"), "titanpod-pretrain", "--recipe", case.recipe,
+        "--compile-for", case.slice, "--data.batch-size", str(case.batch), "--data.seq-len", str(case.seq_len),
+        "--train.memory-policy", "recompute", "--train.grad-accum-steps", "1", *kernels,
+        "--compile-output", str(folder),
+    ]  # fmt: skip
+    if layers:
+        command += ["--compile-layers", *map(str, layers)]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT / "envs/tpu", capture_output=True, text=True, check=False)
+    if not (folder / "report.json").exists():
+        raise RuntimeError(f"titanpod's compile of {case.recipe} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    report = json.loads((folder / "report.json").read_text())
+    report["wall_seconds"] = time.perf_counter() - started
+    return report
+
+
+def maxtext_figures(case: Case, attention: str, layers: list[int], folder: Path) -> dict:
+    """MaxText's figures for the case: one compile at full depth, or two extrapolated by depth."""
+    runs = [maxtext_compile(case, attention, depth, folder) for depth in (layers or [None])]
+    if len(runs) == 1:
+        return runs[0]
+    low, high = runs
+    depth = int(high["model_layers"])
+    scale = (depth - low["layers"]) / (high["layers"] - low["layers"])
+
+    def grow(a: float, b: float) -> float:
+        return a + (b - a) * scale
+
+    merged = dict(high)
+    merged["memory_per_chip"] = {
+        key: grow(low["memory_per_chip"][key], value) for key, value in high["memory_per_chip"].items()
+    }
+    merged["cost_per_chip"] = {
+        key: grow(low["cost_per_chip"][key], value) for key, value in high["cost_per_chip"].items()
+    }
+    merged["compile_seconds"] = low["compile_seconds"] + high["compile_seconds"]
+    merged["layers"] = depth
+    return merged
+
+
+def maxtext_compile(case: Case, attention: str, depth: int | None, folder: Path) -> dict:
+    """One MaxText compile (``envs/maxtext/compile_step.py``); its JSON with ``model_layers`` added."""
+    out = folder / f"maxtext-{depth or 'all'}.json"
+    command = [
+        "uv", "run", "--project", str(ROOT / "envs/maxtext"), "python", "compile_step.py", "--model",
+        case.maxtext_model, "--topology", case.slice, "--per-device-batch", str(case.batch), "--seq-len",
+        str(case.seq_len), "--remat", "full", "--attention", "splash" if attention == "pallas" else "dot_product",
+        "--layers", str(depth or "all"), "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "LIBTPU_INIT_ARGS": f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {NO_LOOPS}".strip()}
+    done = subprocess.run(command, cwd=ROOT / "envs/maxtext", capture_output=True, text=True, env=env, check=False)
+    if not out.exists():
+        raise RuntimeError(f"MaxText's compile of {case.maxtext_model} failed:\n{done.stderr[-3000:]}")
+    figures = json.loads(out.read_text())
+    figures.setdefault("model_layers", figures["layers"])
+    return figures
+
+
+def row(side: str, hbm: float, temporaries: float, flops: float, seconds: float, mfu: float, compile_s: float) -> str:
+    return (
+        f"| {side} | {hbm / GiB:.2f} | {temporaries / GiB:.2f} | {flops / 1e12:,.1f} | {seconds:.3f} | "
+        f"{mfu:.1%} | {compile_s:.0f} |"
+    )
+
+
+def compare(case: Case, attention: str, layers: list[int], folder: Path) -> list[str]:
+    """The case's two rows and the ratio row, as Markdown."""
+    ours = titanpod_figures(case, attention, layers, folder / "titanpod")
+    theirs = maxtext_figures(case, attention, layers, folder)
+    model_flops, peak = ours["model_flops_per_chip"], ours["chip_peak_flops"]
+    memory = theirs["memory_per_chip"]
+    their_total = (
+        memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"] + memory["temporary_bytes"]
+        + memory["generated_code_bytes"]
+    )  # fmt: skip
+    their_seconds = theirs["cost_per_chip"]["optimal_seconds"]
+    ours_total, ours_seconds = ours["program"]["memory"]["total"], ours["estimated_step_seconds"]
+    depth = f"{ours['layers']} layers" + (" (extrapolated)" if ours["extrapolated_from"] else "")
+    head = f"**{case.recipe} on {case.slice}, {case.batch} x {case.seq_len} tokens a chip, {attention}, {depth}**"
+    return [
+        head,
+        "",
+        "| step | HBM a chip (GiB) | of it temporaries | compiler TFLOP a chip | est. step (s) | est. MFU "
+        "| compile (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        row(
+            "MaxText",
+            their_total,
+            memory["temporary_bytes"],
+            theirs["cost_per_chip"]["flops"],
+            their_seconds,
+            model_flops / their_seconds / peak,
+            theirs["compile_seconds"],
+        ),
+        row(
+            "titanpod",
+            ours_total,
+            ours["program"]["memory"]["temporaries"],
+            ours["program"]["flops"],
+            ours_seconds,
+            model_flops / ours_seconds / peak,
+            ours["compile_seconds"],
+        ),
+        f"| titanpod / MaxText | {ours_total / their_total:.2f} | "
+        f"{ours['program']['memory']['temporaries'] / memory['temporary_bytes']:.2f} | "
+        f"{ours['program']['flops'] / theirs['cost_per_chip']['flops']:.2f} | {ours_seconds / their_seconds:.2f} | "
+        f"{their_seconds / ours_seconds:.2f} | {ours['compile_seconds'] / theirs['compile_seconds']:.2f} |",
+        "",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="llama3_8b,qwen3_8b", help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument(
+        "--attention", default="pallas,xla", help="pallas (Splash both sides), xla (XLA's own), or both"
+    )
+    parser.add_argument("--layers", default="", help="two depths to extrapolate from (e.g. 2,4); empty: full depth")
+    parser.add_argument("--keep", type=Path, help="keep every report in this folder")
+    args = parser.parse_args(argv)
+    layers = [int(n) for n in args.layers.split(",") if n]
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="tpu-aot-") as scratch:
+        base = args.keep or Path(scratch)
+        for name in args.cases.split(","):
+            for attention in args.attention.split(","):
+                folder = base / f"{name}-{attention}"
+                folder.mkdir(parents=True, exist_ok=True)
+                print(f"compiling {name} ({attention}) for {CASES[name].slice} on both sides ...", file=sys.stderr)
+                lines += compare(CASES[name], attention, layers, folder)
+                print("\n".join(lines[-7:]), flush=True)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
