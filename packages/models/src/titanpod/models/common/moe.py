@@ -10,12 +10,21 @@ rows, filled in order of choice, and a choice that finds its expert's buffer ful
 dropped (it adds nothing; the residual carries the token on). Nothing depends on where the
 router sent tokens, and nothing is read back to the host, so the layer traces into a
 captured step, runs under ``jax.jit`` and splits evenly over expert-parallel ranks.
+
+Tokens are routed by batch shard: each shard of the batch (the whole batch on one device)
+fills its own E buffers of C rows from its own tokens, C from its own token count, and takes
+its own rows back. The expert-matmul op may say what the shards are (``per_batch_shard``:
+on the xla lane, the mesh's data shards, each routed where its tokens are); without it the
+batch is one shard. Either way a process of the torch lanes routes the tokens it holds, so
+every lane drops the same choices. The experts then see the G shards' buffers as one
+[E, G x C, M] buffer, shard-major.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +69,50 @@ def route(experts_NK: torch.Tensor, n_experts: int, capacity: int) -> Routing:
     return Routing(slot_T, (~kept_T).sum())
 
 
+class BatchShards(Protocol):
+    """Runs a function of batch-major tensors once per shard of the batch."""
+
+    def __call__(self, fn: Callable[..., tuple[torch.Tensor, ...]], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``fn`` on each shard's slice of ``tensors`` (split along their first dimension: rows of the batch,
+        or shards); its outputs, each with a leading dimension of one a shard, stacked along it in shard
+        order: [G, ...]."""
+        ...
+
+
+def one_batch_shard(fn: Callable[..., tuple[torch.Tensor, ...]], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The whole batch as one shard (``BatchShards`` with G = 1)."""
+    return fn(*tensors)
+
+
+def batch_shards_of(expert_matmul: Any) -> BatchShards:
+    """The expert-matmul op's ``per_batch_shard`` when it has one, else ``one_batch_shard``."""
+    return getattr(expert_matmul, "per_batch_shard", None) or one_batch_shard
+
+
+def dispatch(
+    x_BSM: torch.Tensor, experts_BSK: torch.Tensor, moe: MoEArgs
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One batch shard's routed buffers [1, E, C, M] (C from its B x S tokens), where each choice went
+    [1, T], and how many choices were dropped [1]."""
+    E, K = moe.n_experts, moe.top_k
+    x_NM = x_BSM.flatten(0, 1)
+    N, M = x_NM.shape
+    C = expert_capacity(N, moe)
+    slot_T, dropped = route(experts_BSK.flatten(0, 1), E, C)
+    buffers_ECM = x_NM.new_zeros(E * C + 1, M).index_add(0, slot_T, x_NM.repeat(K, 1))[: E * C].view(E, C, M)
+    return buffers_ECM.unsqueeze(0), slot_T.unsqueeze(0), dropped.reshape(1)
+
+
+def combine(done_1ECM: torch.Tensor, slot_1T: torch.Tensor, weights_BSK: torch.Tensor) -> tuple[torch.Tensor]:
+    """One batch shard's output [B, S, M]: each token's K expert rows, weighted by its router weights."""
+    B, S, K = weights_BSK.shape
+    _, E, C, M = done_1ECM.shape
+    rows_SM = torch.cat([done_1ECM.reshape(E * C, M), done_1ECM.new_zeros(1, M)])  # the spare row reads zero
+    weights_T = weights_BSK.flatten(0, 1).T.flatten()
+    weighted_TM = rows_SM[slot_1T[0]] * weights_T[:, None].to(rows_SM.dtype)
+    return (weighted_TM.view(K, B * S, M).sum(dim=0).view(B, S, M),)
+
+
 class GroupedExperts(nn.Module):
     """E SwiGLU experts stored as stacked weights, applied through the expert-matmul slot."""
 
@@ -91,21 +144,24 @@ class MoE(nn.Module):
         """The layer's output [B, S, M], its router logits [N, E] (for the auxiliary loss), and
         the number of choices dropped for lack of capacity (0-d integer)."""
         E, K = self.args.n_experts, self.args.top_k
-        x_NM = x_BSM.flatten(0, 1)
-        N, M = x_NM.shape
-        C = expert_capacity(N, self.args)
-        logits_NE = self.router(x_NM)
+        B, S, M = x_BSM.shape
+        logits_NE = self.router(x_BSM.flatten(0, 1))
         probs_NE = F.softmax(logits_NE, dim=-1, dtype=torch.float32)
         weights_NK, experts_NK = probs_NE.topk(K, dim=-1)
         if self.args.norm_topk_prob:
             weights_NK = weights_NK / weights_NK.sum(dim=-1, keepdim=True)
-        slot_T, dropped = route(experts_NK, E, C)
-        buffers_ECM = x_NM.new_zeros(E * C + 1, M).index_add(0, slot_T, x_NM.repeat(K, 1))[: E * C].view(E, C, M)
-        done_ECM = self.experts(buffers_ECM)
-        rows_SM = torch.cat([done_ECM.reshape(E * C, M), done_ECM.new_zeros(1, M)])  # the spare row reads zero
-        weighted_TM = rows_SM[slot_T] * weights_NK.T.flatten()[:, None].to(rows_SM.dtype)
-        out_NM = weighted_TM.view(K, N, M).sum(dim=0)
-        return out_NM.view_as(x_BSM), logits_NE, dropped
+        shards = batch_shards_of(self.experts.expert_matmul)
+        args = self.args
+
+        def dispatch_shard(x: torch.Tensor, experts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return dispatch(x, experts, args)
+
+        buffers_GECM, slot_GT, dropped_G = shards(dispatch_shard, x_BSM, experts_NK.reshape(B, S, K))
+        G, _, C, _ = buffers_GECM.shape
+        done_ECM = self.experts(buffers_GECM.transpose(0, 1).reshape(E, G * C, M))
+        done_GECM = done_ECM.reshape(E, G, C, M).transpose(0, 1)
+        (out_BSM,) = shards(combine, done_GECM, slot_GT, weights_NK.reshape(B, S, K))
+        return out_BSM, logits_NE, dropped_G.sum()
 
 
 def load_balancing_loss(
