@@ -151,17 +151,33 @@ from titanpod.parallel import PLANS, ParallelConfig
 generator = torch.Generator().manual_seed(1)
 data = [torch.randint(0, 2048, (8, 33), generator=generator) for _ in range(10)]
 
-def moe_model(capacity_factor):
+class SplitBatch:
+    # The expert matmul routing the batch as `shards` shards, one after another: what the xla lane's gmm does
+    # over a mesh's data shards, and what as many torch-lane processes would each do with their own rows.
+    def __init__(self, inner, shards):
+        self.inner, self.shards = inner, shards
+
+    def __call__(self, x_ECI, w_EOI):
+        return self.inner(x_ECI, w_EOI)
+
+    def per_batch_shard(self, fn, *tensors):
+        parts = [fn(*chunk) for chunk in zip(*(t.chunk(self.shards) for t in tensors))]
+        return tuple(torch.cat(outputs) for outputs in zip(*parts))
+
+def moe_model(capacity_factor, shards=None):
     args = get_flavor("qwen3_moe", "debug")
     args = dataclasses.replace(args, moe=dataclasses.replace(args.moe, capacity_factor=capacity_factor))
-    model = build_model("qwen3_moe", args, model_ops(KernelConfig(expert_matmul="{matmul}")), device="cpu")
+    ops = model_ops(KernelConfig(expert_matmul="{matmul}"))
+    if shards:
+        ops = dataclasses.replace(ops, expert_matmul=SplitBatch(ops.expert_matmul, shards))
+    model = build_model("qwen3_moe", args, ops, device="cpu")
     model.init_weights(0)
     return model
 
-def trained(capacity_factor, steps, lane, axes=None):
+def trained(capacity_factor, steps, lane, axes=None, shards=None):
     mode = "whole_step" if lane == "xla" else "eager"
     config = TrainConfig(steps=steps, lr=3e-4, warmup_steps=1, log_every=1, step_mode=mode)
-    model, backend = moe_model(capacity_factor), get_backend(lane)
+    model, backend = moe_model(capacity_factor, shards), get_backend(lane)
     plan = PLANS["qwen3_moe"] if axes else None
     step = None if lane == "cpu" else XlaStep(model, config, backend, plan=plan, axes=axes)
     batches = iter([(d[:, :-1], d[:, 1:]) for d in data])
@@ -172,7 +188,8 @@ mesh = ParallelConfig(fsdp=4, ep=2).mesh_axes(8)
 result = {{}}
 for name, capacity_factor, steps in (("whole", None, 10), ("tight", 1.0, 2)):
     result[name] = {{"cpu": trained(capacity_factor, steps, "cpu"), "one": trained(capacity_factor, steps, "xla"),
-                    "fsdp4_ep2": trained(capacity_factor, steps, "xla", mesh)}}
+                    "fsdp4_ep2": trained(capacity_factor, steps, "xla", mesh),
+                    "cpu_8_shards": trained(capacity_factor, steps, "cpu", shards=8)}}
 print(json.dumps(result))
 """
 
@@ -181,14 +198,19 @@ print(json.dumps(result))
 def test_moe_trains_on_the_xla_lane_like_eager_on_one_device_and_over_fsdp4_x_ep2(matmul):
     """qwen3_moe debug, fp32, lr 3e-4: with room for every token, 10 steps within 1e-5 relative of the
     cpu eager losses (measured 6.2e-8 loop, 1.2e-7 gmm); with capacity for one fair share, 2 steps
-    that drop the same tokens (195 and 233). At lr 3e-3 Adam moves near-zero-gradient weights by
-    about lr per rounding difference, which flips near-ties in the routers' top-k within a few steps
-    (3e-4 relative apart by step 10): a different routing, not a wrong one."""
+    that drop the same tokens (195 and 233 in one process). Over the mesh gmm routes each of the 8 data
+    shards' rows on its own (capacity from its own tokens, as 8 torch-lane processes would), so with a
+    capacity limit it is checked against cpu eager routing the batch as 8 shards. At lr 3e-3 Adam moves
+    near-zero-gradient weights by about lr per rounding difference, which flips near-ties in the routers'
+    top-k within a few steps (3e-4 relative apart by step 10): a different routing, not a wrong one."""
     runs = run_json_script(MOE_SCRIPT.format(matmul=matmul), env=XLA_ENV)
     for lane in ("one", "fsdp4_ep2"):
         for case in ("whole", "tight"):
-            assert runs[case][lane]["losses"] == pytest.approx(runs[case]["cpu"]["losses"], rel=1e-5), (case, lane)
-            assert runs[case][lane]["dropped"] == runs[case]["cpu"]["dropped"], (case, lane)
+            sharded = matmul == "gmm" and lane == "fsdp4_ep2" and case == "tight"
+            reference = runs[case]["cpu_8_shards" if sharded else "cpu"]
+            assert runs[case][lane]["losses"] == pytest.approx(reference["losses"], rel=1e-5), (case, lane)
+            assert runs[case][lane]["dropped"] == reference["dropped"], (case, lane)
+    assert runs["whole"]["cpu_8_shards"]["losses"] == pytest.approx(runs["whole"]["cpu"]["losses"], rel=1e-5)
     assert runs["whole"]["cpu"]["dropped"] == [0] * 10
     assert min(runs["tight"]["cpu"]["dropped"]) > 0
 

@@ -156,29 +156,49 @@ class XlaStep(TrainStep):
                                                                           strict=True)):  # fmt: skip
             return None
         dtype = None if self.gather_dtype is None else jnp.dtype(str(self.gather_dtype).removeprefix("torch."))
+        homes = dict(zip(self.names, self.param_shardings, strict=True))
 
         def gather(name: str, array: Any) -> Any:
-            if dtype is not None and jnp.issubdtype(array.dtype, jnp.floating):
-                array = array.astype(dtype)
-            return jax.lax.with_sharding_constraint(array, targets[name])
+            cast = dtype if dtype is not None and jnp.issubdtype(array.dtype, jnp.floating) else array.dtype
+            stored = array.dtype
+
+            @jax.custom_vjp
+            def gathered(value: Any) -> Any:
+                return jax.lax.with_sharding_constraint(value.astype(cast), targets[name])
+
+            def forward(value: Any) -> tuple[Any, None]:
+                return gathered(value), None
+
+            def backward(_: None, grad: Any) -> tuple[Any]:
+                # Reduce-scattered where the block's backward makes it, in the stored dtype: left to the
+                # partitioner, the gradients stayed whole until the step's end (one block's worth a layer).
+                return (jax.lax.with_sharding_constraint(grad.astype(stored), homes[name]),)
+
+            gathered.defvjp(forward, backward)
+            return gathered(array)
 
         return gather
 
     def hidden_layout(self) -> Callable[[Any], Any] | None:
-        """A block's hidden states [B, S, D] laid out as the batch is (B over the data axes, S over ``cp``);
-        ``None`` on a mesh without data axes."""
+        """A block's hidden states [B, S, D] (what a recomputed block keeps of itself) laid out as the batch is, B
+        over the data axes and S over ``cp``, and S over ``tp`` too (sequence parallelism: tp ranks keep a stretch
+        of the rows each, not all of them); ``None`` on a mesh that splits none of these."""
         import jax
         from jax.sharding import NamedSharding, PartitionSpec
 
         from titanpod.parallel.xla_executor import batch_partition_spec
 
-        if not any(self.axes.get(axis, 1) > 1 for axis in ("dp_replicate", "fsdp", "ep", "cp")):
+        if not any(self.axes.get(axis, 1) > 1 for axis in ("dp_replicate", "fsdp", "ep", "cp", "tp")):
             return None
+        batch_dims, sequence_dims, _ = batch_partition_spec(self.axes, 3)
+        sequence = [sequence_dims] if isinstance(sequence_dims, str) else list(sequence_dims or ())
+        if self.axes.get("tp", 1) > 1:
+            sequence.append("tp")
+        spec = PartitionSpec(batch_dims, tuple(sequence) if len(sequence) > 1 else (sequence or [None])[0], None)
 
         def layout(array: Any) -> Any:
             if array.ndim != 3:
                 return array
-            spec = PartitionSpec(*batch_partition_spec(self.axes, 3))
             return jax.lax.with_sharding_constraint(array, NamedSharding(self.mesh, spec))
 
         return layout
