@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from titanpod.graph.xla.program_figures import DeviceMemory, array_bytes, collectives_in_hlo, count_while_loops
+from titanpod.graph.xla.program_figures import (
+    DeviceMemory,
+    array_bytes,
+    collectives_in_hlo,
+    count_while_loops,
+    while_loop_sources,
+)
 
 HLO = """HloModule jit_step, is_scheduled=true
 
@@ -24,7 +30,7 @@ ENTRY %main.9 (Arg_0.1: bf16[64,256]) -> f32[] {
   %all-gather-done = bf16[256,256]{1,0} all-gather-done(%all-gather-start)
   %fusion.2 = f32[768,64]{1,0} fusion(%x), kind=kOutput, calls=%all-reduce-scatter.3
   %all-reduce.1 = (f32[], f32[4]{0}) all-reduce(%s, %v), channel_id=3, to_apply=%add
-  %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body
+  %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body, metadata={op_name="jit(step)/jit(searchsorted)/while"}
   ROOT %r = f32[] add(%u, %v)
 }
 """
@@ -44,6 +50,7 @@ def test_collectives_by_kind_count_and_bytes() -> None:
 
 def test_while_loops_are_counted() -> None:
     assert count_while_loops(HLO) == 1
+    assert while_loop_sources(HLO) == ("jit(step)/jit(searchsorted)/while",)
     assert count_while_loops("ENTRY %m () -> f32[] {\n  ROOT %c = f32[] constant(0)\n}") == 0
 
 

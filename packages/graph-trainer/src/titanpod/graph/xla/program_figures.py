@@ -22,6 +22,7 @@ _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, 
           "s64": 8, "u64": 8, "f64": 8, "f8e4m3fn": 1, "f8e5m2": 1}  # fmt: skip
 _ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+([\w\-]+)\(")
 
 
@@ -79,6 +80,9 @@ class ProgramFigures:
     """Collective kind -> count and bytes, from the optimised HLO (empty when no HLO text was found)."""
     while_loops: int = 0
     """``while`` loops in the optimised HLO: each one's body counts once in ``flops`` and ``optimal_seconds``."""
+    loop_sources: tuple[str, ...] = ()
+    """Where each loop comes from (its ``op_name``: e.g. a ``searchsorted`` in gmm's tile map, whose few steps
+    hide nothing), so a loop that hides real work can be told apart."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for JSON, with the memory's total."""
@@ -107,6 +111,7 @@ def program_figures(compiled: Any, hlo_text: str | None) -> ProgramFigures:
         optimal_seconds=None if seconds is None or seconds <= 0 else float(seconds),
         collectives={} if hlo_text is None else collectives_in_hlo(hlo_text),
         while_loops=0 if hlo_text is None else count_while_loops(hlo_text),
+        loop_sources=() if hlo_text is None else while_loop_sources(hlo_text),
     )
 
 
@@ -146,6 +151,17 @@ def collectives_in_hlo(text: str) -> dict[str, Collective]:
 def count_while_loops(text: str) -> int:
     """``while`` instructions in the HLO module ``text``."""
     return sum(1 for _, _, op in _instructions(text) if op == "while")
+
+
+def while_loop_sources(text: str) -> tuple[str, ...]:
+    """The ``op_name`` of each ``while`` instruction in the HLO module ``text`` (empty where it has none)."""
+    sources = []
+    for line in text.splitlines():
+        match = _INSTRUCTION.match(line)
+        if match and match.group(2) == "while":
+            name = _OP_NAME.search(line)
+            sources.append(name.group(1) if name else "")
+    return tuple(sources)
 
 
 def array_bytes(shape_text: str) -> int:
