@@ -25,7 +25,7 @@ import torch
 
 from titanpod.device import CHIPS, get_backend
 from titanpod.device.tpu_slices import TpuSlice, abstract_devices, parse_slice, slice_of
-from titanpod.graph.xla.ahead_of_time import AbstractXlaStep, BatchShape
+from titanpod.graph.xla.ahead_of_time import AbstractXlaStep, BatchShape, device_mesh, serialized_executable
 from titanpod.graph.xla.program_figures import (
     Collective,
     DeviceMemory,
@@ -176,9 +176,6 @@ def compile_for_slice(
     ``layers`` compiles the model cut to that many layers (a quick look; the full depth is the default).
     ``dump_dir`` keeps the compiler's HLO there (a temporary folder otherwise, for the collectives).
     """
-    import jax
-    import numpy as np
-
     if recipe.parallel.pp > 1:
         raise ValueError(
             f"{recipe.name} runs pipeline stages (parallel.pp={recipe.parallel.pp}), which run as eager steps, "
@@ -190,7 +187,7 @@ def compile_for_slice(
     devices = abstract_devices(tpu)
     axes = pod.parallel.mesh_axes(len(devices))
     split = {axis: size for axis, size in axes.items() if size > 1} or {"fsdp": 1}
-    mesh = jax.sharding.Mesh(np.asarray(devices).reshape(tuple(split.values())), tuple(split))
+    mesh = device_mesh(devices, split)
     data_ranks = math.prod(axes[axis] for axis in DATA_AXES)
     shape = BatchShape(
         micro_batches=pod.train.grad_accum_steps,
@@ -293,10 +290,8 @@ def write_report(report: SliceCompileReport, path: Path) -> Path:
 
 def save_executable(compiled: Any, path: Path) -> Path | None:
     """The compiled program, serialised by JAX, to ``path``; ``None`` (with a note) where JAX cannot."""
-    from jax.experimental import serialize_executable
-
     try:
-        payload, _, _ = serialize_executable.serialize(compiled)
+        payload = serialized_executable(compiled)
     except Exception as error:
         print(f"the executable could not be serialised: {error}", file=sys.stderr)
         return None

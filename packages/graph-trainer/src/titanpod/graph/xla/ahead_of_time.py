@@ -133,3 +133,20 @@ class AbstractXlaStep(XlaStep):
     def batch_sharding(self) -> Any:
         """The tokens' sharding [A, B, S]: B over the mesh's data axes."""
         return batch_sharding(self.mesh, self.axes)
+
+
+def device_mesh(devices: list[Any], axes: Mapping[str, int]) -> Any:
+    """A ``jax.sharding.Mesh`` of ``devices`` (abstract ones too) shaped by ``axes`` (name -> size, outermost
+    first, their product the number of devices)."""
+    import jax
+    import numpy as np
+
+    return jax.sharding.Mesh(np.asarray(devices).reshape(tuple(axes.values())), tuple(axes))
+
+
+def serialized_executable(compiled: Any) -> bytes:
+    """``compiled`` (a ``jax.stages.Compiled``) as the bytes JAX's ``serialize_executable`` writes."""
+    from jax.experimental import serialize_executable
+
+    payload, _, _ = serialize_executable.serialize(compiled)
+    return payload
