@@ -60,8 +60,11 @@ CASES = {
 }
 
 
-def titanpod_figures(case: Case, attention: str, layers: list[int], folder: Path) -> dict:
-    """titanpod's report.json for the case (full depth, or extrapolated from ``layers``)."""
+def titanpod_figures(case: Case, attention: str, layers: list[int], folder: Path, reuse: bool = False) -> dict:
+    """titanpod's report.json for the case (full depth, or extrapolated from ``layers``); with ``reuse``, the one
+    an earlier run left in ``folder``."""
+    if reuse and (folder / "report.json").exists():
+        return json.loads((folder / "report.json").read_text())
     kernels = ["--kernels.attention", "splash" if attention == "pallas" else "sdpa"]
     command = [
         "uv", "run", "--project", str(ROOT / "envs/tpu"), "titanpod-pretrain", "--recipe", case.recipe,
@@ -80,13 +83,14 @@ def titanpod_figures(case: Case, attention: str, layers: list[int], folder: Path
     return report
 
 
-def maxtext_figures(case: Case, attention: str, layers: list[int], folder: Path) -> dict:
-    """MaxText's figures for the case: one compile at full depth, or two extrapolated by depth."""
-    runs = [maxtext_compile(case, attention, depth, folder) for depth in (layers or [None])]
+def maxtext_figures(
+    case: Case, attention: str, layers: list[int], folder: Path, depth: int, reuse: bool = False
+) -> dict:
+    """MaxText's figures for the case: one compile at full depth, or two extrapolated to ``depth`` layers."""
+    runs = [maxtext_compile(case, attention, n, folder, reuse) for n in (layers or [None])]
     if len(runs) == 1:
         return runs[0]
     low, high = runs
-    depth = int(high["model_layers"])
     scale = (depth - low["layers"]) / (high["layers"] - low["layers"])
 
     def grow(a: float, b: float) -> float:
@@ -104,9 +108,11 @@ def maxtext_figures(case: Case, attention: str, layers: list[int], folder: Path)
     return merged
 
 
-def maxtext_compile(case: Case, attention: str, depth: int | None, folder: Path) -> dict:
-    """One MaxText compile (``envs/maxtext/compile_step.py``); its JSON with ``model_layers`` added."""
+def maxtext_compile(case: Case, attention: str, depth: int | None, folder: Path, reuse: bool = False) -> dict:
+    """One MaxText compile (``envs/maxtext/compile_step.py``) and its JSON; with ``reuse``, an earlier run's."""
     out = folder / f"maxtext-{depth or 'all'}.json"
+    if reuse and out.exists():
+        return json.loads(out.read_text())
     command = [
         "uv", "run", "--project", str(ROOT / "envs/maxtext"), "python", "compile_step.py", "--model",
         case.maxtext_model, "--topology", case.slice, "--per-device-batch", str(case.batch), "--seq-len",
@@ -117,9 +123,7 @@ def maxtext_compile(case: Case, attention: str, depth: int | None, folder: Path)
     done = subprocess.run(command, cwd=ROOT / "envs/maxtext", capture_output=True, text=True, env=env, check=False)
     if not out.exists():
         raise RuntimeError(f"MaxText's compile of {case.maxtext_model} failed:\n{done.stderr[-3000:]}")
-    figures = json.loads(out.read_text())
-    figures.setdefault("model_layers", figures["layers"])
-    return figures
+    return json.loads(out.read_text())
 
 
 def row(side: str, hbm: float, temporaries: float, flops: float, seconds: float, mfu: float, compile_s: float) -> str:
@@ -129,10 +133,10 @@ def row(side: str, hbm: float, temporaries: float, flops: float, seconds: float,
     )
 
 
-def compare(case: Case, attention: str, layers: list[int], folder: Path) -> list[str]:
+def compare(case: Case, attention: str, layers: list[int], folder: Path, reuse: bool = False) -> list[str]:
     """The case's two rows and the ratio row, as Markdown."""
-    ours = titanpod_figures(case, attention, layers, folder / "titanpod")
-    theirs = maxtext_figures(case, attention, layers, folder)
+    ours = titanpod_figures(case, attention, layers, folder / "titanpod", reuse)
+    theirs = maxtext_figures(case, attention, layers, folder, ours["model_layers"], reuse)
     model_flops, peak = ours["model_flops_per_chip"], ours["chip_peak_flops"]
     memory = theirs["memory_per_chip"]
     their_total = (
@@ -183,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--layers", default="", help="two depths to extrapolate from (e.g. 2,4); empty: full depth")
     parser.add_argument("--keep", type=Path, help="keep every report in this folder")
+    parser.add_argument("--reuse", action="store_true", help="with --keep: print from the reports already there")
     args = parser.parse_args(argv)
     layers = [int(n) for n in args.layers.split(",") if n]
     lines: list[str] = []
@@ -193,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 folder = base / f"{name}-{attention}"
                 folder.mkdir(parents=True, exist_ok=True)
                 print(f"compiling {name} ({attention}) for {CASES[name].slice} on both sides ...", file=sys.stderr)
-                lines += compare(CASES[name], attention, layers, folder)
+                lines += compare(CASES[name], attention, layers, folder, args.reuse)
                 print("\n".join(lines[-7:]), flush=True)
     print("\n".join(lines))
     return 0
