@@ -30,7 +30,7 @@ ENTRY %main.9 (Arg_0.1: bf16[64,256]) -> f32[] {
   %all-gather-done = bf16[256,256]{1,0} all-gather-done(%all-gather-start)
   %fusion.2 = f32[768,64]{1,0} fusion(%x), kind=kOutput, calls=%all-reduce-scatter.3
   %all-reduce.1 = (f32[], f32[4]{0}) all-reduce(%s, %v), channel_id=3, to_apply=%add
-  %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body, metadata={op_name="jit(step)/jit(searchsorted)/while"}
+  %w = (s32[], f32[8]{0}) while(%i), condition=%c, body=%b, metadata={op_name="jit(step)/jit(searchsorted)/while"}
   ROOT %r = f32[] add(%u, %v)
 }
 """

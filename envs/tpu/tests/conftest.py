@@ -43,3 +43,30 @@ def tpu_backend():
 
     pretend_chips_are_attached()
     return TpuBackend()
+
+
+def compile_in_fresh_process(recipe, folder, *flags: str) -> dict:
+    """``titanpod-pretrain --recipe <recipe as a file> --compile-for ...`` in a fresh interpreter (torchax, which
+    the xla step uses, cannot register its device once a test here has registered torch_tpu's); its exit code and
+    report.json (``exit`` added). ``flags`` name the slice and anything else, e.g. ``--compile-for v5p-8``."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    recipe_file = folder / "recipe.json"
+    recipe_file.write_text(recipe.to_json())
+    done = subprocess.run(
+        [sys.executable, "-m", "titanpod.pretrain.cli", "--recipe", str(recipe_file), *flags,
+         "--compile-output", str(folder / "compiled")],
+        capture_output=True, text=True, timeout=900, check=False,
+        env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+    )  # fmt: skip
+    report_file = folder / "compiled" / "report.json"
+    if done.returncode not in (0, 1) or not report_file.exists():
+        raise AssertionError(
+            f"the compile failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
+    return {**json.loads(report_file.read_text()), "exit": done.returncode}

@@ -3,6 +3,7 @@ non-zero when the step does not fit a chip."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -48,7 +49,12 @@ def compile_for_command(
     for depth in layers or (None,):
         hlo = folder / (f"hlo-{depth}-layers" if depth else "hlo") if keep_program else None
         with console.status(f"compiling {recipe.name} for {tpu.name} ({depth or 'all'} layers) with libtpu ..."):
-            report, compiled = compile_for_slice(recipe, tpu, layers=depth, dump_dir=hlo, say=console.print)
+            try:
+                report, compiled = compile_for_slice(recipe, tpu, layers=depth, dump_dir=hlo, say=console.print)
+            except Exception as error:
+                if HBM_EXHAUSTED not in str(error):
+                    raise
+                return refused_for_memory(recipe, tpu.name, str(error), folder, console)
         console.print(
             f"compiled {report.layers} layers in {report.compile_seconds:.1f} s "
             f"(traced and lowered in {report.trace_seconds:.1f} s)"
@@ -70,6 +76,26 @@ def compile_for_command(
         )
         return 1
     return 0
+
+
+HBM_EXHAUSTED = "CompileTimeHbmOom"
+"""What libtpu's error says when it cannot place a program's buffers in a chip's HBM at all."""
+
+
+def refused_for_memory(recipe: Recipe, slice_name: str, message: str, folder: Path, console: Console) -> int:
+    """The compiler refused the step for want of HBM: say so with its own words, write a report saying it does
+    not fit, and return 1 (as for a step that compiled and does not fit)."""
+    detail = next((line.strip() for line in message.splitlines() if "HBM" in line), message.strip()[:300])
+    path = folder / "report.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"recipe": recipe.name, "slice": slice_name, "fits": False, "error": detail}) + "\n")
+    console.print(
+        f"[bold red]does not fit[/]: libtpu could not place the step in a chip's HBM ({detail}). Shard more "
+        "(parallel.fsdp / tp), recompute more (train.memory_policy recompute), or take a smaller data.batch_size "
+        f"with more train.grad_accum_steps. Report: {path}",
+        soft_wrap=True,
+    )
+    return 1
 
 
 def slice_table(report: SliceCompileReport) -> Table:
