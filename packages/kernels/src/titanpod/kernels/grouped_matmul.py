@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from titanpod.kernels.jax_op import JaxOp, _torchax_tensors, free_op_name, jax_op, pallas_interpret
+from titanpod.kernels.jax_op import JaxOp, free_op_name, holds_torchax_tensors, jax_op, pallas_interpret
 from titanpod.kernels.mesh_split import batch_axes
 
 
@@ -96,7 +96,7 @@ class MegabloxGroupedMatmul:
         split over the data axes as the step lays out the batch, and so each output's. Elsewhere, or when the
         data axes do not divide the batch, ``fn`` on the whole batch, as one shard. (Context-parallel ranks
         of a shard each route its whole stretch of rows, the same.)"""
-        if not _torchax_tensors(tensors):
+        if not holds_torchax_tensors(tensors):
             return fn(*tensors)
         import jax
         from jax.sharding import PartitionSpec as P

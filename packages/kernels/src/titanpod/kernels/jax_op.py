@@ -110,7 +110,7 @@ class JaxOp:
     Pallas call). ``None`` leaves ``fn`` to XLA's SPMD partitioner."""
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
-        if _torchax_tensors(inputs):
+        if holds_torchax_tensors(inputs):
             return self.call_in_jax(*inputs)
         if self.tpu is not None and inputs[0].device.type == "tpu":
             outputs = self.tpu(*inputs)
@@ -141,7 +141,7 @@ class JaxOp:
         return fn(*arrays)
 
 
-def _torchax_tensors(tensors: Sequence[Any]) -> bool:
+def holds_torchax_tensors(tensors: Sequence[Any]) -> bool:
     """Whether any of ``tensors`` is a torchax tensor (only possible once torchax is imported)."""
     module = sys.modules.get("torchax.tensor")
     if module is None:

@@ -13,10 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import resource
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from typing import Any
 import torch
 
 from titanpod.device import CHIPS, get_backend
+from titanpod.device.memory import host_memory_stats
 from titanpod.device.tpu_slices import TpuSlice, abstract_devices, parse_slice, slice_of
 from titanpod.graph.xla.ahead_of_time import AbstractXlaStep, BatchShape, device_mesh, serialized_executable
 from titanpod.graph.xla.program_figures import (
@@ -38,8 +37,6 @@ from titanpod.models import build_model
 from titanpod.parallel import DATA_AXES, PLANS
 from titanpod.recipes.planner.plan import plan_run
 from titanpod.recipes.recipe import Recipe
-
-GiB = 1024**3
 
 COST_MODEL_OPTIONS = {
     "xla_tpu_enable_windowed_einsum_for_all_gather": False,
@@ -228,7 +225,7 @@ def compile_for_slice(
         tokens_per_step=tokens,
         trace_seconds=compiled_step.trace_seconds,
         compile_seconds=compiled_step.compile_seconds,
-        peak_host_bytes=peak_host_bytes(),
+        peak_host_bytes=host_memory_stats().peak_bytes or 0,
     )
     return report, compiled_step.compiled
 
@@ -260,7 +257,7 @@ def extrapolated(shallow: SliceCompileReport, deeper: SliceCompileReport) -> Sli
     )
     program = ProgramFigures(
         memory, grow(a.flops, b.flops), grow(a.bytes_accessed, b.bytes_accessed), seconds, collectives,
-        b.while_loops,
+        b.while_loops, b.loop_sources,
     )  # fmt: skip
     return dataclasses.replace(
         deeper,
@@ -273,12 +270,6 @@ def extrapolated(shallow: SliceCompileReport, deeper: SliceCompileReport) -> Sli
         peak_host_bytes=max(shallow.peak_host_bytes, deeper.peak_host_bytes),
         extrapolated_from=(shallow.layers, deeper.layers),
     )
-
-
-def peak_host_bytes() -> int:
-    """This process's peak resident memory so far, in bytes."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def write_report(report: SliceCompileReport, path: Path) -> Path:
@@ -298,8 +289,3 @@ def save_executable(compiled: Any, path: Path) -> Path | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(payload)
     return path
-
-
-def timed(label: str, started: float) -> str:
-    """``label`` with the seconds since ``started``."""
-    return f"{label} in {time.perf_counter() - started:.1f} s"

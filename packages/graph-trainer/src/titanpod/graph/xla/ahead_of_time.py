@@ -21,7 +21,7 @@ from torch import nn
 from titanpod.device import Backend
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.optimizer import AdamWState
-from titanpod.graph.xla.mesh import batch_sharding, replicated
+from titanpod.graph.xla.mesh import replicated
 from titanpod.graph.xla.step import XlaStep
 
 
@@ -129,10 +129,6 @@ class AbstractXlaStep(XlaStep):
 
     def __call__(self, *_: Any, **__: Any) -> Any:
         raise TypeError("An AbstractXlaStep only compiles (its devices may not exist); build an XlaStep to train.")
-
-    def batch_sharding(self) -> Any:
-        """The tokens' sharding [A, B, S]: B over the mesh's data axes."""
-        return batch_sharding(self.mesh, self.axes)
 
 
 def device_mesh(devices: list[Any], axes: Mapping[str, int]) -> Any:

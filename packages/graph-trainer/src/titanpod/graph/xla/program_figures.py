@@ -150,7 +150,7 @@ def collectives_in_hlo(text: str) -> dict[str, Collective]:
 
 def count_while_loops(text: str) -> int:
     """``while`` instructions in the HLO module ``text``."""
-    return sum(1 for _, _, op in _instructions(text) if op == "while")
+    return len(while_loop_sources(text))
 
 
 def while_loop_sources(text: str) -> tuple[str, ...]:
