@@ -42,7 +42,11 @@ def compile_for_command(
     tpu = target_slice(recipe, slice_name)
     folder = output_dir or Path(recipe.output.runs_dir) / f"compile-{recipe.name}-{tpu.name.replace(' ', '')}"
     if len(layers) > 2 or (len(layers) == 2 and layers[0] >= layers[1]):
-        raise ValueError(f"--compile-layers takes one depth or two rising ones (e.g. 2,4); got {layers}.")
+        raise ValueError(f"--compile-layers takes one depth or two rising ones (e.g. 2 4); got {layers}.")
+    try:  # before the compile, so a folder that cannot be written costs nothing
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"--compile-output {folder} cannot be made ({error}); name a folder you can write.") from error
     started = time.perf_counter()
     reports: list[SliceCompileReport] = []
     compiled = None
