@@ -35,8 +35,6 @@ CHUNK_BYTES = 8 * 2**20
 Manifest = Mapping[str, Any]
 """Path inside a folder -> ``{"size": n, "xxh3_128": hex}`` (or a plain int size, from older manifests)."""
 
-_verified: dict[tuple[str, str, int, int, int], str] = {}  # (hash, path, inode, size, mtime_ns) -> hex found
-
 
 def manifest_entry(size: int, digest: str) -> dict[str, Any]:
     """One manifest entry: the file's size and its ``HASH`` (hex)."""
@@ -112,13 +110,52 @@ class HashingWriter:
         return self._digest.hexdigest()
 
 
+class VerifiedHashes:
+    """Hashes of local files already read, each kept only while its file is unchanged: same device, inode, size,
+    modification time and status-change time (which any write, rename or ``utime`` moves on, and nothing sets
+    back), so a file replaced after it was checked is read again. An owner (a ``Checkpointer``) keeps one, so a
+    file it checks several times is read once; nothing is shared across owners. Files at URLs are read every time.
+    """
+
+    def __init__(self) -> None:
+        """Nothing remembered yet."""
+        self._found: dict[tuple[Any, ...], str] = {}
+
+    def digest(self, location: Location, hash_name: str) -> str:
+        """``file_digest`` of ``location``, remembered while the file stays as it was when read."""
+        if is_url(location):
+            return file_digest(location, hash_name)
+        key = self._key(location, hash_name)
+        if key not in self._found:
+            found = file_digest(location, hash_name)
+            if self._key(location, hash_name) == key:  # unchanged while it was read: worth remembering
+                self._found[key] = found
+            return found
+        return self._found[key]
+
+    def forget(self) -> None:
+        """Forget every hash remembered (the next check reads each file again)."""
+        self._found.clear()
+
+    @staticmethod
+    def _key(location: Location, hash_name: str) -> tuple[Any, ...]:
+        stat = os.stat(location)
+        place = (str(Path(location).resolve()), stat.st_dev, stat.st_ino)
+        return (hash_name, *place, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
 def damage(
-    folder: Location, manifest: Manifest, sizes: Mapping[str, int], names: Iterable[str] | None = None
+    folder: Location,
+    manifest: Manifest,
+    sizes: Mapping[str, int],
+    names: Iterable[str] | None = None,
+    verified: VerifiedHashes | None = None,
 ) -> tuple[str, str] | None:
     """The first file of ``manifest`` that is not what it records, as ``(name, what is wrong)``, or ``None``.
 
     Every file's size is held against ``sizes`` (path -> size found under ``folder``); the files in ``names``
-    (default: all) are hashed too where the manifest records a hash. Reading is in manifest order.
+    (default: all) are hashed too where the manifest records a hash: read afresh, or through ``verified`` (hashes
+    its owner already took, of files unchanged since). Reading is in manifest order.
     """
     for name, item in manifest.items():
         found = sizes.get(name)
@@ -130,27 +167,11 @@ def damage(
         if recorded is None:
             continue
         hash_name, expected = recorded
-        actual = _checked_digest(join(folder, *name.split("/")), hash_name)
+        location = join(folder, *name.split("/"))
+        actual = file_digest(location, hash_name) if verified is None else verified.digest(location, hash_name)
         if actual != expected:
             return name, f"has {hash_name} {actual}, the manifest says {expected} (flipped bytes or an overwrite)"
     return None
-
-
-def _checked_digest(location: Location, hash_name: str) -> str:
-    """``file_digest``, remembered for a local file until it changes (size, inode or modification time), so a
-    file opened several times in one load is read for its hash once."""
-    if is_url(location):
-        return file_digest(location, hash_name)
-    stat = os.stat(location)
-    key = (hash_name, str(Path(location).resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
-    if key not in _verified:
-        _verified[key] = file_digest(location, hash_name)
-    return _verified[key]
-
-
-def forget_verified() -> None:
-    """Forget the hashes remembered for files already checked in this process (the next check reads them)."""
-    _verified.clear()
 
 
 def write_weights_manifest(directory: Path, written: Mapping[str, Mapping[str, Any]]) -> None:

@@ -4,7 +4,13 @@ DCP stores its ``.metadata`` file as a pickle. ``SafeFileSystemReader`` (local f
 ``SafeFsspecReader`` (fsspec URLs: ``gs://``, ``memory://``, ``file://``) read it with an
 unpickler that accepts only the classes DCP metadata is made of (DCP's own dataclasses,
 ``torch.Size``, dtypes, plain containers), so a crafted file cannot run code on load;
-``safe_reader`` picks the one a location needs. Tensor data is read as raw bytes, as DCP always does.
+``safe_reader`` picks the one a location needs.
+
+DCP also stores any non-tensor value of a state dict as a pickle (a ``BytesStorageMetadata`` entry),
+which its loader unpickles with no restriction. titanpod saves tensors only, so these readers refuse
+a checkpoint that declares such an entry (``UnsafeCheckpointError`` naming the key and the file) and
+never read one; they refuse data files outside the checkpoint's folder too. Tensor data is read with
+``torch.load(weights_only=True)``, as DCP always does.
 """
 
 from __future__ import annotations
@@ -14,13 +20,17 @@ import io
 import pickle
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import PurePosixPath
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 
+from titanpod.checkpoint.errors import CheckpointError
 from titanpod.checkpoint.locations import Location, filesystem, is_url
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
@@ -56,8 +66,9 @@ ALLOWED_GLOBALS = frozenset(
 and async saves). Exact pairs only: no module prefix, no dotted name, no ``builtins`` callable."""
 
 
-class UnsafeCheckpointError(ValueError):
-    """A checkpoint's metadata asks to build an object that checkpoint metadata never holds."""
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint asks for something that could run code on load: a class its metadata never holds, or an
+    entry stored as a pickled object."""
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -91,14 +102,97 @@ class _SafeMetadata(FileSystemReader):
     that differ only in the filesystem behind ``self.fs``)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """The checkpoint's DCP metadata, built only from allowed classes."""
+        """The checkpoint's DCP metadata, built only from allowed classes; ``UnsafeCheckpointError`` when it
+        declares an entry stored as a pickled object or a data file outside the folder."""
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as handle:
             metadata = load_metadata_bytes(handle.read())
+        refuse_pickled_entries(metadata, str(path))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """DCP's read of ``plan``, refusing first any item stored as a pickled object (never read, never unpickled);
+        tensor data that torch's weights-only loader refuses is named as such."""
+        for item in plan.items:
+            if item.type == LoadItemType.BYTE_IO:
+                stored = (self.storage_data or {}).get(item.storage_index)
+                raise UnsafeCheckpointError(
+                    _pickled_entry_message(str(self.path), item.storage_index.fqn, getattr(stored, "relative_path", ""))
+                )
+        try:
+            return super().read_data(plan, planner)
+        except pickle.UnpicklingError as error:
+            raise UnsafeCheckpointError(
+                f"{self.path} holds tensor data that is not a plain tensor: torch's weights-only loader refused it "
+                "without running anything (a crafted or damaged checkpoint). Resume from a checkpoint titanpod saved."
+            ) from error
+
+
+def refuse_pickled_entries(metadata: Metadata, where: str) -> None:
+    """``UnsafeCheckpointError`` when ``metadata`` (read from ``where``) declares an entry stored as a pickled
+    object, or keeps data in a file outside its folder (an absolute path or one with ``..``)."""
+    for name in ("state_dict_metadata", "storage_data"):
+        if not isinstance(getattr(metadata, name) or {}, dict):
+            raise UnsafeCheckpointError(
+                f"{where} holds a {type(getattr(metadata, name)).__name__} as its {name}, not the mapping DCP writes "
+                "(a crafted or damaged checkpoint), so it is not loaded. Resume from a checkpoint titanpod saved."
+            )
+    files: dict[Any, str] = {}
+    for index, stored in (metadata.storage_data or {}).items():
+        key, relative = getattr(index, "fqn", index), getattr(stored, "relative_path", None)
+        if not _inside_folder(relative):
+            raise UnsafeCheckpointError(
+                f"{where} keeps {key!r} in {relative!r}, outside the checkpoint's folder; DCP writes its data files "
+                "inside it, so this checkpoint was crafted or damaged and is not loaded. Resume from a checkpoint "
+                "titanpod saved."
+            )
+        files.setdefault(key, relative)
+    for key, entry in metadata.state_dict_metadata.items():
+        if isinstance(entry, BytesStorageMetadata):
+            raise UnsafeCheckpointError(_pickled_entry_message(where, key, files.get(key, "")))
+
+
+def _inside_folder(relative: Any) -> bool:
+    """Whether ``relative`` is a path inside the folder it is relative to (no absolute path, no ``..``)."""
+    if not isinstance(relative, str) or not relative:
+        return False
+    path = PurePosixPath(relative)
+    return not path.is_absolute() and ".." not in path.parts
+
+
+def _pickled_entry_message(where: str, key: str, file: str) -> str:
+    stored = f"its bytes in {file}" if file else "no data file recorded"
+    return (
+        f"{where} declares {key!r} as a pickled Python object (BytesStorageMetadata, {stored}); loading it would "
+        "unpickle bytes from the checkpoint, which can run any code. titanpod saves only tensors in DCP state, so "
+        "this checkpoint was not written by titanpod (or was tampered with) and is not loaded: resume from a "
+        "checkpoint titanpod saved."
+    )
+
+
+def refuse_unsafe_metadata(folder: Location) -> None:
+    """Read the DCP metadata of ``folder`` before loading it, so that anything unsafe in it raises
+    ``UnsafeCheckpointError`` itself: DCP's loader would fold that refusal into an ``AssertionError`` (and then
+    try rank-local metadata files, read with the same restrictions). Metadata missing or unreadable for another
+    reason is left for the load to report."""
+    try:
+        safe_reader(folder).read_metadata()
+    except UnsafeCheckpointError:
+        raise
+    except Exception:  # the load that follows reports it, in its own words
+        return
+
+
+def unsafe_failure(error: BaseException) -> UnsafeCheckpointError | None:
+    """The ``UnsafeCheckpointError`` behind a failed DCP load (``error`` itself, or one rank's failure that DCP's
+    ``CheckpointException`` gathers), to raise as it is; ``None`` when the load failed for another reason."""
+    if isinstance(error, UnsafeCheckpointError):
+        return error
+    failures = getattr(error, "failures", None) or {}
+    return next((found for found, _ in failures.values() if isinstance(found, UnsafeCheckpointError)), None)
 
 
 class SafeFileSystemReader(_SafeMetadata):

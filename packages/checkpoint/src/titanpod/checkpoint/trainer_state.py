@@ -3,7 +3,8 @@
 A checkpoint is a folder ``<run>/checkpoints/step-NNNNNN/`` holding
 
 - ``state/``: torch.distributed.checkpoint (DCP) files of the tensors: the model's
-  parameters, the AdamW moments and step count, and PyTorch's CPU random state. Sharded
+  parameters, the AdamW moments and step count, and the random state (the CPU's, and the GPU's where the
+  model trains on one: ``titanpod.checkpoint.rng_state``). Sharded
   parameters and moments are saved as DTensors, so a checkpoint loads under any mesh.
 - ``trainer.json``: the step, the data loader's position, the recipe, and the size and content hash (XXH3-128)
   of every other file (a truncated or altered file is named before anything is read;
@@ -51,14 +52,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from titanpod.checkpoint.checksums import damage, manifest_of
-from titanpod.checkpoint.dcp_reader import quiet_single_process, safe_reader
+from titanpod.checkpoint.checksums import VerifiedHashes, damage, manifest_of
+from titanpod.checkpoint.dcp_reader import (
+    quiet_single_process,
+    refuse_unsafe_metadata,
+    safe_reader,
+    tensor_shapes,
+    unsafe_failure,
+)
 from titanpod.checkpoint.disk_space import disk_full_named, state_bytes
 from titanpod.checkpoint.errors import CheckpointError, failure_text
 from titanpod.checkpoint.locations import (
@@ -80,6 +86,7 @@ from titanpod.checkpoint.locations import (
     write_bytes,
 )
 from titanpod.checkpoint.recipe_changes import check_same_run
+from titanpod.checkpoint.rng_state import RNG_KEY, restore_rng_state, rng_like, rng_state
 from titanpod.checkpoint.step_folders import (
     COMMIT_MARKER,
     TRAINER_FILE,
@@ -93,7 +100,9 @@ from titanpod.checkpoint.step_folders import (
     unfinished_saves,
     write_marker,
 )
+from titanpod.checkpoint.trainer_file_schema import check_trainer_file
 from titanpod.graph import TrainStep
+from titanpod.models.field_checks import check_field_types, whole_number
 
 __all__ = [
     "COMMIT_MARKER",
@@ -147,8 +156,9 @@ class CheckpointConfig:
     ``--checkpoint.allow-changes 'data.*' train.lr``). Needed only by the run that makes the change."""
 
     def __post_init__(self) -> None:
-        if self.every < 0 or self.keep_last < 0:
-            raise ValueError("checkpoint.every and checkpoint.keep_last must be 0 or more.")
+        check_field_types(self, "checkpoint")
+        whole_number("checkpoint.every", self.every, at_least=0)
+        whole_number("checkpoint.keep_last", self.keep_last, at_least=0)
         names = tuple(name.strip() for entry in self.allow_changes for name in entry.split(",") if name.strip())
         object.__setattr__(self, "allow_changes", names)  # a recipe file's list, or "a,b", as a tuple of names
 
@@ -176,7 +186,7 @@ def trainer_state_dict(model: nn.Module, step: TrainStep) -> dict[str, Any]:
     """
     _check_format(step, "torch")
     params = {name: param.detach() for name, param in model.named_parameters()}
-    return {"model": params, "optim": step.state_dict(), "rng": {"torch_cpu": torch.get_rng_state()}}
+    return {"model": params, "optim": step.state_dict(), RNG_KEY: rng_state(model)}
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -208,6 +218,8 @@ class Checkpointer:
         self._hasher: ThreadPoolExecutor | None = None
         self.hash_files = True
         """Record each file's content hash in ``trainer.json`` (off only to measure what hashing costs)."""
+        self.verified_hashes = VerifiedHashes()
+        """The hashes of checkpoint files this checkpointer has checked, kept while each file is unchanged."""
         self._pending_bytes = 0
 
     def check_step(self, step: TrainStep) -> None:
@@ -244,8 +256,9 @@ class Checkpointer:
             (run_dir, "") if self.folder == Path(run_dir) / "checkpoints" else (self.folder, " or --checkpoint.dir")
         )
         raise CheckpointError(
-            f"{where} already holds checkpoints ({names}): name a new run (--output.run-name ...{elsewhere}) "
-            "or resume them (--checkpoint.resume auto)."
+            f"{where} already holds checkpoints ({names}): name a new run (--output.run-name ...{elsewhere}), "
+            "resume them (--checkpoint.resume auto) or start over (--output.start-over: they are moved into "
+            "previous-<UTC time>/, nothing is deleted)."
         )
 
     def resume_folder(self) -> Location | None:
@@ -407,7 +420,7 @@ class Checkpointer:
         """Load a checkpoint into ``model`` and ``step`` in place (any mesh), after checking it fits: its recipe
         may differ from ``recipe`` only in harmless fields and ``checkpoint.allow_changes`` (those are said)."""
         folder = as_location(folder)
-        trainer = _read_checked(folder)
+        trainer = _read_checked(folder, self.verified_hashes)
         for change in check_same_run(trainer["recipe"], recipe, folder, self.config.allow_changes):
             self.say(f"resuming with a changed recipe field (allowed by --checkpoint.allow-changes): {change}")
         if _check_format(step, "torch", "jax") == "jax":
@@ -416,17 +429,21 @@ class Checkpointer:
             raise CheckpointError(
                 f"{folder} holds no {STATE_FOLDER}/ (torch trainer state); was it saved on the xla lane?"
             )
+        refuse_unsafe_metadata(join(folder, STATE_FOLDER))  # before DCP, which would wrap the refusal
         state = trainer_state_dict(model, step)
         try:
             with quiet_single_process():
+                state[RNG_KEY] = rng_like(tensor_shapes(join(folder, STATE_FOLDER)))  # the generators it holds
                 dcp.load(state, storage_reader=safe_reader(join(folder, STATE_FOLDER)))
         except (Exception, CheckpointException) as error:  # DCP's own CheckpointException is no Exception
+            if (unsafe := unsafe_failure(error)) is not None:
+                raise unsafe from error
             raise CheckpointError(
                 f"Cannot load the trainer state in {folder}: {failure_text(error)}. Resume from an earlier checkpoint "
                 f"(--checkpoint.resume {parent(folder)}/step-NNNNNN) or start a new run (--output.run-name NEW)."
             ) from error
         step.load_state_dict(state["optim"])  # DCP loaded into the step's own tensors; this checks them
-        torch.set_rng_state(state["rng"]["torch_cpu"])
+        restore_rng_state(state[RNG_KEY], model)
         return ResumePoint(folder, int(trainer["step"]), trainer["data"], trainer["recipe"])
 
     def _load_orbax(self, folder: Location, step: TrainStep, trainer: dict[str, Any]) -> ResumePoint:
@@ -437,7 +454,15 @@ class Checkpointer:
                 f"{folder} holds no {ORBAX_FOLDER}/ (the xla lane's state); convert its {STATE_FOLDER}/ with "
                 "titanpod.checkpoint.orbax_state.dcp_to_orbax first."
             )
-        step.load_state_dict(restore_orbax_state(join(folder, ORBAX_FOLDER), like=step.state_dict()))
+        try:  # Orbax reads JSON, msgpack and tensorstore data: nothing in a checkpoint is unpickled
+            restored = restore_orbax_state(join(folder, ORBAX_FOLDER), like=step.state_dict())
+        except Exception as error:  # Orbax and tensorstore raise many kinds: each is named
+            raise CheckpointError(
+                f"Cannot load the Orbax state in {join(folder, ORBAX_FOLDER)}: {type(error).__name__}: "
+                f"{str(error)[:500].rstrip('.')}. Resume from an earlier checkpoint (--checkpoint.resume "
+                f"{parent(folder)}/step-NNNNNN) or start a new run (--output.run-name NEW)."
+            ) from error
+        step.load_state_dict(restored)
         return ResumePoint(folder, int(trainer["step"]), trainer["data"], trainer["recipe"])
 
 
@@ -461,15 +486,15 @@ def _check_format(step: TrainStep, *saved: str) -> str:
     return step.state_format
 
 
-def _read_checked(folder: Location) -> dict[str, Any]:
-    """``read_trainer_file`` on every rank, each hashing its share of the files; a damaged file found by any
-    rank is raised on all (so none goes on into DCP's collectives alone)."""
+def _read_checked(folder: Location, verified: VerifiedHashes) -> dict[str, Any]:
+    """``read_trainer_file`` on every rank, each hashing its share of the files (through ``verified``); a damaged
+    file found by any rank is raised on all (so none goes on into DCP's collectives alone)."""
     if not dist.is_initialized():
-        return read_trainer_file(folder)
+        return read_trainer_file(folder, verified=verified)
     rank, world = dist.get_rank(), dist.get_world_size()
     trainer, problem = None, None
     try:
-        trainer = read_trainer_file(folder, share=(rank, world))
+        trainer = read_trainer_file(folder, share=(rank, world), verified=verified)
     except (CheckpointError, OSError) as error:
         problem = str(error)
     group = dist.new_group(backend="gloo")
@@ -483,28 +508,28 @@ def _read_checked(folder: Location) -> dict[str, Any]:
     return trainer
 
 
-def read_trainer_file(folder: Location, share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
-    """``trainer.json`` of a checkpoint, after checking its commit marker (required at a URL) and that every
-    file it lists is there, whole, with the content hash it records (format 2). ``share=(rank, world)`` hashes
-    only every ``world``-th file from the ``rank``-th (sizes are all checked)."""
+def read_trainer_file(
+    folder: Location, share: tuple[int, int] = (0, 1), verified: VerifiedHashes | None = None
+) -> dict[str, Any]:
+    """``trainer.json`` of a checkpoint, after checking its commit marker (required at a URL), every field it holds
+    (``titanpod.checkpoint.trainer_file_schema``), and that every file it lists is there, whole, with the content
+    hash it records (format 2). ``share=(rank, world)`` hashes only every ``world``-th file from the ``rank``-th
+    (sizes are all checked); ``verified`` reuses hashes its owner took of files unchanged since (default: every
+    file is read)."""
     folder = as_location(folder)
     path = join(folder, TRAINER_FILE)
     try:
         trainer_bytes = read_bytes(path)
         trainer = json.loads(trainer_bytes)
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: not JSON, or not UTF-8
         raise CheckpointError(
-            f"{path} is missing or unreadable ({error}); {folder} is not a usable checkpoint."
+            f"{path} is missing or unreadable ({str(error)[:200]}); {folder} is not a usable checkpoint."
         ) from error
     check_marker(folder, trainer_bytes)
-    if trainer.get("format") not in READABLE_FORMATS:
-        raise CheckpointError(
-            f"{path} has format {trainer.get('format')!r}; this version reads {READABLE_FORMATS} (a newer titanpod "
-            "wrote it: update titanpod)."
-        )
+    check_trainer_file(trainer, folder, READABLE_FORMATS)
     rank, world = share
     mine = [name for number, name in enumerate(trainer["files"]) if number % world == rank]
-    problem = damage(folder, trainer["files"], file_sizes(folder), mine)
+    problem = damage(folder, trainer["files"], file_sizes(folder), mine, verified)
     if problem is not None:
         name, state = problem
         raise CheckpointError(

@@ -182,12 +182,14 @@ def matmul_peak_flops(
 
     ``synchronize`` waits for the device (a no-op on a CPU, ``torch.cuda.synchronize`` on a
     GPU): each call is timed from a synchronised start to its synchronised end, after one
-    warm-up call. At least one call is timed however short ``seconds`` is.
+    warm-up call. At least one call is timed however short ``seconds`` is. The operands come from a
+    generator of their own: measuring leaves the process's random state (CPU and device) as it was.
     """
     import torch
 
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
+    generator = torch.Generator(device=device).manual_seed(0)  # not the run's: a resumed run draws as it would have
+    a = torch.randn(size, size, device=device, generator=generator).to(dtype)
+    b = torch.randn(size, size, device=device, generator=generator).to(dtype)
     out = torch.empty(size, size, device=device, dtype=dtype)
     torch.mm(a, b, out=out)  # warm up: BLAS threads, cuBLAS handles and kernel selection
     synchronize()
