@@ -6,6 +6,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from titanpod.models.field_checks import check_field_types, real_number, whole_number
+
 TextSource = Literal["builtin", "synthetic", "json", "jsonl", "parquet", "text", "hub"]
 """What ``DataConfig.source`` accepts."""
 FILE_SOURCES = ("json", "jsonl", "parquet", "text")
@@ -73,6 +75,7 @@ class DataConfig:
         return self.validation_split is not None or self.validation_fraction > 0
 
     def __post_init__(self) -> None:
+        check_field_types(self, "data")
         if self.source not in SOURCES:
             choices = ", ".join(SOURCES)
             raise ValueError(
@@ -96,8 +99,7 @@ class DataConfig:
                 f"data.source {self.source!r} is {'always streamed' if self.source == 'hub' else 'never streamed'}: "
                 "drop data.streaming."
             )
-        if self.shuffle_buffer < 0:
-            raise ValueError(f"data.shuffle_buffer must be 0 or more, got {self.shuffle_buffer}.")
+        whole_number("data.shuffle_buffer", self.shuffle_buffer, at_least=0)
         if self.shuffle_buffer and not self.is_streaming:
             raise ValueError(
                 "data.shuffle_buffer applies only to streamed data (data.source hub, or data.streaming True); "
@@ -105,14 +107,9 @@ class DataConfig:
             )
         if not self.text_field:
             raise ValueError("data.text_field must name the column that holds the text, e.g. 'text'.")
-        if self.seq_len < 2:
-            raise ValueError(f"data.seq_len must be at least 2, got {self.seq_len}.")
-        if self.batch_size < 1:
-            raise ValueError(f"data.batch_size must be at least 1, got {self.batch_size}.")
-        if not 0.0 <= self.validation_fraction < 1.0:
-            raise ValueError(
-                f"data.validation_fraction must be at least 0 and below 1 (e.g. 0.01), got {self.validation_fraction}."
-            )
+        whole_number("data.seq_len", self.seq_len, at_least=2)
+        whole_number("data.batch_size", self.batch_size, at_least=1)
+        real_number("data.validation_fraction", self.validation_fraction, at_least=0, below=1)
         if self.validation_split is not None and self.source not in ("hub", "synthetic"):
             raise ValueError(
                 f"data.validation_split names a split of a Hub dataset; for data.source {self.source!r} hold out "
@@ -123,12 +120,10 @@ class DataConfig:
                 "data.validation_fraction holds out documents of local data; for data.source 'hub' name a held-out "
                 "split with data.validation_split (e.g. validation) instead."
             )
-        if self.validation_every < 0:
-            raise ValueError(f"data.validation_every must be 0 or more, got {self.validation_every}.")
+        whole_number("data.validation_every", self.validation_every, at_least=0)
         if self.validation_every and not self.has_validation:
             raise ValueError(
                 "data.validation_every needs held-out data: set data.validation_fraction (e.g. 0.01) for local data, "
                 "or data.validation_split (e.g. validation) for a Hub dataset."
             )
-        if self.validation_batches < 1:
-            raise ValueError(f"data.validation_batches must be at least 1, got {self.validation_batches}.")
+        whole_number("data.validation_batches", self.validation_batches, at_least=1)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from titanpod.models.field_checks import check_field_types, real_number, whole_number
+
 StepMode = Literal["eager", "per_block", "whole_step"]
 """What ``TrainConfig.step_mode`` accepts."""
 MemoryPolicy = Literal["save", "recompute", "selective", "offload"]
@@ -19,6 +21,8 @@ Compiler = Literal["auto", "none"]
 STEP_MODES: tuple[str, ...] = get_args(StepMode)
 MEMORY_POLICIES: tuple[str, ...] = get_args(MemoryPolicy)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+SEED_MAX = 2**32 - 1
+"""The largest ``train.seed``: data orders seed generators with ``seed * 1_000_003 + epoch``, which must fit."""
 
 
 @dataclass(frozen=True)
@@ -26,9 +30,9 @@ class TrainConfig:
     """How many steps, how fast to learn, how each step runs, and how often to report."""
 
     steps: int = 100
-    """Optimizer steps to run."""
+    """Optimizer steps to run (1 or more)."""
     lr: float = 3e-3
-    """Peak learning rate, reached at the end of warmup."""
+    """Peak learning rate, reached at the end of warmup: a finite number, 0 or more."""
     warmup_steps: int | None = None
     """Steps of linear warmup: warmup step k uses ``k / warmup_steps`` of ``lr``. ``None`` (the default)
     scales with the run: ``min(10, steps // 10)`` (10 for 100 steps or more, 0 for fewer than 10); read the
@@ -36,19 +40,19 @@ class TrainConfig:
     decay: Decay = "cosine"
     """Shape of the decay after warmup: ``cosine``, ``linear`` or ``constant``."""
     min_lr_ratio: float = 0.1
-    """The learning rate at the last step, as a fraction of ``lr``."""
+    """The learning rate at the last step, as a fraction of ``lr`` (0 to 1)."""
     weight_decay: float = 0.1
-    """AdamW weight decay, applied to matrices only (not norms)."""
+    """AdamW weight decay, applied to matrices only (not norms): 0 or more."""
     beta1: float = 0.9
-    """AdamW first-moment decay."""
+    """AdamW first-moment decay, in [0, 1)."""
     beta2: float = 0.95
-    """AdamW second-moment decay."""
+    """AdamW second-moment decay, in [0, 1)."""
     eps: float = 1e-8
-    """AdamW epsilon."""
+    """AdamW epsilon: above 0."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this; 0 turns clipping off (the norm is still logged)."""
     seed: int = 0
-    """Seed for weight init and data order."""
+    """Seed for weight init and data order: 0 to 2**32 - 1."""
     log_every: int = 10
     """Read losses back from the device and write metrics every this many steps."""
     step_mode: StepMode = "eager"
@@ -90,8 +94,16 @@ class TrainConfig:
     run with a message (False)."""
 
     def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ValueError(f"train.steps must be at least 1, got {self.steps}.")
+        check_field_types(self, "train")
+        whole_number("train.steps", self.steps, at_least=1)
+        real_number("train.lr", self.lr, at_least=0)
+        real_number("train.min_lr_ratio", self.min_lr_ratio, at_least=0, at_most=1)
+        real_number("train.weight_decay", self.weight_decay, at_least=0)
+        real_number("train.beta1", self.beta1, at_least=0, below=1)
+        real_number("train.beta2", self.beta2, at_least=0, below=1)
+        real_number("train.eps", self.eps, above=0)
+        real_number("train.grad_clip", self.grad_clip, at_least=0)
+        whole_number("train.seed", self.seed, at_least=0, at_most=SEED_MAX)
         if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
             raise ValueError(
                 f"train.warmup_steps={self.warmup_steps} does not fit train.steps={self.steps}: warmup must be 0 or "

@@ -5,6 +5,7 @@ Legend: B batch, S sequence.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -69,7 +70,7 @@ class TrainSummary:
     skipped_steps: list[int] = field(default_factory=list)
     """Steps whose update was skipped because the gradient norm was NaN or Inf."""
     stopped_because: str | None = None
-    """Why the run stopped early on its own (a non-finite gradient with ``skip_nonfinite`` off)."""
+    """Why the run stopped early on its own (a non-finite gradient norm or loss with ``skip_nonfinite`` off)."""
     start_step: int = 0
     """Steps done before this call (a resumed run); ``losses[0]`` is step ``start_step + 1``."""
     compile_seconds: float | None = None
@@ -146,7 +147,8 @@ def train(
     Losses stay on the device and are read back every ``config.log_every`` steps, so the
     loop waits for the device only when it reports. A step whose gradient norm is NaN or
     Inf changes nothing; it is counted as skipped, or, with ``skip_nonfinite`` off, ends
-    the run with ``stopped_because`` set (this check reads the device every step). SIGINT
+    the run with ``stopped_because`` set, as does a NaN or Inf loss (this check reads the
+    device every step). SIGINT
     (Ctrl-C) or SIGTERM lets the step in flight finish, then stops and returns a summary
     marked ``interrupted`` with its ``stop_signal``; the model keeps the weights it reached.
     A second signal interrupts at once: the summary is also marked ``stopped_at_once``.
@@ -205,13 +207,17 @@ def train(
                         tokens_since, last_report = 0, measured_from
                 else:
                     tokens_after_first += step_tokens
-                if not config.skip_nonfinite and not bool(out.applied):
-                    loss_value, norm_value = float(out.loss), float(out.grad_norm)
+                if not config.skip_nonfinite and not (bool(out.applied) and math.isfinite(float(out.loss))):
+                    applied, loss_value, norm_value = bool(out.applied), float(out.loss), float(out.grad_norm)
                     read_back(step_number)
+                    found = (
+                        f"the loss is {loss_value} (gradient norm {norm_value})"
+                        if applied
+                        else f"the gradient norm is {norm_value} (loss {loss_value}); the update was not applied"
+                    )
                     stopped_because = (
-                        f"step {step_number}: the gradient norm is {norm_value} (loss {loss_value}); the update was "
-                        "not applied and the run stopped. Lower train.lr, raise train.warmup_steps, or set "
-                        "train.skip_nonfinite=True to skip such steps."
+                        f"step {step_number}: {found} and the run stopped. Lower train.lr, raise "
+                        "train.warmup_steps, or set train.skip_nonfinite=True to skip such steps."
                     )
                     break
                 if reporting:

@@ -187,11 +187,16 @@ def run_steps(
                 write_step(session, metrics)
                 if step_number % train.log_every == 0 or step_number == last:
                     say(metrics.line())
-                if metrics.skipped_updates and not train.skip_nonfinite:
+                nonfinite_loss = metrics.loss is not None and not math.isfinite(metrics.loss)
+                if (metrics.skipped_updates or nonfinite_loss) and not train.skip_nonfinite:
+                    found = (
+                        f"the gradient norm is {metrics.grad_norm}; the update was not applied"
+                        if metrics.skipped_updates
+                        else f"the loss is {metrics.loss} (gradient norm {metrics.grad_norm})"
+                    )
                     stopped_because = (
-                        f"step {step_number}: the gradient norm is {metrics.grad_norm}; the update was not applied "
-                        "and the run stopped. Lower train.lr, raise train.warmup_steps, or set "
-                        "train.skip_nonfinite=True to skip such updates."
+                        f"step {step_number}: {found} and the run stopped. Lower train.lr, raise "
+                        "train.warmup_steps, or set train.skip_nonfinite=True to skip such updates."
                     )
                     say(f"[red]{stopped_because}[/]")
                     break
