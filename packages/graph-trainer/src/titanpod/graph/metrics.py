@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from titanpod.graph.metrics_rows import encode_row, set_aside_rows_after
+
 
 def mfu(flops_per_token: float, tokens_per_second: float, devices: int, peak_flops_per_device: float) -> float:
     """Model FLOPs utilisation: achieved model FLOP/s over the devices' summed peak.
@@ -64,7 +66,10 @@ class StepMetrics:
 
 
 class JsonlWriter:
-    """Appends one JSON object per line, flushed at once so a crash loses nothing written."""
+    """Appends one JSON object per line, flushed at once so a crash loses nothing written.
+
+    Lines are strict JSON: a NaN or Inf figure is written as ``null`` and named under ``"nonfinite"``
+    (``titanpod.graph.metrics_rows``, whose ``read_row`` reads them back)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -74,8 +79,17 @@ class JsonlWriter:
     def write(self, record: StepMetrics | dict[str, Any]) -> None:
         """Append ``record`` as one line."""
         row = record.logged() if isinstance(record, StepMetrics) else record
-        self._file.write(json.dumps(row) + "\n")
+        self._file.write(encode_row(row) + "\n")
         self._file.flush()
+
+    def set_aside_after(self, step: int) -> Path | None:
+        """Move the rows past ``step`` (an earlier attempt's, past the checkpoint this run resumes) into a file
+        beside this one (``set_aside_rows_after``), and go on appending; returns that file, or ``None``."""
+        self._file.close()
+        try:
+            return set_aside_rows_after(self.path, step)
+        finally:
+            self._file = self.path.open("a", encoding="utf-8")
 
     def write_scalars(self, step: int, values: dict[str, float]) -> None:
         """Append ``values`` at ``step`` as one line (e.g. a validation loss)."""

@@ -4,6 +4,7 @@ steps, tokens, data, final loss, the recipe)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,5 +83,6 @@ def training_extras(
         recipe=dict(recipe),
         notes=notes or [],
     )
-    about = {"steps": steps, "tokens": tokens, "final_loss": final_loss}
+    finite_loss = final_loss if final_loss is not None and math.isfinite(final_loss) else None  # model.json is JSON
+    about = {"steps": steps, "tokens": tokens, "final_loss": finite_loss}
     return HFExtras(special_tokens, files, card, {key: value for key, value in about.items() if value is not None})

@@ -6,9 +6,10 @@ matplotlib is imported only when a plot is drawn, and without pyplot: drawing ch
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from titanpod.graph.metrics_rows import read_rows
 
 LOSS_PLOT_FILE = "loss.png"
 """The loss curve's file name in a run directory."""
@@ -38,25 +39,22 @@ def read_loss_history(metrics_path: Path) -> LossHistory:
 
     A resumed run appends to the file: a report at or before a step already recorded means the run went back to
     a checkpoint, so the earlier history from that step on is dropped and the history is the one the run's
-    weights followed. A line cut short (a run killed while writing) is skipped.
+    weights followed. A line cut short (a run killed while writing) is skipped; a NaN or Inf figure (written as
+    ``null``, named under ``nonfinite``) reads back as itself, and a figure missing or ``null`` as NaN.
     """
     train: dict[int, tuple[float, float]] = {}
     validation: dict[int, float] = {}
-    for line in metrics_path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict) or "step" not in record:
+    for record in read_rows(metrics_path):
+        if "step" not in record:
             continue
         step = int(record["step"])
         if "loss" in record:
             if train and step <= max(train):  # went back to a checkpoint: what came after it is replaced
                 train = {kept: values for kept, values in train.items() if kept < step}
                 validation = {kept: loss for kept, loss in validation.items() if kept < step}
-            train[step] = (float(record["loss"]), float(record.get("lr", float("nan"))))
+            train[step] = (_figure(record.get("loss")), _figure(record.get("lr")))
         if "validation_loss" in record:
-            validation[step] = float(record["validation_loss"])
+            validation[step] = _figure(record["validation_loss"])
     history = LossHistory()
     for step in sorted(train):
         history.steps.append(step)
@@ -65,6 +63,11 @@ def read_loss_history(metrics_path: Path) -> LossHistory:
     history.validation_steps = sorted(validation)
     history.validation_losses = [validation[step] for step in history.validation_steps]
     return history
+
+
+def _figure(value: float | None) -> float:
+    """A figure of a row as a float: NaN for one missing or ``null``."""
+    return float("nan") if value is None else float(value)
 
 
 def draw_loss_plot(history: LossHistory, path: Path, title: str) -> Path:

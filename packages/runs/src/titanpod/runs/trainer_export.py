@@ -9,13 +9,13 @@ holds it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from titanpod.checkpoint.pretrained import open_pretrained
 from titanpod.checkpoint.trainer_weights import load_trainer_weights, read_trainer_checkpoint, trainer_weights_dtype
+from titanpod.graph.metrics_rows import read_rows
 from titanpod.models import DecoderArgs, Transformer, build_model, get_flavor, parameter_count
 from titanpod.recipes.recipe import ModelConfig, dataclass_from_dict
 from titanpod.runs.hf_export import HFExtras, training_extras
@@ -48,16 +48,9 @@ def recipe_model_args(model: dict[str, Any]) -> tuple[str, DecoderArgs]:
 
 def loss_at(run_dir: Path, step: int) -> float | None:
     """The training loss ``<run_dir>/metrics.jsonl`` records at ``step`` (``None`` when it records none)."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return None
     loss = None
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and record.get("step") == step and isinstance(record.get("loss"), float):
+    for record in read_rows(Path(run_dir) / METRICS_FILE):
+        if record.get("step") == step and isinstance(record.get("loss"), float):
             loss = record["loss"]
     return loss
 

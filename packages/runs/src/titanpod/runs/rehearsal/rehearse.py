@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from titanpod.data.shipped import builtin_tokenizer_path
+from titanpod.graph.metrics_rows import read_rows
 from titanpod.recipes.recipe import Recipe
 from titanpod.recipes.rehearsal.corpus import write_hub_layout
 from titanpod.recipes.rehearsal.scaling import (
@@ -95,15 +96,11 @@ class RehearsalReport:
 
 def read_reports(run_dir: Path) -> dict[int, dict[str, Any]]:
     """Step -> training report from a run's ``metrics.jsonl`` (validation lines skipped; a later line wins)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return {}
-    reports = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        if "loss" in record:
-            reports[int(record["step"])] = record
-    return reports
+    return {
+        int(record["step"]): record
+        for record in read_rows(run_dir / "metrics.jsonl")
+        if "loss" in record and "step" in record
+    }
 
 
 def read_losses(run_dir: Path) -> dict[int, float]:
