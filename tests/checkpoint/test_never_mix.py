@@ -86,7 +86,8 @@ def test_resume_never_is_refused_where_checkpoints_are_and_fine_in_a_fresh_direc
         run_pretraining(recipe(tmp_path, 3, resume="never"))
     assert str(refused.value) == (
         f"{run_dir} already holds checkpoints (step-000010, step-000020, step-000030, ...): name a new run "
-        "(--output.run-name ...) or resume them (--checkpoint.resume auto)."
+        "(--output.run-name ...), resume them (--checkpoint.resume auto) or start over (--output.start-over: they "
+        "are moved into previous-<UTC time>/, nothing is deleted)."
     )
     assert sorted(path.name for path in run_dir.iterdir()) == ["checkpoints", "recipe.json"]  # no work done
     fresh = tmp_path / "runs" / "fresh"

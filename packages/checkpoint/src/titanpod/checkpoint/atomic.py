@@ -5,11 +5,15 @@ Into a new (or empty) target the staging folder is renamed. Into a folder that a
 files, only with ``overwrite``: the files the write produces replace their namesakes, the files
 ``superseded`` names (a previous write of the same kind, e.g. the shards an old index lists) are
 removed, and every other file stays. Nothing the write did not produce or supersede is deleted.
+
+A write cut short by a kill leaves its staging folder (``.<name>.partial-<pid>``), and, when killed while
+swapping a folder whole, the folder it set aside (``.<name>.replaced-<pid>``): ``remove_leftovers`` clears both.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -19,6 +23,9 @@ from titanpod.checkpoint.disk_space import disk_full_cause, disk_full_error
 
 Superseded = Callable[[Path], Iterable[str]]
 """Given the existing target folder, the names of files in it that a new write of this kind replaces."""
+
+LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|replaced)-(?P<pid>\d+)$")
+"""The name of a folder ``atomic_directory`` writes beside its target for a moment: staging or set aside."""
 
 
 def check_target(final: Path, overwrite: bool) -> None:
@@ -93,3 +100,28 @@ def _move_into_place(staging: Path, final: Path, superseded: Superseded | None) 
     for name in written:
         os.replace(staging / name, final / name)
     staging.rmdir()
+
+
+def remove_leftovers(folder: Path) -> list[str]:
+    """Clear what ``atomic_directory`` writes cut short by a kill left in ``folder``; a line per folder saying what
+    was done.
+
+    A staging folder (``.<name>.partial-<pid>``) is removed. A folder set aside while its target was swapped
+    (``.<name>.replaced-<pid>``) is removed when ``<name>`` is there (the swap finished) and put back as ``<name>``
+    when it is not (the kill came between the two renames), so the earlier folder is never lost. Call it only
+    while no other process writes into ``folder`` (a run holds its run directory's lock).
+    """
+    said = []
+    for path in sorted(Path(folder).iterdir()) if Path(folder).is_dir() else []:
+        match = LEFTOVER.match(path.name)
+        if match is None or not path.is_dir():
+            continue
+        target, kind, pid = path.parent / match.group("name"), match.group("kind"), match.group("pid")
+        if kind == "replaced" and not target.exists():
+            path.rename(target)
+            said.append(f"put {path} back as {target}: its replacement was cut short (process {pid})")
+        else:
+            shutil.rmtree(path)
+            what = "an unfinished write" if kind == "partial" else "the earlier copy of a finished replacement"
+            said.append(f"removed {path}: {what} left by process {pid}")
+    return said

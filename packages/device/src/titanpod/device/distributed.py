@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -36,6 +39,26 @@ def process_info() -> ProcessInfo:
     )
 
 
+def attempt_store(environ: Mapping[str, str], timeout: timedelta | None = None) -> dist.Store | None:
+    """The key-value store of this attempt of a job that torchrun restarts, ``None`` elsewhere.
+
+    torchrun's agent hosts one store for the job's whole life (``TORCHELASTIC_USE_AGENT_STORE``),
+    and after a restart the new workers would read the dead ones' addresses from it. Each attempt
+    (``TORCHELASTIC_RESTART_COUNT``) therefore gets keys of its own, under ``titanpod/attempt-N/``; each rank
+    records its host and pid there as ``member-<rank>``, so a survivor can tell which rank was lost.
+    ``timeout`` bounds each wait on the store (torch's default when ``None``).
+    """
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    address, port, world_size = environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), int(environ.get("WORLD_SIZE", "1"))
+    if timeout is None:
+        client = dist.TCPStore(address, port, world_size, is_master=False)
+    else:
+        client = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"titanpod/attempt-{attempt}", client)
+
+
 def ensure_process_group(backend: Backend) -> ProcessInfo:
     """Join the job's default process group if not yet joined, and say where we stand.
 
@@ -45,7 +68,10 @@ def ensure_process_group(backend: Backend) -> ProcessInfo:
     info = process_info()
     if dist.is_initialized():
         return ProcessInfo(dist.get_rank(), info.local_rank, dist.get_world_size())
-    if "MASTER_ADDR" in os.environ:
+    if "MASTER_ADDR" in os.environ and (store := attempt_store(os.environ)) is not None:
+        store.set(f"member-{info.rank}", f"{socket.gethostname()} {os.getpid()}")  # who to look for if it is lost
+        dist.init_process_group(backend=backend.dist_backend, store=store, rank=info.rank, world_size=info.world_size)
+    elif "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend=backend.dist_backend)
     else:
         if info.world_size != 1:

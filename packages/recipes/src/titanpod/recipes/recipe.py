@@ -15,6 +15,7 @@ from titanpod.device import DeviceConfig
 from titanpod.graph import ProfileConfig, TrainConfig
 from titanpod.kernels import KernelConfig
 from titanpod.models.common.args import DecoderArgs
+from titanpod.models.field_checks import check_field_types, check_value, real_number, whole_number
 from titanpod.models.registry import get_flavor
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.model_shape import ModelShape
@@ -61,7 +62,13 @@ class OutputConfig:
     runs_dir: str = "runs"
     """Parent folder of run directories (relative paths are from the working directory)."""
     run_name: str | None = None
-    """Run directory name; ``None`` means ``<recipe>-<YYYYmmdd-HHMMSS>``."""
+    """Run directory name, one folder name (no ``/``, ``\\``, leading ``.``); ``None`` (or ``""``, for recipe files,
+    which have no null) means ``<recipe>-<YYYYmmdd-HHMMSS>``. One run writes into a run directory at a time."""
+    start_over: bool = False
+    """Start a new run in a run directory that holds an earlier run's files (``metrics.jsonl``, ``model/``,
+    checkpoints) instead of refusing it: they are moved, not deleted, into ``<run>/previous-<UTC time>/`` (step
+    folders of a ``checkpoint.dir`` elsewhere into ``previous-<UTC time>/`` there). Without it such a folder is
+    refused unless the run resumes one of its checkpoints. The run's ``recipe.json`` records it as off."""
     save_weights: bool = True
     """Write the final weights as safetensors (with model.json and recipe.json) to ``<run>/model``."""
     tensorboard: bool = True
@@ -73,6 +80,21 @@ class OutputConfig:
     wandb_mode: Literal["online", "offline"] = "online"
     """``online`` sends to the W&B server as the run goes (``wandb login`` first); ``offline`` needs no network
     and keeps the run under ``<run>/wandb/`` for a later ``wandb sync``."""
+
+    def __post_init__(self) -> None:
+        if self.run_name:  # None and "" take the recipe's name and the time
+            check_folder_name("output.run_name", self.run_name, "Choose another with --output.run-name NAME.")
+
+
+def check_folder_name(field: str, value: object, fix: str) -> None:
+    """``ValueError`` naming ``field`` and ``fix`` unless ``value`` is one folder name: a non-empty string without
+    ``/``, ``\\`` or NUL that does not start with ``.`` (so never ``..``), since run directories are named by it."""
+    if isinstance(value, str) and value and not value.startswith(".") and not any(c in value for c in "/\\\0"):
+        return
+    raise ValueError(
+        f"{field} {value!r} must be one folder name (not empty, no '/', '\\', NUL or leading '.'): it names the "
+        f"run directory inside output.runs_dir. {fix}"
+    )
 
 
 @dataclass(frozen=True)
@@ -87,10 +109,8 @@ class TargetConfig:
     """Model FLOPs utilisation the dry run assumes to turn FLOPs per step into step time."""
 
     def __post_init__(self) -> None:
-        if self.chips < 1:
-            raise ValueError(f"target.chips must be at least 1, got {self.chips}.")
-        if not 0 < self.mfu <= 1:
-            raise ValueError(f"target.mfu must be in (0, 1], got {self.mfu}.")
+        whole_number("target.chips", self.chips, at_least=1)
+        real_number("target.mfu", self.mfu, above=0, at_most=1)
 
 
 class NamedRun(Protocol):
@@ -142,7 +162,9 @@ class RunRecipe(RecipeFile):
     """Which steps to trace with the lane's profiler (off by default), into ``<run>/profile/``."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "")  # every section's numbers and booleans, those without checks of their own too
         self.profile.check_fits(self.train.steps)
+        check_folder_name("name", self.name, "Give the recipe another name (--name NAME, or name = ... in its file).")
 
 
 @dataclass(frozen=True)
@@ -168,6 +190,9 @@ def dataclass_from_dict(kind: type, data: dict[str, Any], where: str) -> Any:
     if unknown:
         raise ValueError(f"Unknown fields in {where}: {', '.join(unknown)}.")
     hints = typing.get_type_hints(kind)
+    for name, value in data.items():  # before any __post_init__ compares a value of the wrong type
+        if not dataclasses.is_dataclass(hints[name]):
+            check_value(f"{where}.{name}".removeprefix("recipe."), value, hints[name])
     values = {
         name: dataclass_from_dict(hints[name], value, f"{where}.{name}")
         if dataclasses.is_dataclass(hints[name]) and isinstance(value, dict)

@@ -75,8 +75,14 @@ def with_resume(recipe: ResumableRun) -> ResumableRun:
     ``--checkpoint.dir`` the checkpoints are found there, so no earlier run directory is needed
     (without one, the resumed run writes its metrics to a new run directory).
 
-    ``ValueError`` when there is no such run, saying how to name one or start afresh.
+    ``ValueError`` when there is no such run, saying how to name one or start afresh, and with
+    ``--output.start-over``, which asks for the opposite.
     """
+    if recipe.output.start_over:
+        raise ValueError(
+            "--resume continues a run and --output.start-over moves its files aside to start a new one: "
+            "give one of them."
+        )
     run_name = recipe.output.run_name or latest_resumable_run(recipe)
     if run_name is None and not recipe.checkpoint.dir:
         raise ValueError(

@@ -9,23 +9,26 @@ the rest to a ``RunSession``::
         summary = session.train(batches, flops_per_token=..., after_step=validate, at_end=score)
         session.save_final_weights(summary, lambda: save_model(model, family, session.run_dir / "model"))
 
-The session owns the run directory (rank 0 writes ``recipe.json``; under torchrun rank 0 picks the name and
-the others receive it), the console (rank 0 only), the metrics writers (rank 0: ``metrics.jsonl`` and
-``tensorboard/``; ``loss.png`` drawn from them at the end), the trainer-state checkpoints (partial saves
-removed, resume, a save every ``checkpoint.every`` steps and at the end, a background save completed whatever
-happened), the final weights (a sharded model gathered one tensor at a time and streamed into its files by
-rank 0) and, on a clean exit, the process group's teardown. SIGINT (Ctrl-C) and SIGTERM are handled by
-``titanpod.graph.train``: the step in flight finishes and the summary comes back marked ``interrupted``; the
-session then saves the checkpoint and says so. A second signal stops at once, and nothing is saved
-(``TrainSummary.stopped_at_once``).
+The session owns the run directory (rank 0 holds its lock while the session is open and refuses an earlier
+run's files unless the run resumes or starts over: ``titanpod.runs.run_folder``; rank 0 writes
+``recipe.json``; under torchrun rank 0 picks the name and the others receive it), the console (rank 0 only),
+the metrics writers (rank 0: ``metrics.jsonl`` and ``tensorboard/``; ``loss.png`` drawn from them at the end),
+the trainer-state checkpoints (partial saves removed, resume, a save every ``checkpoint.every`` steps and at
+the end, a background save completed whatever happened), the final weights (a sharded model gathered one
+tensor at a time and streamed into its files by rank 0) and, on a clean exit, the process group's teardown.
+SIGINT (Ctrl-C) and SIGTERM are handled by ``titanpod.graph.train``: the step in flight finishes and the
+summary comes back marked ``interrupted``; the session then saves the checkpoint and says so. A second signal
+stops at once, and nothing is saved (``TrainSummary.stopped_at_once``).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -36,14 +39,18 @@ from rich.console import Console
 from torch import nn
 
 from titanpod.checkpoint import Checkpointer, complete_checkpoints
+from titanpod.checkpoint.locations import Location
 from titanpod.device import Backend, ensure_process_group, process_info
 from titanpod.graph import JsonlWriter, StepMetrics, StepProfiler, TensorBoardWriter, TrainStep, TrainSummary, train
-from titanpod.graph.interrupt import signal_name
+from titanpod.graph.interrupt import exit_status, signal_name, stop_after_step
 from titanpod.graph.steps import Batch
 from titanpod.graph.tracking import WandbWriter, final_figures
 from titanpod.recipes.recipe import NamedRun, RunRecipe
 from titanpod.runs.loss_plot import LOSS_PLOT_FILE, write_loss_plot
+from titanpod.runs.peer_loss import report_lost_peer, say_anywhere
 from titanpod.runs.recipe_history import RECIPE_FILE, record_recipe
+from titanpod.runs.run_folder import as_recorded, claim_run_dir
+from titanpod.runs.run_lock import RunLock
 
 Written = TypeVar("Written")
 """What a trainer's final-weights writer returns (a path, a folder)."""
@@ -63,33 +70,57 @@ class ResumableData(Protocol):
         ...
 
 
-def prepare_run_dir(recipe: NamedRun) -> Path:
-    """Create the run directory and write the recipe into it; fail early if it cannot be written.
+def run_dir_of(recipe: NamedRun) -> Path:
+    """The run directory: ``<runs_dir>/<run_name>``, or ``<runs_dir>/<recipe>-<YYYYmmdd-HHMMSS>``.
 
-    A ``recipe.json`` already there (an earlier run of the directory) is left as it is: the session
-    replaces it, keeping it in ``recipe-history/``, once ``resume`` has accepted the new recipe
-    (``titanpod.runs.recipe_history``).
-
-    Under torchrun every rank must call it: rank 0 picks the name and the others receive it.
+    Under torchrun every rank must call it: rank 0 picks the name and the others receive it. A job that torchrun
+    restarts (``titanpod-launch --max-restarts``) must be named, or each attempt would start a run of its own.
     """
+    if not recipe.output.run_name and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
+        raise ValueError(
+            "This job restarts itself after a failure (--max-restarts), and each restart resumes the run it finds "
+            "by name: name the run with --output.run-name NAME (or output.run_name in the recipe)."
+        )
     name = recipe.output.run_name or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if dist.is_initialized():
         chosen = [name]
         dist.broadcast_object_list(chosen, src=0)  # a timestamped name could differ by a second
         name = chosen[0]
-    run_dir = Path(recipe.output.runs_dir) / name
-    if not process_info().is_main:
-        return run_dir
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not (run_dir / RECIPE_FILE).exists():
-            (run_dir / RECIPE_FILE).write_text(recipe.to_json(), encoding="utf-8")
-    except OSError as error:
-        raise OSError(
-            f"Cannot write the run directory {run_dir}: {error.strerror}. "
-            "Choose another with --output.runs-dir or --output.run-name."
-        ) from error
-    return run_dir
+    return Path(recipe.output.runs_dir) / name
+
+
+def prepare_run_dir(
+    recipe: RunRecipe, run_dir: Path, checkpoints: Location, say: Callable[[str], None]
+) -> RunLock | None:
+    """Rank 0 claims the run directory before anything of the run is written, and writes the recipe into it.
+
+    It creates the directory, checks it and a local checkpoint folder can be written, takes its lock for the
+    run's life, clears what killed writes left, and refuses an earlier run's files unless this run resumes them
+    or starts over (``titanpod.runs.run_folder``). A ``recipe.json`` already there (an earlier run of the
+    directory) is left as it is: the session replaces it, keeping it in ``recipe-history/``, once ``resume`` has
+    accepted the new recipe (``titanpod.runs.recipe_history``).
+
+    Returns the lock on rank 0 (``None`` elsewhere). Under torchrun every rank must call it: a refusal is raised
+    on every rank.
+    """
+    lock, problem = None, None
+    if process_info().is_main:
+        try:
+            start_over = recipe.output.start_over
+            lock = claim_run_dir(run_dir, checkpoints, resume=recipe.checkpoint.resume, start_over=start_over, say=say)
+            if not (run_dir / RECIPE_FILE).exists():
+                (run_dir / RECIPE_FILE).write_text(as_recorded(recipe).to_json(), encoding="utf-8")
+        except (OSError, ValueError, RuntimeError) as error:
+            if lock is not None:
+                lock.release()
+            problem = error
+    if dist.is_initialized():
+        shared = [problem]
+        dist.broadcast_object_list(shared, src=0)  # the other ranks stop too, instead of waiting for rank 0
+        problem = shared[0]
+    if problem is not None:
+        raise problem
+    return lock
 
 
 class RunSession:
@@ -103,14 +134,17 @@ class RunSession:
     """
 
     def __init__(self, recipe: RunRecipe, backend: Backend, console: Console | None = None) -> None:
-        """Join the process group under torchrun (single-controller lanes run one process), create the
-        run directory (rank 0 writes ``recipe.json``), refuse ``checkpoint.resume never`` where checkpoints
-        already are (before anything else is written), and remove checkpoints whose save never completed.
+        """Join the process group under torchrun (single-controller lanes run one process), claim the run
+        directory (``prepare_run_dir``: rank 0 holds its lock until the session ends, refuses an earlier run's
+        files unless this run resumes or starts over, and writes ``recipe.json``), refuse ``checkpoint.resume
+        never`` where checkpoints already are (before anything else is written), and remove checkpoints whose
+        save never completed.
 
         ``console`` is used on rank 0 only; pass the same on every rank or ``None`` for a quiet run.
         """
-        self.recipe = recipe
-        """The recipe the run follows."""
+        asked = recipe
+        self.recipe = recipe = as_recorded(recipe)
+        """The recipe the run follows (``output.start_over`` off: done once, never recorded as on)."""
         self.backend = backend
         """The lane the run trains on."""
         if process_info().world_size > 1 and not backend.single_controller:
@@ -119,10 +153,20 @@ class RunSession:
         """This process's place in the job."""
         self.console = console if self.info.is_main else None
         """The console on rank 0; ``None`` on other ranks and for a quiet run."""
-        self.run_dir = prepare_run_dir(recipe)
+        self.run_dir = run_dir_of(recipe)
         """The run directory (the same path on every rank)."""
         self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
         """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
+        self.lock = prepare_run_dir(asked, self.run_dir, self.checkpointer.folder, self.say)
+        """Rank 0's hold on the run directory, given back when the session ends (``None`` on other ranks)."""
+        try:
+            self._open(recipe, backend)
+        except BaseException:
+            self._let_go()
+            raise
+
+    def _open(self, recipe: RunRecipe, backend: Backend) -> None:
+        """The rest of ``__init__``, with the run directory held: a failure here lets go of it."""
         self.checkpointer.check_fresh_start(self.run_dir)
         self.writers: list[JsonlWriter | TensorBoardWriter | WandbWriter] = []
         """The metrics writers (rank 0 only): ``metrics.jsonl``, ``tensorboard/`` with ``output.tensorboard``,
@@ -155,6 +199,7 @@ class RunSession:
         self.step: TrainStep | None = None
         """The training step whose optimizer state the checkpoints hold (set by ``resume``)."""
         self._data_state: Callable[[], dict[str, Any]] = dict
+        self._reported_error: Exception | None = None
 
     @property
     def is_main(self) -> bool:
@@ -214,17 +259,29 @@ class RunSession:
         self._data_state = data_state if data_state is not None else data.state_dict
         folder = self.checkpointer.resume_folder()
         if folder is None:
+            self._set_aside_later_metrics()
             self._record_recipe()
             return self.start_step
         point = self.checkpointer.load(folder, model, step, self.recipe.to_dict())
         data.load_state_dict(point.data_state)
         self.start_step = point.step
+        self._set_aside_later_metrics()
         self._record_recipe()
         steps = self.recipe.train.steps
         self.say(f"resumed from {folder}: {self.start_step} of {steps} steps done")
         if self.start_step >= steps:
             self.say("nothing left to train: raise --train.steps to continue this run")
         return self.start_step
+
+    def _set_aside_later_metrics(self) -> None:
+        """Rank 0: the rows of ``metrics.jsonl`` past the step this run starts from (an earlier attempt went on
+        past its last checkpoint) moved to a file beside it, so the file keeps one row per step."""
+        for writer in self.writers:
+            if isinstance(writer, JsonlWriter) and (aside := writer.set_aside_after(self.start_step)) is not None:
+                self.say(
+                    f"{METRICS_FILE}: the rows after step {self.start_step}, from an attempt that went past its last "
+                    f"checkpoint, are now in {aside.name}"
+                )
 
     def _record_recipe(self) -> None:
         """Rank 0: this run's recipe as ``recipe.json``, a different earlier one kept in ``recipe-history/``."""
@@ -296,11 +353,15 @@ class RunSession:
             )
             if at_end is not None and not summary.interrupted:
                 at_end(summary)
-            self.save_at_end(summary)
+            with self._saving_through_a_signal("the last checkpoint"):
+                self.save_at_end(summary)
             if at_end is not None and summary.interrupted and not summary.stopped_at_once:
                 at_end(summary)
             self.draw_loss_plot()
             self.write_summary(summary)
+        except Exception as error:
+            self._report_lost_peer(error)  # at once: torchrun's agent stops the survivors moments later
+            raise
         finally:
             if profiler is not None:
                 profiler.close()  # a trace cut short by a stop is still written
@@ -369,12 +430,31 @@ class RunSession:
         rank ever holds the whole model and the model stays sharded. Whatever else ``write`` writes
         it must write on rank 0 only. Returns what ``write()`` returns on rank 0; other ranks, and
         runs that save nothing (also a run stopped at once, whose weights may be half-updated), get ``None``.
+        A SIGINT or SIGTERM during the save waits for it to complete, and says so; a second one stops at once.
         """
         self._registered()
         if not self.recipe.output.save_weights or summary.steps_done == 0 or summary.stopped_at_once:
             return None
-        written = write()
+        with self._saving_through_a_signal("the final weights"):
+            written = write()
         return written if self.is_main else None
+
+    @contextmanager
+    def _saving_through_a_signal(self, what: str) -> Iterator[None]:
+        """Let a save in the block complete when SIGINT or SIGTERM arrives, and say so after (rank 0). A second
+        signal stops the save at once (what it wrote so far is removed) and the process with 128 + its number."""
+        with stop_after_step() as request:
+            try:
+                yield
+            except KeyboardInterrupt:
+                name = signal_name(request.signal_at_once())
+                newest = self._newest_checkpoint()
+                stopped = f"[red]stopped at once by {name} while saving {what}[/]"
+                self.say(f"{stopped}: not saved; newest checkpoint {newest}")
+                raise SystemExit(exit_status(request.signal_at_once())) from None
+        if request.signum is not None:
+            name = signal_name(request.signum)
+            self.say(f"[yellow]{name} came while saving {what}: the save was completed first[/]")
 
     def __enter__(self) -> RunSession:
         return self
@@ -383,14 +463,37 @@ class RunSession:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         try:
+            if isinstance(error, Exception):
+                self._report_lost_peer(error)
             self.checkpointer.wait()  # a background save in flight is completed, whatever happened
         finally:
-            for writer in self.writers:
-                writer.close()
-            self.writers = []
+            try:
+                for writer in self.writers:
+                    writer.close()
+                self.writers = []
+            finally:
+                self._let_go()
         if kind is None and dist.is_initialized():
             dist.barrier()  # no rank tears the group down while another still has collectives in flight
             dist.destroy_process_group()
+
+    def _report_lost_peer(self, error: Exception) -> None:
+        """When ``error`` means the job lost a rank, say which and the checkpoint to resume from (once an error)."""
+        if error is self._reported_error:
+            return
+        self._reported_error = error
+        info = self.info
+        report_lost_peer(error, info.rank, info.world_size, self._newest_checkpoint_anywhere, say_anywhere)
+
+    def _newest_checkpoint_anywhere(self) -> str | None:
+        """The newest complete checkpoint folder, read by whichever rank asks (``None`` when there is none)."""
+        found = complete_checkpoints(self.checkpointer.folder)
+        return str(found[-1][1]) if found else None
+
+    def _let_go(self) -> None:
+        """Rank 0: give the run directory's lock back (a second call does nothing)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def _registered(self) -> tuple[nn.Module, TrainStep]:
         if self.model is None or self.step is None:
