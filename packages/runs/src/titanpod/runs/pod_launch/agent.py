@@ -14,12 +14,18 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """Signals the launcher passes on to the agent, which stops its workers in turn."""
 
 
-def agent_command(launch: LaunchEnvironment, command: Sequence[str], log_dir: Path | None = None) -> list[str]:
+def agent_command(
+    launch: LaunchEnvironment, command: Sequence[str], log_dir: Path | None = None, max_restarts: int = 0
+) -> list[str]:
     """``torchrun --nnodes ... --no-python command...`` for this host, with this interpreter's torch.
 
     torchrun gives each process ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``. With ``log_dir``, each
-    process's output also goes to ``log_dir/node-<NODE_RANK>/<run>/attempt_<n>/<local rank>/``.
+    process's output also goes to ``log_dir/node-<NODE_RANK>/<run>/attempt_<n>/<local rank>/``. With
+    ``max_restarts`` N > 0, torchrun starts this host's processes again (up to N times) when any of them
+    fails; the trainers resume from the run's newest complete checkpoint by themselves.
     """
+    if max_restarts < 0:
+        raise ValueError(f"--max-restarts is {max_restarts}: give 0 (no restarts) or more.")
     if not command:
         raise ValueError("No command to launch: give it after --, e.g. titanpod-launch -- titanpod-pretrain")
     argv = [
@@ -28,6 +34,8 @@ def agent_command(launch: LaunchEnvironment, command: Sequence[str], log_dir: Pa
         "--nproc-per-node", str(launch.nproc_per_node),
         "--master-addr", launch.master_addr, "--master-port", str(launch.master_port),
     ]  # fmt: skip
+    if max_restarts:
+        argv += ["--max-restarts", str(max_restarts)]
     if log_dir is not None:
         argv += ["--log-dir", str(log_dir / f"node-{launch.node_rank}"), "--tee", "3"]
     return [*argv, "--no-python", *command]

@@ -1,10 +1,13 @@
 """``titanpod-launch``: run on every worker VM of a slice; sets the launch environment, starts torchrun.
 
     titanpod-launch [--hosts h0,h1,...] [--node-rank N] [--nproc-per-node K] [--lane tpu|cuda|cpu]
-                    [--coordinator host:port] [--log-dir DIR] [--dry-run] -- COMMAND [ARGS...]
+                    [--coordinator host:port] [--log-dir DIR] [--max-restarts N] [--dry-run] -- COMMAND [ARGS...]
 
 Prints every launch variable on its own line (so each host's log shows them), then runs
 ``torchrun --nnodes ... --node-rank ... --no-python COMMAND ARGS`` and exits with its exit code.
+With ``--max-restarts N`` a failed process (a lost host, a killed rank) restarts the job up to N times,
+and each restart resumes from the run's newest complete checkpoint; the run must be named
+(``--output.run-name``) so every attempt finds the same run directory.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "default TORCH_TPU_BASE_PORT or 8070)")  # fmt: skip
     parser.add_argument("--log-dir", type=Path, help="also write each process's output to "
                         "DIR/node-<NODE_RANK>/ (torchrun --log-dir --tee 3)")  # fmt: skip
+    parser.add_argument("--max-restarts", type=int, default=0, help="restart the job up to N times when a "
+                        "process fails; each restart resumes from the newest complete checkpoint (default 0; "
+                        "the run needs --output.run-name)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the environment and the command, run nothing")
     return parser
 
@@ -128,7 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "(uv run --project envs/tpu titanpod-launch ...).", file=sys.stderr)  # fmt: skip
             return 2
     report(launch, os.environ)
-    argv_agent = agent_command(launch, command, args.log_dir)
+    if args.max_restarts < 0:
+        parser.error(f"--max-restarts is {args.max_restarts}: give 0 (no restarts) or more")
+    argv_agent = agent_command(launch, command, args.log_dir, args.max_restarts)
     print(f"{PREFIX} {'would run' if args.dry_run else 'running'}: {shlex.join(argv_agent)}", flush=True)
     if args.dry_run:
         return 0
