@@ -1,5 +1,7 @@
-"""titanpod-pretrain whose rank 0 finds the disk full part way through streaming the final weights into their file:
-``python full_disk_on_rank0.py ARGS...`` under torchrun. The other ranks are gathering tensors for rank 0 then."""
+"""titanpod-pretrain whose rank 0 finds the disk full: ``python full_disk_on_rank0.py WHAT ARGS...`` under torchrun.
+
+``WHAT`` is ``weights`` (part way through streaming the final weights into their file, while the other ranks
+gather tensors for it) or ``checkpoint`` (writing its share of the first sharded trainer-state save)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import errno
 import os
 import sys
 from typing import Any
+
+from torch.distributed.checkpoint import filesystem
 
 from titanpod.checkpoint import safetensors_stream
 from titanpod.pretrain.cli import main
@@ -29,7 +33,15 @@ def disk_full_after(writes: int) -> None:
     safetensors_stream.StreamedFile.append = full_disk_append
 
 
+def no_space(*args: Any, **kwargs: Any) -> None:
+    """A write to a full disk."""
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
 if __name__ == "__main__":
-    if os.environ.get("RANK") == "0":
+    what, *args = sys.argv[1:]
+    if os.environ.get("RANK") == "0" and what == "weights":
         disk_full_after(WRITES_BEFORE_FULL)
-    sys.exit(main(sys.argv[1:]))
+    if os.environ.get("RANK") == "0" and what == "checkpoint":
+        filesystem._write_item = no_space  # each item DCP writes into a file of this rank
+    sys.exit(main(args))
