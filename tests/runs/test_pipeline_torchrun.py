@@ -44,21 +44,25 @@ def losses(run_dir) -> list[float]:
 
 
 @pytest.mark.slow
-def test_pp2_trains_as_one_process_with_the_same_micro_batches(tmp_path):
-    """With document masking: every stage's attention reads the micro-batch's document ids."""
+def test_pp2_trains_as_one_process_at_the_same_batch(tmp_path):
+    """The recipe's batch of 2 a step, split into the pipeline's 2 micro-batches of 1, equals one process's batch
+    of 2. With document masking: every stage's attention reads the micro-batch's document ids."""
     steps = ["--train.steps", "3", "--train.warmup-steps", "1", "--data.document-masking", *SMALL]  # ids to every stage
     pipelined = run_cli(
         "titanpod.pretrain.cli", ["--parallel.pp", "2", "--output.run-name", "pp", *steps], tmp_path, processes=2
     )
     assert pipelined.returncode == 0, pipelined.stdout[-2000:] + pipelined.stderr[-4000:]
-    assert json.loads((tmp_path / "runs" / "pp" / "recipe.json").read_text())["train"]["grad_accum_steps"] == 2
-    single = run_cli(
-        "titanpod.pretrain.cli", ["--train.grad-accum-steps", "2", "--output.run-name", "one", *steps], tmp_path
-    )
+    recorded = json.loads((tmp_path / "runs" / "pp" / "recipe.json").read_text())
+    assert (recorded["data"]["batch_size"], recorded["train"]["grad_accum_steps"]) == (1, 2)
+    single = run_cli("titanpod.pretrain.cli", ["--output.run-name", "one", *steps], tmp_path)
     assert single.returncode == 0, single.stdout[-2000:] + single.stderr[-4000:]
     got, want = losses(tmp_path / "runs" / "pp"), losses(tmp_path / "runs" / "one")
-    assert len(got) == len(want) == 3 and got == pytest.approx(want, rel=1e-5)
+    assert len(got) == len(want) == 3
+    assert got[0] == pytest.approx(want[0], rel=1e-6) and got == pytest.approx(want, rel=1e-5)
     a = load_file(tmp_path / "runs" / "pp" / "model" / "model.safetensors")
     b = load_file(tmp_path / "runs" / "one" / "model" / "model.safetensors")
     assert a.keys() == b.keys()
-    assert max((a[name] - b[name]).abs().max().item() for name in a) < 1e-5
+    # One batch of 2 against two micro-batches of 1: the gradients differ by rounding, which AdamW's division by
+    # the root of the second moment enlarges where a gradient is near zero; 3 steps of lr 3e-3 move a weight up to
+    # 9e-3, and the layouts agree to about 1% of that.
+    assert max((a[name] - b[name]).abs().max().item() for name in a) < 1e-4

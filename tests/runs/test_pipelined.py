@@ -10,15 +10,28 @@ from titanpod.recipes.planner.plan import with_changes
 from titanpod.runs.pipelined import check_pipeline_lane, with_pipeline_microbatches
 
 
-def test_a_pipeline_gets_its_micro_batches_as_the_steps_own():
-    debug = get_recipe("llama3_debug")
+def steps_batch(recipe) -> tuple[int, int, int]:
+    """(sequences a step a data rank, micro-batches, sequences a micro-batch) of a recipe as a pipeline runs it."""
+    run = with_pipeline_microbatches(recipe)
+    return run.data.batch_size * run.train.grad_accum_steps, run.train.grad_accum_steps, run.data.batch_size
+
+
+def test_pipeline_micro_batches_split_the_steps_batch_and_never_grow_it():
+    debug = with_changes(get_recipe("llama3_debug"), data={"batch_size": 8})
     assert with_pipeline_microbatches(debug) is debug  # pp 1: unchanged
-    pp2 = with_changes(debug, parallel={"pp": 2})
-    assert with_pipeline_microbatches(pp2).train.grad_accum_steps == 2  # the fewest 1F1B runs
-    chosen = with_changes(debug, parallel={"pp": 2, "pp_microbatches": 6})
-    assert with_pipeline_microbatches(chosen).train.grad_accum_steps == 6
+    assert steps_batch(with_changes(debug, parallel={"pp": 2})) == (8, 2, 4)  # the fewest 1F1B runs
+    assert steps_batch(with_changes(debug, parallel={"pp": 2, "pp_microbatches": 8})) == (8, 8, 1)
+    assert steps_batch(with_changes(debug, parallel={"pp": 4})) == (8, 4, 2)
     accumulating = with_changes(debug, parallel={"pp": 2}, train={"grad_accum_steps": 4})
-    assert with_pipeline_microbatches(accumulating).train.grad_accum_steps == 4
+    assert steps_batch(accumulating) == (32, 4, 8)  # accumulation multiplies the batch, with or without stages
+    pod = get_recipe("llama3_405b_pp")  # 1 sequence x 8 accumulated, in 8 micro-batches: as the recipe says
+    assert steps_batch(pod) == (8, 8, 1)
+
+
+def test_micro_batches_that_do_not_divide_the_batch_are_refused_naming_the_fields():
+    recipe = with_changes(get_recipe("llama3_debug"), data={"batch_size": 8}, parallel={"pp": 2, "pp_microbatches": 3})
+    with pytest.raises(PlanError, match=r"8 sequence\(s\) a data rank .* into 3 pipeline micro-batches"):
+        with_pipeline_microbatches(recipe)
 
 
 def test_validation_with_pipeline_stages_is_refused_naming_the_setting():

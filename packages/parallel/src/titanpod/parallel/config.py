@@ -50,10 +50,11 @@ class ParallelConfig:
     """With pp > 1, the pipeline stages each rank holds: 0 picks 1 for ``1f1b`` and 2 for ``interleaved_1f1b``;
     ``1f1b`` takes only 1, ``interleaved_1f1b`` 2 or more. The model's layers must divide into pp x this stages."""
     pp_microbatches: int = 0
-    """With pp > 1, the micro-batches each step's batch runs through the pipeline as: they are the step's own
-    micro-batches (``train.grad_accum_steps`` of them), so the two must agree; 0 takes ``train.grad_accum_steps``.
-    Both schedules need at least pp of them, and ``interleaved_1f1b`` a multiple of pp. The pretraining runner
-    sets a ``train.grad_accum_steps`` left at 1 to this number, or to pp when this is 0."""
+    """With pp > 1, the micro-batches the pipeline splits a step's batch into (``data.batch_size`` x
+    ``train.grad_accum_steps`` sequences a data rank, which they must divide); 0 takes ``train.grad_accum_steps``
+    when above 1, else pp. Both schedules need at least pp of them, and ``interleaved_1f1b`` a multiple of pp.
+    The runner and the dry run plan the step as ``titanpod.recipes.pipeline_batch`` rewrites it: that many
+    accumulated micro-batches of the step's sequences / micro-batches each."""
     pp_recompute: bool = False
     """With pp > 1, recompute each layer's activations in its backward (``torch.utils.checkpoint``) instead of
     keeping them: the micro-batches in flight then keep only each layer's input. A pipeline step runs eager,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
@@ -15,28 +13,8 @@ from titanpod.models import RegionValues, Transformer, build_model
 from titanpod.parallel import PLANS, PlanError
 from titanpod.parallel.torch_executor import PipelineModel, parallelize_pipeline
 from titanpod.parallel.torch_executor.pipeline_gather import gather_pipeline_weights
+from titanpod.recipes.pipeline_batch import with_pipeline_microbatches as with_pipeline_microbatches
 from titanpod.recipes.recipe import Recipe
-
-
-def with_pipeline_microbatches(recipe: Recipe) -> Recipe:
-    """The recipe with ``train.grad_accum_steps`` set to the pipeline's micro-batches when pp > 1 and it was left
-    at 1: ``parallel.pp_microbatches`` when set, else pp (the fewest 1F1B runs); otherwise the recipe as it is.
-
-    A step's micro-batches are the schedule's, so each holds ``data.batch_size`` rows, as with gradient
-    accumulation. Validation, which runs the whole model on every rank, is refused with pp > 1.
-    """
-    parallel = recipe.parallel
-    if parallel.pp <= 1:
-        return recipe
-    if recipe.data.has_validation:
-        raise PlanError(
-            "Validation runs the whole model on one rank, which a pipeline (parallel.pp > 1) does not hold; "
-            "set data.validation_fraction to 0 (and data.validation_split to none) to train with pp."
-        )
-    if recipe.train.grad_accum_steps != 1:
-        return recipe
-    microbatches = parallel.pp_microbatches or parallel.pp
-    return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, grad_accum_steps=microbatches))
 
 
 def check_pipeline_lane(recipe: Recipe, backend: Backend) -> None:
