@@ -222,7 +222,8 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         )
 
         def write_weights() -> Path:
-            tokens = summary.steps_done * data_config.batch_size * recipe.data.seq_len * data_world
+            sequences = data_config.batch_size * recipe.train.grad_accum_steps * data_world  # a step, every rank
+            tokens = summary.steps_done * sequences * recipe.data.seq_len
             loss = summary.reports[-1].loss if summary.reports else None  # as metrics.jsonl logs it last
             extras = training_extras(
                 recipe.to_dict(), recipe.model.family, parameters, summary.steps_done, tokens, loss
