@@ -16,7 +16,7 @@ from titanpod.recipes import RECIPES, get_recipe
 from titanpod.recipes.rehearsal import RehearsalError, rehearsal_lanes, scale_recipe
 from titanpod.recipes.rehearsal.corpus import write_hub_layout
 from titanpod.recipes.rehearsal.scaling import STEPS, STOP_AT, TORCH_PROCESSES, XLA_DEVICES, check_honourable
-from titanpod.runs.rehearsal.rehearse import LaneResult, judge
+from titanpod.runs.rehearsal.rehearse import LaneResult, judge, judge_without_pp, without_pipeline
 
 POD_RECIPES = [name for name in RECIPES if not name.endswith("_debug")]
 
@@ -180,3 +180,18 @@ def test_a_rehearsal_neither_profiles_nor_logs_to_wandb(tmp_path):
     assert small.profile.steps is None and small.output.wandb is None
     row = next(row for row in rows if row.name == "profile.steps")
     assert row.recipe == "500-502" and not row.kept
+
+
+def test_a_pipelined_rehearsal_is_held_to_the_same_recipe_without_stages():
+    pipelined = scale_recipe(get_recipe("llama3_405b_pp"), "cpu", Path("runs"), Path("data"), Path("tok"))[0]
+    flat = without_pipeline(pipelined)
+    assert flat.parallel.pp == 1 and not flat.parallel.pp_recompute
+    assert dataclasses.replace(flat, parallel=pipelined.parallel) == pipelined  # nothing else changes
+    losses = dict(enumerate([7.0, 6.9, 6.8, 6.7, 6.6, 6.5], 1))
+    same = LaneResult("cpu")
+    judge_without_pp(same, losses, dict(losses))
+    assert same.without_pp_difference == 0 and same.problems == []
+    apart = LaneResult("cpu")
+    judge_without_pp(apart, losses, {**losses, 4: 6.71})
+    assert math.isclose(apart.without_pp_difference, 0.01 / 6.71, rel_tol=1e-9)
+    assert any("without pipeline stages by" in problem for problem in apart.problems)

@@ -3,7 +3,9 @@
 On each lane the scaled recipe runs three times: an uninterrupted run of ``STEPS`` steps;
 a second run that stops at ``STOP_AT`` with a checkpoint; and that run resumed to the end.
 The rehearsal passes when every loss is finite, the loss falls, the resumed steps' losses
-equal the uninterrupted run's and both end with the same weights.
+equal the uninterrupted run's and both end with the same weights. A recipe with pipeline stages
+runs a fourth time without them (pp 1 on 1/pp of the processes: the same data ranks and batch),
+and its losses must equal the pipelined run's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from titanpod.graph.metrics_rows import read_rows
 from titanpod.recipes.recipe import Recipe
 from titanpod.recipes.rehearsal.corpus import write_hub_layout
 from titanpod.recipes.rehearsal.scaling import (
+    REHEARSAL_LANES,
     STEPS,
     STOP_AT,
     Setting,
@@ -37,6 +40,8 @@ RESUME_TOLERANCE = 1e-5
 """Largest relative difference allowed between a resumed step's loss and the uninterrupted run's."""
 WEIGHTS_TOLERANCE = 1e-5
 """Largest difference allowed between the final weights of the resumed and the uninterrupted run."""
+LAYOUT_TOLERANCE = 1e-5
+"""Largest relative difference allowed between a pipelined run's losses and the same recipe's without stages."""
 
 
 @dataclass
@@ -53,6 +58,9 @@ class LaneResult:
     """Largest relative difference between the two runs' losses at the resumed steps."""
     weights_difference: float = math.inf
     """Largest absolute difference between the two runs' final weights."""
+    without_pp_difference: float | None = None
+    """With pipeline stages: largest relative difference between the uninterrupted run's losses and the same
+    recipe's without stages; ``None`` for a recipe without them."""
     dropped_tokens: int | None = None
     """Mixture-of-experts models: routed choices dropped over the uninterrupted run (past an expert's capacity)."""
     seconds: float = 0.0
@@ -158,6 +166,29 @@ def judge(
         result.problems.append("a run wrote no final weights")
 
 
+def without_pipeline(recipe: Recipe) -> Recipe:
+    """``recipe`` with its pipeline stages taken away and every other degree kept: run on 1/pp of the processes,
+    it has the same data ranks, so the same batch a step (``data.batch_size`` x ``train.grad_accum_steps``)."""
+    parallel = dataclasses.replace(recipe.parallel, pp=1, pp_microbatches=0, pp_stages_per_rank=0, pp_recompute=False)
+    return dataclasses.replace(recipe, parallel=dataclasses.replace(parallel, pp_schedule="1f1b"))
+
+
+def judge_without_pp(result: LaneResult, reference: dict[int, float], without_pp: dict[int, float]) -> None:
+    """Compare the pipelined run's losses with the same recipe's without stages; name a failed check."""
+    steps = list(range(1, STEPS + 1))
+    if any(step not in without_pp for step in steps):
+        result.problems.append("the run without pipeline stages recorded no loss at some step")
+        return
+    result.without_pp_difference = max(
+        abs(reference[step] - without_pp[step]) / max(abs(without_pp[step]), 1e-12) for step in steps
+    )
+    if not result.without_pp_difference <= LAYOUT_TOLERANCE:
+        result.problems.append(
+            f"the pipelined losses differ from the same recipe's without pipeline stages by "
+            f"{result.without_pp_difference:.2e} (relative; allowed {LAYOUT_TOLERANCE:.0e})"
+        )
+
+
 def _describe_failure(name: str, launch: Launch) -> str:
     return f"the {name} run exited with status {launch.returncode}; its last lines:\n{launch.tail()}"
 
@@ -178,17 +209,22 @@ def rehearse_lane(recipe: Recipe, lane: str, folder: Path, say: Any) -> LaneResu
         ),
         ("resumed", "resumed", recipe.train, f"resume, steps {STOP_AT + 1}-{STEPS}"),
     ]
+    pp = recipe.parallel.pp
+    if pp > 1:
+        plan.append(("without_pp", "without_pp", recipe.train, f"{STEPS} steps without pipeline stages"))
     start = time.monotonic()
     for name, run_name, train, what in plan:
+        base = without_pipeline(recipe) if name == "without_pp" else recipe
         run = dataclasses.replace(
-            recipe,
+            base,
             train=train,
             output=dataclasses.replace(recipe.output, runs_dir=str(runs), run_name=run_name),
         )
         recipe_file = runs / f"{name}.recipe.json"
         recipe_file.write_text(run.to_json(), encoding="utf-8")
         say(f"[{lane}] {name} run ({what}) ...")
-        launch = run_logged(launch_command(lane, recipe_file), env, runs / f"{name}.log", folder)
+        processes = REHEARSAL_LANES[lane].processes // pp if name == "without_pp" else None
+        launch = run_logged(launch_command(lane, recipe_file, processes), env, runs / f"{name}.log", folder)
         say(f"[{lane}] {name} run: exit {launch.returncode} after {launch.seconds:.0f} s (log: {launch.log})")
         if launch.returncode != 0:
             result.problems.append(_describe_failure(name, launch))
@@ -201,6 +237,8 @@ def rehearse_lane(recipe: Recipe, lane: str, folder: Path, say: Any) -> LaneResu
         result.problems.append(f"the stopped run left no checkpoint at {checkpoint}")
     weights = (reference / "model" / "model.safetensors", resumed / "model" / "model.safetensors")
     judge(result, read_losses(reference), read_losses(resumed), weights)
+    if pp > 1:
+        judge_without_pp(result, read_losses(reference), read_losses(runs / "without_pp"))
     result.dropped_tokens = total_dropped(reference)
     return result
 
@@ -264,6 +302,8 @@ def results_table(report: RehearsalReport) -> Table:
         losses = " ".join(f"{loss:.4f}" for loss in lane.losses) or "-"
         resumed = f"max rel. diff {lane.resume_difference:.1e}" if math.isfinite(lane.resume_difference) else "-"
         weights = f"max diff {lane.weights_difference:.1e}" if math.isfinite(lane.weights_difference) else "-"
+        if lane.without_pp_difference is not None:
+            weights += f"; without pp: losses max rel. diff {lane.without_pp_difference:.1e}"
         verdict = "[green]pass[/]" if lane.passed else "[red]FAIL[/]"
         dropped = [] if not moe else [f"{lane.dropped_tokens:,}" if lane.dropped_tokens is not None else "-"]
         table.add_row(lane.lane, losses, resumed, weights, *dropped, f"{lane.seconds:.0f} s", verdict)
