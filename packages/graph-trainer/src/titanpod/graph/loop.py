@@ -5,7 +5,6 @@ Legend: B batch, S sequence.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -18,13 +17,14 @@ from torch import nn
 
 from titanpod.device import Backend, process_info
 from titanpod.graph.config import TrainConfig
-from titanpod.graph.interrupt import stop_after_step
 from titanpod.graph.loss_metrics import DROPPED_TOKENS
 from titanpod.graph.metrics import StepMetrics, mfu
+from titanpod.graph.profiling import StepProfiler
 from titanpod.graph.schedule import lr_multiplier
 from titanpod.graph.step_base import Batch, StepOutput, TrainStep
+from titanpod.graph.step_driver import StepCheck, drive_steps
 from titanpod.graph.steps import build_step
-from titanpod.graph.stop_agreement import StopAgreement
+from titanpod.graph.throughput import ThroughputMeter
 
 
 class LossModel(Protocol):
@@ -122,6 +122,7 @@ def train(
     start_step: int = 0,
     after_step: Callable[[int], None] | None = None,
     count_tokens: Callable[[Batch], int] | None = None,
+    profiler: StepProfiler | None = None,
 ) -> TrainSummary:
     """Train ``model`` (which must have ``loss(tokens, labels)``) for ``config.steps`` steps.
 
@@ -131,7 +132,9 @@ def train(
     ``config.step_mode`` (or through ``step``, when given: it owns the optimizer state).
     A resumed run passes ``start_step``, the steps already done: training continues at
     the next step of the schedule. ``after_step(step_number)`` runs after every step (to
-    save checkpoints); the loop's reported losses cover only the steps it ran.
+    save checkpoints); the loop's reported losses cover only the steps it ran. The steps are driven by
+    ``titanpod.graph.step_driver.drive_steps``, which owns signals, the stop on a non-finite step and the
+    ``profiler``'s range.
 
     Sharded training: each process passes its own batches; ``data_parallel`` is the number
     of distinct data shards (global tokens = local tokens x ``data_parallel``), ``devices``
@@ -163,11 +166,6 @@ def train(
     reports: list[StepMetrics] = []
     skipped: list[int] = []
     dropped: list[int] = []  # dropped tokens of the steps read back since the last report (MoE models)
-    stopped_because = None
-    tokens_since, tokens_after_first = 0, 0
-    interrupted, stop_signal, stopped_at_once = False, None, False
-    start = last_report = time.perf_counter()
-    measured_from = start  # throughput counts from the end of this call's first step (it compiles), set below
 
     def read_back(upto_step: int) -> torch.Tensor:
         """Bring the pending steps' losses and flags to the host (waits for the device)."""
@@ -180,104 +178,88 @@ def train(
         pending.clear()
         return window
 
-    agreement = StopAgreement(backend)
-    with _progress(console) as progress, stop_after_step() as stop:
+    last_step = config.stop_at_step or config.steps
+    count = count_tokens or _first_tensor_size
+    meter = ThroughputMeter()
+
+    def run_step(step_number: int) -> Callable[[], StepCheck]:
+        micro_batches = [next(batches) for _ in range(config.grad_accum_steps)]
+        if not backend.single_controller:  # a single controller's step places batches itself
+            micro_batches = [_to_device(batch, backend, local_rank) for batch in micro_batches]
+        out = train_step(micro_batches, config.lr * lr_multiplier(step_number, config))
+        if reduce_loss is not None:
+            out.loss = reduce_loss(out.loss)
+            if DROPPED_TOKENS in out.metrics:  # a sum over the data shards: their mean x their number
+                out.metrics[DROPPED_TOKENS] = reduce_loss(out.metrics[DROPPED_TOKENS].float()) * data_parallel
+        pending.append(out)
+        first = step_number == start_step + 1
+        if first:
+            backend.synchronize(local_rank)
+        meter.step_done(sum(count(batch) for batch in micro_batches) * data_parallel, first, reporting(step_number))
+        return lambda: StepCheck(bool(out.applied), float(out.loss), float(out.grad_norm))
+
+    def reporting(step_number: int) -> bool:
+        return step_number % config.log_every == 0 or step_number == last_step
+
+    def report(step_number: int) -> None:
+        if reporting(step_number):
+            grad_norm = float(pending[-1].grad_norm)
+            window = read_back(step_number)
+            tps = meter.window(first=step_number == start_step + 1)
+            metrics = StepMetrics(
+                step=step_number,
+                loss=float(window.mean()),
+                grad_norm=grad_norm,
+                lr=config.lr * lr_multiplier(step_number, config),
+                tokens_per_second=tps,
+                tflops_per_second=flops_per_token * tps / devices / 1e12,
+                mfu=mfu(flops_per_token, tps, devices, peak),
+                peak_memory_gib=backend.memory_stats(local_rank).peak_gib,
+                elapsed_seconds=time.perf_counter() - meter.started,
+                skipped_steps=len(skipped),
+                dropped_tokens=sum(dropped) if dropped else None,
+                **(_first_report_compile_fields(train_step) if not reports else {}),
+            )
+            dropped.clear()
+            reports.append(metrics)
+            if on_report is not None:
+                on_report(metrics)
+            shown = f"dropped {metrics.dropped_tokens:,}" if metrics.dropped_tokens else ""
+            progress.update(task, loss=f"{metrics.loss:.4f}", tps=f"{tps:,.0f}", dropped=shown)
+        progress.update(task, completed=step_number)
+        if after_step is not None:
+            after_step(step_number)
+
+    with _progress(console) as progress:
         task = progress.add_task("train", total=config.steps, completed=start_step, loss="-", tps="-", dropped="")
-        try:
-            last_step = config.stop_at_step or config.steps
-            for step_number in range(start_step + 1, last_step + 1):
-                micro_batches = [next(batches) for _ in range(config.grad_accum_steps)]
-                if not backend.single_controller:  # a single controller's step places batches itself
-                    micro_batches = [_to_device(batch, backend, local_rank) for batch in micro_batches]
-                lr = config.lr * lr_multiplier(step_number, config)
-                out = train_step(micro_batches, lr)
-                if reduce_loss is not None:
-                    out.loss = reduce_loss(out.loss)
-                    if DROPPED_TOKENS in out.metrics:  # a sum over the data shards: their mean x their number
-                        out.metrics[DROPPED_TOKENS] = reduce_loss(out.metrics[DROPPED_TOKENS].float()) * data_parallel
-                pending.append(out)
-                count = count_tokens or _first_tensor_size
-                step_tokens = sum(count(batch) for batch in micro_batches) * data_parallel
-                tokens_since += step_tokens
-                reporting = step_number % config.log_every == 0 or step_number == last_step
-                if step_number == start_step + 1:
-                    backend.synchronize(local_rank)
-                    measured_from = time.perf_counter()
-                    if not reporting:  # the first report's window starts after the first step
-                        tokens_since, last_report = 0, measured_from
-                else:
-                    tokens_after_first += step_tokens
-                if not config.skip_nonfinite and not (bool(out.applied) and math.isfinite(float(out.loss))):
-                    applied, loss_value, norm_value = bool(out.applied), float(out.loss), float(out.grad_norm)
-                    read_back(step_number)
-                    found = (
-                        f"the loss is {loss_value} (gradient norm {norm_value})"
-                        if applied
-                        else f"the gradient norm is {norm_value} (loss {loss_value}); the update was not applied"
-                    )
-                    stopped_because = (
-                        f"step {step_number}: {found} and the run stopped. Lower train.lr, raise "
-                        "train.warmup_steps, or set train.skip_nonfinite=True to skip such steps."
-                    )
-                    break
-                if reporting:
-                    grad_norm = float(out.grad_norm)
-                    window = read_back(step_number)
-                    now = time.perf_counter()
-                    tps = tokens_since / (now - last_report)
-                    report = StepMetrics(
-                        step=step_number,
-                        loss=float(window.mean()),
-                        grad_norm=grad_norm,
-                        lr=lr,
-                        tokens_per_second=tps,
-                        tflops_per_second=flops_per_token * tps / devices / 1e12,
-                        mfu=mfu(flops_per_token, tps, devices, peak),
-                        peak_memory_gib=backend.memory_stats(local_rank).peak_gib,
-                        elapsed_seconds=now - start,
-                        skipped_steps=len(skipped),
-                        dropped_tokens=sum(dropped) if dropped else None,
-                        **(_first_report_compile_fields(train_step) if not reports else {}),
-                    )
-                    dropped.clear()
-                    reports.append(report)
-                    if on_report is not None:
-                        on_report(report)
-                    tokens_since, last_report = 0, now
-                    if step_number == start_step + 1:  # a report of the first step alone: the next window follows it
-                        measured_from = now
-                    shown = f"dropped {report.dropped_tokens:,}" if report.dropped_tokens else ""
-                    progress.update(task, loss=f"{report.loss:.4f}", tps=f"{tps:,.0f}", dropped=shown)
-                progress.update(task, completed=step_number)
-                if after_step is not None:
-                    after_step(step_number)
-                signum = agreement.signal(stop)  # every process stops after the same step
-                if signum is not None and step_number < last_step:
-                    interrupted, stop_signal = True, signum
-                    break
-        except KeyboardInterrupt:  # a second signal, Ctrl-C outside the main thread: maybe inside a step
-            interrupted, stop_signal, stopped_at_once = True, stop.signal_at_once(), True
+        outcome = drive_steps(
+            run_step,
+            start_step + 1,
+            last_step,
+            backend,
+            skip_nonfinite=config.skip_nonfinite,
+            after_step=report,
+            profiler=profiler,
+        )
     train_step.finish()
     backend.synchronize(local_rank)
     end = time.perf_counter()
     if pending:  # a step is pending only once it is done
         read_back(start_step + len(losses) + len(pending))
-    timed_until = end if tokens_since else last_report  # steps after the last report count up to the end
-    timed = timed_until - measured_from
-    tps_all = tokens_after_first / timed if tokens_after_first and timed > 0 else 0.0
+    tps_all = meter.overall(end)
     return TrainSummary(
         steps_done=start_step + len(losses),
         losses=losses,
         tokens_per_second=tps_all,
         mfu=mfu(flops_per_token, tps_all, devices, peak),
         peak_memory_gib=backend.memory_stats(local_rank).peak_gib,
-        wall_seconds=end - start,
-        interrupted=interrupted,
-        stop_signal=stop_signal,
-        stopped_at_once=stopped_at_once,
+        wall_seconds=end - meter.started,
+        interrupted=outcome.interrupted,
+        stop_signal=outcome.stop_signal,
+        stopped_at_once=outcome.stopped_at_once,
         reports=reports,
         skipped_steps=skipped,
-        stopped_because=stopped_because,
+        stopped_because=outcome.stopped_because,
         start_step=start_step,
         **_compile_fields(train_step),
     )

@@ -318,23 +318,16 @@ class RunSession:
         """
         model, step = self._registered()
         every = self.recipe.checkpoint.every
-        last_step = self.recipe.train.stop_at_step or self.recipe.train.steps
         profiler = self.profiler
 
         def after_each(step_number: int) -> None:
-            if profiler is not None:
-                profiler.after_step(step_number)  # the trace ends with the step, before validation and saves
             if after_step is not None:
                 after_step(step_number)
             if every and step_number % every == 0:
                 self.save_checkpoint(step_number)
             self.checkpointer.poll()
-            if profiler is not None and step_number < last_step:
-                profiler.before_step(step_number + 1)
 
         try:
-            if profiler is not None:
-                profiler.before_step(self.start_step + 1)
             summary = train(
                 model,
                 batches,
@@ -350,6 +343,7 @@ class RunSession:
                 start_step=self.start_step,
                 after_step=after_each,
                 count_tokens=count_tokens,
+                profiler=profiler,
             )
             if at_end is not None and not summary.interrupted:
                 at_end(summary)
