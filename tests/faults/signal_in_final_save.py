@@ -15,12 +15,12 @@ from typing import Any
 
 from titanpod.graph.interrupt import DUPLICATE_WINDOW_S
 from titanpod.pretrain.cli import main
-from titanpod.runs import pretrain
+from titanpod.runs import final_weights
 
 
 def signal_as_save_starts(signums: list[signal.Signals]) -> None:
     """Make the trainer's final save send ``signums`` to this process before it writes a byte."""
-    save_model = pretrain.save_model
+    save_model = final_weights.save_model
 
     def signalled_save(*args: Any, **kwargs: Any) -> Any:
         for index, signum in enumerate(signums):
@@ -29,7 +29,7 @@ def signal_as_save_starts(signums: list[signal.Signals]) -> None:
             signal.pthread_kill(threading.main_thread().ident, signum)  # handled before it returns
         return save_model(*args, **kwargs)
 
-    pretrain.save_model = signalled_save
+    final_weights.save_model = signalled_save
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ class Backend(ABC):
     single_controller: ClassVar[bool] = False
     """One process drives every device of the job and the compiler partitions the step (the xla lane);
     otherwise each process drives one device and shards through torch.distributed."""
+    supports_pipeline: ClassVar[bool] = True
+    """The torch executor builds pipeline stages on this lane (``parallel.pp`` above 1, under torchrun)."""
 
     def device(self, local_rank: int = 0) -> torch.device:
         """The device a process with this local rank drives."""

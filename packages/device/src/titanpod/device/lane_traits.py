@@ -15,14 +15,16 @@ class LaneTraits:
     otherwise one process per device, sharding through torch.distributed."""
     device_memory_is_host: bool
     """The devices are the host's own memory (the cpu lane): nothing is held on the host beyond them."""
+    supports_pipeline: bool
+    """Pipeline stages are built on this lane (``parallel.pp`` above 1)."""
 
 
 LANE_TRAITS: Mapping[str, LaneTraits] = {
-    "cpu": LaneTraits(single_controller=False, device_memory_is_host=True),
-    "cuda": LaneTraits(single_controller=False, device_memory_is_host=False),
-    "xla": LaneTraits(single_controller=True, device_memory_is_host=False),
-    "tpu": LaneTraits(single_controller=False, device_memory_is_host=False),
-    "torch_xla": LaneTraits(single_controller=False, device_memory_is_host=False),
+    "cpu": LaneTraits(single_controller=False, device_memory_is_host=True, supports_pipeline=True),
+    "cuda": LaneTraits(single_controller=False, device_memory_is_host=False, supports_pipeline=True),
+    "xla": LaneTraits(single_controller=True, device_memory_is_host=False, supports_pipeline=False),
+    "tpu": LaneTraits(single_controller=False, device_memory_is_host=False, supports_pipeline=True),
+    "torch_xla": LaneTraits(single_controller=False, device_memory_is_host=False, supports_pipeline=False),
 }
 """The traits of every lane in ``titanpod.device.lanes.LANES``."""
 

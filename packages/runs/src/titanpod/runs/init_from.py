@@ -35,7 +35,7 @@ def build_pretrained_model(
     """The recipe's model with ``folder``'s weights, and what to create it from when it is still to be sharded.
 
     Under torchrun on a lane where each process drives one device, the model stays on the meta device and the
-    reader comes back: pass it to ``parallelize(..., initial_values=reader)``, which makes each rank's shards
+    reader comes back: pass it to the placement as ``initial_values``, which makes each rank's shards
     alone, reading only the slices of the stored tensors they hold. Otherwise (one process, or the xla lane's
     host model) the model is materialised on the backend's parameter device and read whole; the reader is
     ``None``. Names and shapes are checked against the files first; rank 0 prints progress on ``console``.

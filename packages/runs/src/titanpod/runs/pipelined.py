@@ -7,40 +7,20 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from titanpod.checkpoint.safetensors_stream import TensorEntry
-from titanpod.device import Backend
-from titanpod.kernels import model_ops
-from titanpod.models import RegionValues, Transformer, build_model
-from titanpod.parallel import PLANS, PlanError
-from titanpod.parallel.torch_executor import PipelineModel, parallelize_pipeline
+from titanpod.models import Transformer, build_model
+from titanpod.parallel.torch_executor import PipelineModel
 from titanpod.parallel.torch_executor.pipeline_gather import gather_pipeline_weights
 from titanpod.recipes.pipeline_batch import with_pipeline_microbatches as with_pipeline_microbatches
-from titanpod.recipes.recipe import Recipe
 
 
-def check_pipeline_lane(recipe: Recipe, backend: Backend) -> None:
-    """``PlanError`` naming the fix when pp > 1 on a lane whose executor builds no pipeline stages (xla, torch_xla)."""
-    if recipe.parallel.pp > 1 and (backend.single_controller or backend.lane == "torch_xla"):
-        raise PlanError(
-            f"parallel.pp={recipe.parallel.pp} on the {backend.lane} lane: pipeline stages run with the torch executor "
-            "under torchrun (cpu, cuda, tpu lanes); set device.lane to one of those, or parallel.pp to 1."
-        )
-
-
-def build_pipeline(
-    model: Transformer, recipe: Recipe, backend: Backend, initial_values: RegionValues | None
-) -> PipelineModel:
-    """This rank's stages of ``model``, sharded by its family's plan over its pp rank's sub-mesh."""
-    plan = PLANS[recipe.model.family]
-    return parallelize_pipeline(model, plan, recipe.parallel, backend, recipe.train.grad_accum_steps, initial_values)
-
-
-def whole_model_on_writer(pipeline: PipelineModel, recipe: Recipe) -> Transformer | None:
+def whole_model_on_writer(pipeline: PipelineModel, family: str, built: Transformer) -> Transformer | None:
     """The whole trained model on global rank 0, its weights gathered from every stage (on the host), for the
-    final export; ``None`` on every other rank. A collective: every rank calls it."""
+    final export; ``None`` on every other rank. ``built``: the whole model as built (on the meta device), whose
+    arguments and kernels the copy takes. A collective: every rank calls it."""
     weights = gather_pipeline_weights(pipeline)
     if weights is None or dist.get_rank() != 0:
         return None
-    model = build_model(recipe.model.family, recipe.model.args(), model_ops(recipe.kernels))
+    model = build_model(family, built.args, built.ops)
     model.load_state_dict(weights, strict=True, assign=True)
     return model
 

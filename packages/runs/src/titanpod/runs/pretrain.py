@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -11,31 +10,23 @@ from typing import TypeVar
 import torch
 from rich.console import Console
 
-from titanpod.checkpoint import complete_checkpoints, save_hf_checkpoint, save_model
+from titanpod.checkpoint import complete_checkpoints
 from titanpod.data import TrainData, build_data, gather_data_state
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainConfig, TrainSummary, build_step
 from titanpod.kernels import model_ops
 from titanpod.models import RegionValues, Transformer, build_model, parameter_count, region_initializer
-from titanpod.parallel import DATA_AXES, PLANS, check_sequence_length
-from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.recipe import NamedRun, Recipe
+from titanpod.runs.final_weights import write_final_weights
 from titanpod.runs.hf_export import training_extras
 from titanpod.runs.init_from import build_pretrained_model, pretrained_for
-from titanpod.runs.pipelined import (
-    PipelineTensors,
-    build_pipeline,
-    check_pipeline_lane,
-    whole_model_on_writer,
-    with_pipeline_microbatches,
-)
-from titanpod.runs.process_count import check_process_count
+from titanpod.runs.pipelined import with_pipeline_microbatches
+from titanpod.runs.placement import ENTRY_MODULES, start_placement
 from titanpod.runs.session import RunSession
 from titanpod.runs.session import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
-from titanpod.runs.torch_xla_spmd import start_spmd
 from titanpod.runs.validation import validation_loss
 
-ENTRY_MODULE = "titanpod.pretrain.cli"
+ENTRY_MODULE = ENTRY_MODULES["pretrain"]
 """The module torchrun starts for a pretraining job (``titanpod-pretrain``)."""
 
 ResumableRun = TypeVar("ResumableRun", bound=NamedRun)
@@ -115,7 +106,7 @@ def build_seeded_model(recipe: Recipe, backend: Backend) -> tuple[Transformer, R
 
     Under torchrun, and on a single-controller lane (the xla lane), the model stays on the meta device and
     the region init of the seed comes back (``titanpod.models.region_initializer``): hand it to
-    ``parallelize`` (or the xla step) as ``initial_values``, so each rank (each device) creates only its own
+    the placement (``titanpod.runs.placement``) as ``initial_values``, so each rank (each device) creates only its own
     shards and no host ever holds the whole model; the values equal one process's ``init_weights`` bit for
     bit. One process: materialised and initialised whole (``build_initialised_model``); ``None`` comes back.
     """
@@ -128,70 +119,36 @@ def build_seeded_model(recipe: Recipe, backend: Backend) -> tuple[Transformer, R
 def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainResult:
     """Train the recipe's model on its data and write metrics and weights to a new run directory.
 
-    Under torchrun the model is sharded by its family's plan and ``recipe.parallel`` (with pp > 1, cut into
-    pipeline stages first: ``titanpod.runs.pipelined``); only rank 0 prints and writes.
+    The model is placed by ``titanpod.runs.placement``: under torchrun sharded by its family's plan and
+    ``recipe.parallel`` (with pp > 1, cut into pipeline stages first); on the xla lane partitioned by the
+    compiler over every device. Only rank 0 prints and writes.
     """
     recipe = with_pipeline_microbatches(recipe)
-    info = process_info()
     backend = get_backend(recipe.device.lane)
-    check_pipeline_lane(recipe, backend)
-    spmd = start_spmd(recipe, backend, info.world_size)  # torch_xla over several devices: before any xla tensor
-    if spmd is None:
-        check_process_count(recipe.parallel, backend, info.world_size, ENTRY_MODULE)  # before any work
-    check_sequence_length(recipe.data.seq_len, recipe.parallel.cp)
+    layout = start_placement("pretrain", recipe.parallel, recipe.train, backend, recipe.data.seq_len)
     torch.manual_seed(recipe.train.seed)
     pretrained = pretrained_for(recipe)  # a folder that does not fit fails before anything is built
     if pretrained is None:
         model, initial_values = build_seeded_model(recipe, backend)
-    else:  # under torchrun: still on the meta device, each rank's shards read from the folder by parallelize
+    else:  # under torchrun: still on the meta device, each rank's shards read from the folder by the placement
         model, initial_values = build_pretrained_model(recipe, backend, pretrained, console)
     parameters = parameter_count(model)
-    sharded, xla_axes, pipeline = None, None, None
-    data_config = recipe.data
-    if backend.single_controller:  # one controller drives every device; the compiler partitions by the plan
-        xla_axes = recipe.parallel.mesh_axes(backend.device_count())
-        data_rank, data_world = 0, 1
-        # batch_size is per data rank: this one process loads the batch of every data rank of the mesh.
-        data_degree = math.prod(xla_axes[axis] for axis in DATA_AXES)
-        data_config = dataclasses.replace(recipe.data, batch_size=recipe.data.batch_size * data_degree)
-    elif spmd is not None:  # one process drives the mesh; XLA partitions by the plan's annotations
-        spmd.shard(model, recipe)
-        data_rank, data_world = 0, 1
-        data_config = dataclasses.replace(recipe.data, batch_size=recipe.data.batch_size * spmd.data_degree)
-    elif info.world_size > 1 and recipe.parallel.pp > 1:
-        pipeline = build_pipeline(model, recipe, backend, initial_values)
-        sharded = pipeline.sharded
-        data_rank, data_world = sharded.data_rank, sharded.data_world
-    elif info.world_size > 1:
-        sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend, initial_values)
-        data_rank, data_world = sharded.data_rank, sharded.data_world
-    else:
-        data_rank, data_world = 0, 1
-    data = build_data(data_config, model.args.vocab_size, recipe.train.seed, data_rank, data_world)
+    placement = layout.place(model, recipe.model.family, initial_values)
+    data_config = dataclasses.replace(recipe.data, batch_size=placement.batch_size(recipe.data.batch_size))
+    data = build_data(data_config, model.args.vocab_size, recipe.train.seed, placement.data_rank, placement.data_world)
     batches = data.train
-    reduce = None if sharded is None else sharded.mean_over_data
+    info = process_info()
     model_device = backend.parameter_device(info.local_rank)
-    trained = model if pipeline is None else pipeline.model  # a pipeline rank trains and saves its stages alone
     with RunSession(recipe, backend, console) as session:
-        plan = PLANS[recipe.model.family]  # the xla step creates a meta model's parameters from initial_values
-        step = build_step(
-            trained,
-            recipe.train,
-            backend,
-            plan=plan,
-            axes=xla_axes,
-            initial_values=initial_values,
-            pipeline=pipeline,
-            gather_dtype=getattr(torch, recipe.parallel.param_dtype),  # FSDP gathers in the plan's dtype
-        )
-        start_step = session.resume(trained, step, batches, data_state=lambda: gather_data_state(batches))
+        step = build_step(placement.model, recipe.train, backend, **placement.step_options(recipe.parallel))
+        start_step = session.resume(placement.model, step, batches, data_state=lambda: gather_data_state(batches))
         validated_at: list[int] = []
 
         def validate(step_number: int) -> None:
             if data.validation is None:
                 return
             step.finish()  # a single-controller step hands its trained weights back to the (host) model first
-            loss = validation_loss(model, data.validation, model_device, recipe.train, reduce)
+            loss = validation_loss(model, data.validation, model_device, recipe.train, placement.reduce_loss)
             validated_at.append(step_number)
             session.say(f"step {step_number}: validation loss {loss:.4f} ({len(data.validation)} batches)")
             session.write_scalars(step_number, {"validation_loss": loss})
@@ -215,41 +172,30 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         summary = session.train(
             batches,
             flops_per_token=model.flops_per_token(recipe.data.seq_len),
-            data_parallel=data_world,
-            reduce_loss=reduce,
+            data_parallel=placement.data_world,
+            reduce_loss=placement.reduce_loss,
             after_step=after_step,
             at_end=at_end,
         )
 
         def write_weights() -> Path:
-            sequences = data_config.batch_size * recipe.train.grad_accum_steps * data_world  # a step, every rank
+            sequences = data_config.batch_size * recipe.train.grad_accum_steps * placement.data_world  # every rank
             tokens = summary.steps_done * sequences * recipe.data.seq_len
             loss = summary.reports[-1].loss if summary.reports else None  # as metrics.jsonl logs it last
             extras = training_extras(
                 recipe.to_dict(), recipe.model.family, parameters, summary.steps_done, tokens, loss
             )
-            weights = save_model(
-                model,
+            written = write_final_weights(
+                placement,
                 recipe.model.family,
-                session.run_dir / "model",
-                {"step": summary.steps_done},
-                extra_files={"recipe.json": recipe.to_json(), **extras.tokenizer_files},
-                special_tokens=extras.special_tokens,
-                about=extras.about,
-                source=None if pipeline is None else PipelineTensors(pipeline, model),  # stage by stage to rank 0
+                session.run_dir,
+                summary.steps_done,
+                recipe.to_json(),
+                extras,
+                recipe.checkpoint.export_hf,
+                session.say,
             )
-            if recipe.checkpoint.export_hf:  # with pp: gathered whole in rank 0's host memory (None elsewhere)
-                whole = model if pipeline is None else whole_model_on_writer(pipeline, recipe)
-                if whole is not None:
-                    hf_path = save_hf_checkpoint(
-                        whole,
-                        recipe.model.family,
-                        session.run_dir / "hf",
-                        special_tokens=extras.special_tokens,
-                        extra_files=extras.hf_files(),
-                    )
-                    session.say(f"exported the model as a Hugging Face checkpoint: {hf_path}")
-            return weights
+            return written.weights
 
         weights_path = session.save_final_weights(summary, write_weights)
     return PretrainResult(

@@ -17,7 +17,6 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 
-from titanpod.checkpoint import save_hf_checkpoint, save_model
 from titanpod.checkpoint.pretrained import PretrainedFolder, open_pretrained
 from titanpod.checkpoint.region_reader import read_into_model
 from titanpod.data.sft.batches import build_sft_data
@@ -29,17 +28,17 @@ from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainSummary, build_step
 from titanpod.kernels import model_ops
 from titanpod.models import RegionValues, Transformer, build_model, parameter_count
-from titanpod.parallel import PLANS, check_sequence_length
-from titanpod.parallel.torch_executor import ParallelModel, parallelize
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.evaluation import Evaluation, evaluate
+from titanpod.runs.final_weights import write_final_weights
 from titanpod.runs.hf_export import post_training_tokenizer, training_extras
+from titanpod.runs.placement import LayoutStart, Placement, start_placement
 from titanpod.runs.pretrain import build_seeded_model, describe_step
-from titanpod.runs.process_count import check_process_count
 from titanpod.runs.process_exit import run_exit_code
 from titanpod.runs.session import RunSession
 
-MODEL_FOLDER, HF_FOLDER, EVAL_FILE = "model", "hf", "eval.json"
+EVAL_FILE = "eval.json"
+"""Held-out accuracy before and after training, with the completions."""
 
 
 @dataclass
@@ -161,25 +160,24 @@ def build_sft_model(
 def place_sft_model(
     model: Transformer,
     recipe: SFTRecipe,
-    backend: Backend,
+    layout: LayoutStart,
     pretrained: PretrainedFolder | None,
     console: Console | None,
     seeded: RegionValues | None = None,
-) -> ParallelModel | None:
-    """Shard ``model`` under torchrun (``None`` for one process) and, when it starts from ``pretrained``, create
-    its parameters from the folder (in fp32), or else from ``seeded`` (a meta model's region init): each rank
+) -> Placement:
+    """Place ``model`` (``titanpod.runs.placement``) and, when it starts from ``pretrained``, create its parameters
+    from the folder (in fp32), or else from ``seeded`` (a meta model's region init): under torchrun each rank
     makes and reads only its own shard of each parameter, so no rank holds the whole model; one process reads
     the folder whole. Names and shapes are checked first."""
     say = console.print if console is not None and process_info().is_main else None
     reader = seeded if pretrained is None else pretrained.reader(model, progress=say)
     if say is not None and pretrained is not None:
         say(f"reading the weights of {pretrained.describe()}")
-    if process_info().world_size > 1:
-        return parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend, initial_values=reader)
-    if reader is not None:
-        model.to_empty(device=backend.parameter_device(process_info().local_rank))
-        read_into_model(model, reader)
-    return None
+    if layout.world_size == 1 and pretrained is not None:  # one process reads the folder whole
+        model.to_empty(device=layout.backend.parameter_device(process_info().local_rank))
+        read_into_model(model, reader)  # type: ignore[arg-type]
+        reader = None
+    return layout.place(model, recipe.model.family, reader)
 
 
 def eval_task_and_examples(recipe: SFTRecipe, tokenizer: SFTTokenizer) -> tuple[Task | None, list]:
@@ -201,13 +199,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
     and writes, and the final model is gathered one tensor at a time and streamed into its files by rank 0.
     """
     backend = get_backend(recipe.device.lane)
-    if backend.single_controller:
-        raise ValueError(
-            f"SFT runs on lanes where each process drives one device (cpu, cuda, tpu); the {backend.lane} lane "
-            "is not available for it yet: choose another with --device.lane."
-        )
-    check_process_count(recipe.parallel, backend, process_info().world_size, "titanpod.posttrain.cli")
-    check_sequence_length(recipe.data.seq_len, recipe.parallel.cp)
+    layout = start_placement("sft", recipe.parallel, recipe.train, backend, recipe.data.seq_len)
     torch.manual_seed(recipe.train.seed)
     tokenizer = load_sft_tokenizer(recipe.data.tokenizer)
     model, started_from, pretrained, seeded = build_sft_model(recipe, backend)
@@ -217,9 +209,8 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
             f"data.seq_len {recipe.data.seq_len} is longer than the model's max_seq_len {model.args.max_seq_len}."
         )
     parameters = parameter_count(model)
-    sharded = place_sft_model(model, recipe, backend, pretrained, console, seeded)
-    data_rank, data_world = (sharded.data_rank, sharded.data_world) if sharded is not None else (0, 1)
-    data = build_sft_data(recipe.data, tokenizer, recipe.train.seed, data_rank, data_world)
+    placement = place_sft_model(model, recipe, layout, pretrained, console, seeded)
+    data = build_sft_data(recipe.data, tokenizer, recipe.train.seed, placement.data_rank, placement.data_world)
     task, test_examples = eval_task_and_examples(recipe, tokenizer)
     with RunSession(recipe, backend, console) as session:
         if session.is_main:
@@ -256,8 +247,8 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
         summary = session.train(
             data.train,
             flops_per_token=model.flops_per_token(recipe.data.seq_len),
-            data_parallel=data_world,
-            reduce_loss=sharded.mean_over_data if sharded is not None else None,
+            data_parallel=placement.data_world,
+            reduce_loss=placement.reduce_loss,
             at_end=lambda summary: score("after", summary.steps_done),
         )
         result = SFTResult(
@@ -293,25 +284,18 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
                 final_loss=loss,
                 tokenizer=post_training_tokenizer(tokenizer),
             )
-            weights = save_model(
-                model,
+            written = write_final_weights(
+                placement,
                 recipe.model.family,
-                session.run_dir / MODEL_FOLDER,
-                {"step": summary.steps_done},
-                extra_files={"recipe.json": recipe.to_json(), **extras.tokenizer_files},
-                special_tokens=extras.special_tokens,
-                about=extras.about,
+                session.run_dir,
+                summary.steps_done,
+                recipe.to_json(),
+                extras,
+                recipe.checkpoint.export_hf,
+                session.say,
             )
-            if recipe.checkpoint.export_hf:
-                result.hf_path = save_hf_checkpoint(
-                    model,
-                    recipe.model.family,
-                    session.run_dir / HF_FOLDER,
-                    special_tokens=extras.special_tokens,
-                    extra_files=extras.hf_files(),
-                )
-                session.say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
-            return weights
+            result.hf_path = written.hf
+            return written.weights
 
         result.weights_path = session.save_final_weights(summary, write_weights)
     return result

@@ -9,9 +9,8 @@ from typing import Any
 from torch import nn
 
 from titanpod.device import Backend
-from titanpod.parallel import PLANS
+from titanpod.parallel import ParallelConfig, ShardingPlan
 from titanpod.parallel.torch_xla_executor import shard_batch, shard_parameters, spmd_mesh
-from titanpod.recipes.recipe import Recipe
 
 
 @dataclass(frozen=True)
@@ -30,21 +29,21 @@ class SpmdMesh:
 
         return math.prod(self.axes[axis] for axis in DATA_AXES)
 
-    def shard(self, model: nn.Module, recipe: Recipe) -> None:
-        """Lay ``model``'s parameters (on the ``xla`` device) out by its family's plan."""
-        shard_parameters(model, PLANS[recipe.model.family], self.mesh, self.axes)
+    def shard(self, model: nn.Module, plan: ShardingPlan) -> None:
+        """Lay ``model``'s parameters (on the ``xla`` device) out by its family's ``plan``."""
+        shard_parameters(model, plan, self.mesh, self.axes)
 
 
-def start_spmd(recipe: Recipe, backend: Backend, world_size: int) -> SpmdMesh | None:
+def start_spmd(parallel: ParallelConfig, backend: Backend, world_size: int) -> SpmdMesh | None:
     """On the torch_xla lane in one process whose devices (``CPU_NUM_DEVICES`` on the host, the chips on a TPU)
-    are more than one: switch torch_xla to SPMD over ``recipe.parallel``'s mesh and return it; else ``None``.
+    are more than one: switch torch_xla to SPMD over ``parallel``'s mesh and return it; else ``None``.
 
     Runs before any ``xla`` tensor is made. Batches are then split over the mesh's data axes as they
     reach the device (``backend.place_batch``).
     """
     if backend.lane != "torch_xla" or world_size > 1:
         return None
-    axes = recipe.parallel.mesh_axes(backend.device_count())
+    axes = parallel.mesh_axes(backend.device_count())
     if math.prod(axes.values()) == 1:
         return None
     mesh = spmd_mesh(axes)

@@ -23,6 +23,7 @@ class TorchXlaBackend(Backend):
     device_type = "xla"
     dist_backend = "xla"
     compile_backend = "openxla"
+    supports_pipeline = False
 
     def __init__(self) -> None:
         import torch_xla

@@ -26,6 +26,7 @@ class XlaBackend(Backend):
     dist_backend = None
     compile_backend = None
     single_controller = True
+    supports_pipeline = False
 
     def __init__(self) -> None:
         import jax

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 import torch
 from rich.table import Table
 
-from titanpod.device import ChipSpec
+from titanpod.device import ChipSpec, lane_traits
 from titanpod.models import parameter_count
 from titanpod.models.flux import FLUX_FLAVORS, FluxOps, build_flux_transformer
 from titanpod.models.flux.layers import axes_rotary_cos_sin
 from titanpod.models.registry import choose
 from titanpod.parallel import PLANS
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
+from titanpod.recipes.layout_support import check_layout
 from titanpod.recipes.planner.activations import flash_attention_stand_in, measure_saved_bytes
 from titanpod.recipes.planner.host import HostMemoryPlan, plan_host_memory, planned_lane
 from titanpod.recipes.planner.host_table import add_host_row
@@ -91,7 +92,9 @@ class FluxRunPlan:
 
 
 def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: float) -> FluxRunPlan:
-    """Plan ``recipe`` on ``chips`` chips of kind ``chip``."""
+    """Plan ``recipe`` on ``chips`` chips of kind ``chip``; ``PlanError`` for a layout diffusion runs do not take."""
+    lane = planned_lane(recipe.device.lane, chip)
+    check_layout("diffusion", lane, lane_traits(lane), recipe.parallel, recipe.train)  # as the runner will
     devices = chips * chip.devices_per_chip
     latent_side = recipe.data.resolution // (1 if recipe.model.autoencoder == "pixels" else 8)
     channels = 3 if recipe.model.autoencoder == "pixels" else 16

@@ -32,12 +32,13 @@ from dataclasses import dataclass
 
 import torch
 
-from titanpod.device import ChipSpec
+from titanpod.device import ChipSpec, lane_traits
 from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import DATA_AXES, PLANS, ShardingPlan
 from titanpod.parallel.torch_executor import pipeline_layout
 from titanpod.parallel.torch_executor.pipeline_stages import check_pipelinable
+from titanpod.recipes.layout_support import check_layout
 from titanpod.recipes.pipeline_batch import with_pipeline_microbatches
 from titanpod.recipes.planner.activations import SavedBytes, block_saved_bytes, head_saved_bytes
 from titanpod.recipes.planner.host import HostMemoryPlan, plan_host_memory, planned_lane
@@ -157,6 +158,8 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     if not 0 < target_mfu <= 1:
         raise ValueError(f"The target MFU must be in (0, 1], got {target_mfu}.")
     devices = chips * chip.devices_per_chip
+    lane = planned_lane(recipe.device.lane, chip)
+    check_layout("pretrain", lane, lane_traits(lane), recipe.parallel, recipe.train)  # as the runner will
     recipe = with_pipeline_microbatches(recipe)  # with pp: the step's batch in the pipeline's micro-batches
     model = build_model(recipe.model.family, recipe.model.args(), model_ops(recipe.kernels))
     mesh = recipe.parallel.mesh_axes(devices)

@@ -31,10 +31,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from titanpod.checkpoint import save_hf_checkpoint, save_model
 from titanpod.graph import JsonlWriter, TrainSummary, build_step, mfu
-from titanpod.graph.interrupt import stop_after_step
-from titanpod.graph.stop_agreement import StopAgreement
+from titanpod.graph.step_driver import StepCheck, drive_steps
+from titanpod.graph.throughput import ThroughputMeter
 from titanpod.models import Transformer, parameter_count
 from titanpod.recipes.posttrain.grpo_recipe import GRPORecipe
 from titanpod.rl.grpo.held_out import HeldOut
@@ -47,10 +46,11 @@ from titanpod.rl.grpo.sharding import shard_policy, sync_engine
 from titanpod.rl.grpo.trainer import GRPOTrainer
 from titanpod.rl.rollout import BuiltinEngine, RolloutEngine
 from titanpod.rl.rollout.engines import close_rollout, open_rollout
+from titanpod.runs.final_weights import write_final_weights
 from titanpod.runs.hf_export import post_training_tokenizer, training_extras
+from titanpod.runs.placement import Placement
 from titanpod.runs.pretrain import describe_step
 from titanpod.runs.session import RunSession
-from titanpod.runs.sft import HF_FOLDER, MODEL_FOLDER
 
 PRINTED_REWARD_ERRORS = 5
 """Reward errors a run prints in full; later ones are only counted (and kept in metrics.jsonl)."""
@@ -112,7 +112,7 @@ def train_grpo(
         eval_examples=len(setup.test_examples),
         checksum=engine.checksum(),
     )
-    sharding = shard_policy(policy, setup.family, recipe.parallel, setup.backend, info.world_size)
+    sharding, placement = shard_policy(policy, setup.family, setup.layout)
     step = build_step(GRPOObjective(policy, recipe.grpo.clip_eps, recipe.grpo.kl_beta), train, setup.backend)
     start = session.resume(policy, step, setup.plan)
     if start > 0:  # the engine holds the starting weights: give it the resumed ones
@@ -141,16 +141,16 @@ def train_grpo(
     session.checkpointer.wait()
     if session.is_main:
         held_out.fill(result, session.run_dir)
-    result.weights_path = session.save_final_weights(summary, lambda: write_model(setup, result, say))
+    result.weights_path = session.save_final_weights(summary, lambda: write_model(setup, placement, result, say))
     return result
 
 
 def run_steps(
     setup: GRPOSetup, session: RunSession, trainer: GRPOTrainer, result: GRPOResult, flops_per_token: float
 ) -> TrainSummary:
-    """GRPO steps from the resumed one to ``train.stop_at_step`` (or ``train.steps``); metrics, interval
-    checkpoints and SIGINT or SIGTERM (the step in flight finishes, then the run stops; a second signal
-    stops at once). The summary counts the tokens of every update (``flops_per_token`` each) for
+    """GRPO steps from the resumed one to ``train.stop_at_step`` (or ``train.steps``), driven by
+    ``titanpod.graph.step_driver.drive_steps`` (signals, the stop on a non-finite step, the profiler); metrics
+    and interval checkpoints. The summary counts the tokens of every update (``flops_per_token`` each) for
     throughput and MFU."""
     recipe, train, say = setup.recipe, setup.recipe.train, session.say
     start, last = session.start_step, train.stop_at_step or train.steps
@@ -158,67 +158,48 @@ def run_steps(
     tokens_per_step *= recipe.grpo.updates_per_step
     losses: list[float] = []
     skipped_steps: list[int] = []
-    shown_errors, interrupted, stopped_because = 0, False, None
-    stop_signal, stopped_at_once = None, False
-    began = first_done = time.perf_counter()
-    agreement = StopAgreement(setup.backend)
-    profiler = session.profiler  # profile.steps: traced from rollouts to update
-    with stop_after_step() as stop:
-        try:
-            if profiler is not None:
-                profiler.before_step(start + 1)
-            for step_number in range(start + 1, last + 1):
-                metrics = trainer(step_number)
-                if profiler is not None:
-                    profiler.after_step(step_number)
-                setup.plan.steps_done = step_number
-                if step_number == start + 1:
-                    first_done = time.perf_counter()
-                for message in metrics.reward_errors:
-                    if shown_errors < PRINTED_REWARD_ERRORS:
-                        shown_errors += 1
-                        say(f"[yellow]step {step_number}: {escape(message)}; sample skipped[/]")
-                result.history.append(metrics)
-                result.skipped_samples += metrics.skipped
-                result.weights_version, result.checksum = metrics.weights_version, metrics.checksum
-                losses.append(math.nan if metrics.loss is None else metrics.loss)
-                if metrics.skipped_updates:
-                    skipped_steps.append(step_number)
-                write_step(session, metrics)
-                if step_number % train.log_every == 0 or step_number == last:
-                    say(metrics.line())
-                nonfinite_loss = metrics.loss is not None and not math.isfinite(metrics.loss)
-                if (metrics.skipped_updates or nonfinite_loss) and not train.skip_nonfinite:
-                    found = (
-                        f"the gradient norm is {metrics.grad_norm}; the update was not applied"
-                        if metrics.skipped_updates
-                        else f"the loss is {metrics.loss} (gradient norm {metrics.grad_norm})"
-                    )
-                    stopped_because = (
-                        f"step {step_number}: {found} and the run stopped. Lower train.lr, raise "
-                        "train.warmup_steps, or set train.skip_nonfinite=True to skip such updates."
-                    )
-                    say(f"[red]{stopped_because}[/]")
-                    break
-                if recipe.checkpoint.every and step_number % recipe.checkpoint.every == 0:
-                    session.save_checkpoint(step_number)
-                session.checkpointer.poll()
-                if profiler is not None and step_number < last:
-                    profiler.before_step(step_number + 1)
-                signum = agreement.signal(stop)  # every process stops after the same step
-                if signum is not None and step_number < last:
-                    interrupted, stop_signal = True, signum
-                    break
-        except KeyboardInterrupt:  # a second signal, Ctrl-C outside the main thread: maybe inside a step
-            interrupted, stop_signal, stopped_at_once = True, stop.signal_at_once(), True
-        finally:
-            if profiler is not None:
-                profiler.close()  # a trace cut short by a stop is still written
+    shown_errors = 0
+    meter = ThroughputMeter()
+
+    def run_step(step_number: int) -> Callable[[], StepCheck]:
+        nonlocal shown_errors
+        metrics = trainer(step_number)
+        setup.plan.steps_done = step_number
+        meter.step_done(tokens_per_step, first=step_number == start + 1, reporting=False)
+        for message in metrics.reward_errors:
+            if shown_errors < PRINTED_REWARD_ERRORS:
+                shown_errors += 1
+                say(f"[yellow]step {step_number}: {escape(message)}; sample skipped[/]")
+        result.history.append(metrics)
+        result.skipped_samples += metrics.skipped
+        result.weights_version, result.checksum = metrics.weights_version, metrics.checksum
+        losses.append(math.nan if metrics.loss is None else metrics.loss)
+        if metrics.skipped_updates:
+            skipped_steps.append(step_number)
+        write_step(session, metrics)
+        if step_number % train.log_every == 0 or step_number == last:
+            say(metrics.line())
+        return lambda: StepCheck(not metrics.skipped_updates, metrics.loss, metrics.grad_norm)
+
+    def after_step(step_number: int) -> None:
+        if recipe.checkpoint.every and step_number % recipe.checkpoint.every == 0:
+            session.save_checkpoint(step_number)
+        session.checkpointer.poll()
+
+    outcome = drive_steps(
+        run_step,
+        start + 1,
+        last,
+        setup.backend,
+        skip_nonfinite=train.skip_nonfinite,
+        after_step=after_step,
+        profiler=session.profiler,  # profile.steps: traced from rollouts to update
+    )
     end = time.perf_counter()
-    result.stopped_because = stopped_because
-    timed = end - first_done
-    tokens_after_first = tokens_per_step * max(len(losses) - 1, 0)
-    tokens_per_second = tokens_after_first / timed if tokens_after_first and timed > 0 else 0.0
+    if outcome.stopped_because is not None:
+        say(f"[red]{outcome.stopped_because}[/]")
+    result.stopped_because = outcome.stopped_because
+    tokens_per_second = meter.overall(end)
     backend = setup.backend
     return TrainSummary(
         steps_done=setup.plan.steps_done,
@@ -226,46 +207,31 @@ def run_steps(
         tokens_per_second=tokens_per_second,
         mfu=mfu(flops_per_token, tokens_per_second, session.devices, backend.chip().peak_flops),
         peak_memory_gib=backend.memory_stats(session.info.local_rank).peak_gib,
-        wall_seconds=end - began,
-        interrupted=interrupted,
-        stop_signal=stop_signal,
-        stopped_at_once=stopped_at_once,
+        wall_seconds=end - meter.started,
+        interrupted=outcome.interrupted,
+        stop_signal=outcome.stop_signal,
+        stopped_at_once=outcome.stopped_at_once,
         skipped_steps=skipped_steps,
-        stopped_because=stopped_because,
+        stopped_because=outcome.stopped_because,
         start_step=start,
     )
 
 
-def write_model(setup: GRPOSetup, result: GRPOResult, say: Callable[[str], None]) -> Path:
+def write_model(setup: GRPOSetup, placement: Placement, result: GRPOResult, say: Callable[[str], None]) -> Path:
     """Write the trained policy to ``<run>/model`` with the recipe and tokenizer; with ``checkpoint.export_hf``
     also as a Hugging Face checkpoint in ``<run>/hf``. Every rank calls it: a sharded policy is gathered one
     tensor at a time and rank 0 writes. Returns the weights file."""
-    recipe, tokenizer, run_dir = setup.recipe, setup.tokenizer, result.run_dir
-    steps = setup.plan.steps_done
+    recipe, steps = setup.recipe, setup.plan.steps_done
     extras = training_extras(
         recipe.to_dict(),
         setup.family,
         parameter_count(setup.model),
         steps,
-        tokenizer=post_training_tokenizer(tokenizer),
+        tokenizer=post_training_tokenizer(setup.tokenizer),
         notes=[f"Post-trained with GRPO from {recipe.model.init_from}."],
     )
-    path = save_model(
-        setup.model,
-        setup.family,
-        run_dir / MODEL_FOLDER,
-        {"step": steps},
-        extra_files={"recipe.json": recipe.to_json(), **extras.tokenizer_files},
-        special_tokens=extras.special_tokens,
-        about=extras.about,
+    written = write_final_weights(
+        placement, setup.family, result.run_dir, steps, recipe.to_json(), extras, recipe.checkpoint.export_hf, say
     )
-    if recipe.checkpoint.export_hf:
-        result.hf_path = save_hf_checkpoint(
-            setup.model,
-            setup.family,
-            run_dir / HF_FOLDER,
-            special_tokens=extras.special_tokens,
-            extra_files=extras.hf_files(),
-        )
-        say(f"exported the model with its tokenizer as a Hugging Face checkpoint: {result.hf_path}")
-    return path
+    result.hf_path = written.hf
+    return written.weights

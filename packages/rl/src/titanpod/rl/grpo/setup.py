@@ -21,7 +21,7 @@ from titanpod.recipes.posttrain.grpo_recipe import MISSING_INIT_FROM, GRPORecipe
 from titanpod.rl.grpo.batches import GRPOBatch
 from titanpod.rl.grpo.prompts import PromptPlan, PromptShare, prompt_share
 from titanpod.rl.grpo.rewards import Reward
-from titanpod.runs.process_count import check_process_count
+from titanpod.runs.placement import LayoutStart, start_placement
 
 
 def load_policy(recipe: GRPORecipe, device: torch.device) -> tuple[str, Transformer, SFTTokenizer]:
@@ -49,26 +49,18 @@ def load_policy(recipe: GRPORecipe, device: torch.device) -> tuple[str, Transfor
     return family, model, load_sft_tokenizer(spec)
 
 
-def check_launch(recipe: GRPORecipe, backend: Backend, world_size: int) -> None:
-    """``ValueError`` for a launch GRPO cannot run: a single-controller lane (xla), or several processes with
-    rollouts that are not sampled in each process."""
-    if backend.single_controller:
-        raise ValueError(
-            f"GRPO runs on lanes where each process drives its own device (cpu, cuda, tpu); the {backend.lane} "
-            "lane drives every device from one process and has no rollout engine yet: pick another --device.lane."
-        )
-    check_process_count(recipe.parallel, backend, world_size, "titanpod.posttrain.cli")
-    if recipe.parallel.cp > 1 or recipe.parallel.pp > 1:
-        raise ValueError(
-            f"GRPO scores completions with whole rows on every rank: parallel.cp {recipe.parallel.cp} and "
-            f"parallel.pp {recipe.parallel.pp} are not supported here; set both to 1 (shard with fsdp or tp)."
-        )
+def check_launch(recipe: GRPORecipe, backend: Backend, world_size: int) -> LayoutStart:
+    """The checked layout of a GRPO launch (``titanpod.runs.placement``); ``ValueError`` for one GRPO cannot run:
+    a single-controller lane (xla), pipeline stages or split sequences (GRPO scores completions with whole rows
+    on every rank), or several processes with rollouts that are not sampled in each process."""
+    layout = start_placement("grpo", recipe.parallel, recipe.train, backend, world_size=world_size)
     if world_size > 1 and recipe.rollout.mode != "local":
         raise ValueError(
             f"Under torchrun each GRPO process samples its share of the prompts with its own engine, so "
             f"rollout.mode must be 'local', not {recipe.rollout.mode!r}: start one process for "
             f"--rollout.mode {recipe.rollout.mode}."
         )
+    return layout
 
 
 def data_ranks(recipe: GRPORecipe, world_size: int) -> int:
@@ -107,6 +99,8 @@ class GRPOSetup:
     """The held-out prompts (none when evaluation is off)."""
     data_ranks: int
     """Data-parallel ranks of the launch (1 in one process)."""
+    layout: LayoutStart
+    """The launch's checked layout, which places the policy."""
 
 
 def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
@@ -117,7 +111,7 @@ def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
     """
     info = process_info()
     backend = get_backend(recipe.device.lane)
-    check_launch(recipe, backend, info.world_size)
+    layout = check_launch(recipe, backend, info.world_size)
     ranks = data_ranks(recipe, info.world_size)
     config = recipe.grpo
     share = prompt_share(config.prompts_per_step, 0, ranks)
@@ -154,6 +148,7 @@ def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
         eval_task,
         test_examples,
         ranks,
+        layout,
     )
 
 

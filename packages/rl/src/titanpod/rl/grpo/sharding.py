@@ -13,12 +13,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from titanpod.device import Backend
 from titanpod.models import Transformer
-from titanpod.parallel import PLANS, ParallelConfig
-from titanpod.parallel.torch_executor import ParallelModel, parallelize
+from titanpod.parallel.torch_executor import ParallelModel
 from titanpod.rl.grpo.metrics import RolloutTotals
 from titanpod.rl.rollout import RolloutEngine, SyncReport, trainer_state
+from titanpod.runs.placement import LayoutStart, Placement
 
 
 @dataclass
@@ -53,14 +52,12 @@ class TrainerSharding:
         return RolloutTotals.from_list(values.tolist())
 
 
-def shard_policy(
-    policy: Transformer, family: str, parallel: ParallelConfig, backend: Backend, world_size: int
-) -> TrainerSharding:
-    """Shard ``policy`` in place by ``family``'s plan over every process (under torchrun); in one process leave it."""
+def shard_policy(policy: Transformer, family: str, layout: LayoutStart) -> tuple[TrainerSharding, Placement]:
+    """Place ``policy`` by ``family``'s plan (``titanpod.runs.placement``): sharded in place over every process
+    under torchrun, left whole in one process."""
     device = policy.tok_embeddings.weight.device
-    if world_size == 1:
-        return TrainerSharding(None, device)
-    return TrainerSharding(parallelize(policy, PLANS[family], parallel, backend), device)
+    placement = layout.place(policy, family)
+    return TrainerSharding(placement.sharded, device), placement
 
 
 def whole_weights(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -85,7 +85,7 @@ class DiffusionModels:
     """Captions -> (T5 states, pooled CLIP vector) (frozen)."""
     initial_values: RegionValues | None = None
     """What to create the transformer's parameters from while it is still on the meta device (hand it to
-    ``parallelize`` as ``initial_values``); ``None`` when the transformer is already materialised."""
+    the placement as ``initial_values``); ``None`` when the transformer is already materialised."""
 
 
 def build_codec(name: str, seed: int) -> ImageCodec:
@@ -111,7 +111,7 @@ def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device, sharde
     """The recipe's transformer (initialised or loaded), codec and text encoders, on ``device``.
 
     With ``sharded`` and a seed (no ``model.transformer_weights``) the transformer stays on the meta device and
-    the region init of ``train.seed`` comes with it (``DiffusionModels.initial_values``): ``parallelize`` then
+    the region init of ``train.seed`` comes with it (``DiffusionModels.initial_values``): the placement then
     creates only each rank's shards, equal bit for bit to the whole ``init_weights(seed)``. The frozen codec
     and text encoders are always whole on ``device``.
     """

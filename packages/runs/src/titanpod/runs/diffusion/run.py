@@ -14,13 +14,11 @@ from titanpod.device import get_backend, process_info
 from titanpod.graph import TrainSummary, build_step
 from titanpod.models import parameter_count
 from titanpod.models.flux.flow_matching import FlowMatchingModel
-from titanpod.parallel import PLANS
-from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.runs.diffusion.batches import EncodingCache, FlowMatchingBatches
 from titanpod.runs.diffusion.components import DiffusionModels, build_diffusion_models
 from titanpod.runs.diffusion.sampling import generate
-from titanpod.runs.process_count import check_process_count
+from titanpod.runs.placement import start_placement
 from titanpod.runs.session import RunSession
 
 TRANSFORMER_FOLDER = "transformer"
@@ -69,16 +67,9 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
     reported loss is the mean over data ranks. Sample grids are drawn by every rank (the sharded forward is
     a collective) and written by rank 0; the final transformer is gathered whole and written by rank 0.
     """
-    if recipe.train.step_mode == "whole_step":
-        raise ValueError("Diffusion runs take train.step_mode eager or per_block; whole_step is not available yet.")
     backend = get_backend(recipe.device.lane)
-    if backend.single_controller:
-        raise ValueError(
-            f"Diffusion runs on lanes where each process drives one device (cpu, cuda, tpu); the {backend.lane} "
-            "lane is not available for them yet: choose another with --device.lane."
-        )
+    layout = start_placement("diffusion", recipe.parallel, recipe.train, backend)
     info = process_info()
-    check_process_count(recipe.parallel, backend, info.world_size, "titanpod.diffusion.cli")
     if console is not None and info.is_main:
         console.print_json(recipe.to_json())
     device = backend.device(info.local_rank)
@@ -89,11 +80,9 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
     text_tokens = models.text_encoders.t5_max_length
     flops_per_token = models.transformer.flops_per_sample(image_tokens, text_tokens) / image_tokens
     parameters = parameter_count(models.transformer)
-    sharded = None
-    if info.world_size > 1:  # only the trained transformer is sharded: the frozen encoders stay whole on every rank
-        sharded = parallelize(models.transformer, PLANS["flux"], recipe.parallel, backend, models.initial_values)
-    data_rank, data_world = (sharded.data_rank, sharded.data_world) if sharded is not None else (0, 1)
-    data = build_image_data(recipe.data, recipe.train.seed, data_rank, data_world)
+    # Only the trained transformer is placed: the frozen encoders stay whole on every rank.
+    placement = layout.place(models.transformer, "flux", models.initial_values)
+    data = build_image_data(recipe.data, recipe.train.seed, placement.data_rank, placement.data_world)
     cache = EncodingCache(Path(recipe.model.encodings_cache) if recipe.model.encodings_cache else None)
     guidance = recipe.model.guidance if models.transformer.args.guidance_embed else None
     batches = FlowMatchingBatches(data, models, cache, guidance, recipe.train.seed, device)
@@ -124,8 +113,8 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
         summary = session.train(
             batches,
             flops_per_token=flops_per_token,
-            data_parallel=data_world,
-            reduce_loss=sharded.mean_over_data if sharded is not None else None,
+            data_parallel=placement.data_world,
+            reduce_loss=placement.reduce_loss,
             after_step=after_step,
             count_tokens=lambda batch: batch["latents"].shape[0] * batch["latents"].shape[1],
         )
