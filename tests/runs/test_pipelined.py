@@ -1,9 +1,8 @@
 """What a pretraining run changes for pipeline stages before it starts: micro-batches, and what it refuses."""
 
-from types import SimpleNamespace
-
 import pytest
 
+from titanpod.device import backend_class
 from titanpod.parallel import PlanError
 from titanpod.recipes import get_recipe
 from titanpod.recipes.planner.plan import with_changes
@@ -40,9 +39,9 @@ def test_validation_with_pipeline_stages_is_refused_naming_the_setting():
         with_pipeline_microbatches(recipe)
 
 
-@pytest.mark.parametrize(("lane", "single_controller"), [("xla", True), ("torch_xla", False)])
-def test_lanes_without_pipeline_stages_are_refused(lane, single_controller):
+@pytest.mark.parametrize("lane", ["xla", "torch_xla"])
+def test_lanes_without_pipeline_stages_are_refused(lane):
     recipe = with_changes(get_recipe("llama3_debug"), parallel={"pp": 2})
     with pytest.raises(PlanError, match="torch executor"):
-        check_pipeline_lane(recipe, SimpleNamespace(lane=lane, single_controller=single_controller))  # type: ignore[arg-type]
-    check_pipeline_lane(recipe, SimpleNamespace(lane="cpu", single_controller=False))  # type: ignore[arg-type]
+        check_pipeline_lane(recipe, backend_class(lane))  # type: ignore[arg-type]
+    check_pipeline_lane(recipe, backend_class("cpu"))  # type: ignore[arg-type]

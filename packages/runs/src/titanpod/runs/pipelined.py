@@ -19,7 +19,7 @@ from titanpod.recipes.recipe import Recipe
 
 def check_pipeline_lane(recipe: Recipe, backend: Backend) -> None:
     """``PlanError`` naming the fix when pp > 1 on a lane whose executor builds no pipeline stages (xla, torch_xla)."""
-    if recipe.parallel.pp > 1 and (backend.single_controller or backend.lane == "torch_xla"):
+    if recipe.parallel.pp > 1 and not backend.supports_pipeline:
         raise PlanError(
             f"parallel.pp={recipe.parallel.pp} on the {backend.lane} lane: pipeline stages run with the torch executor "
             "under torchrun (cpu, cuda, tpu lanes); set device.lane to one of those, or parallel.pp to 1."
