@@ -2,7 +2,7 @@
 
 import pytest
 
-from titanpod.device import LANES, lane_traits
+from titanpod.device import LANES, backend_class
 from titanpod.graph import TrainConfig
 from titanpod.parallel import ParallelConfig, PlanError
 from titanpod.recipes.layout_support import RUNNER_SUPPORT, check_layout, layout_problem
@@ -11,7 +11,7 @@ RUNNERS = tuple(RUNNER_SUPPORT)
 
 
 def problem(runner, lane, train=None, **degrees):
-    return layout_problem(runner, lane, lane_traits(lane), ParallelConfig(**degrees), train or TrainConfig())
+    return layout_problem(runner, lane, backend_class(lane), ParallelConfig(**degrees), train or TrainConfig())
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
@@ -52,12 +52,12 @@ def test_diffusion_refuses_the_whole_step_naming_the_modes_it_takes():
 
 def test_check_layout_raises_the_problem_as_a_plan_error():
     with pytest.raises(PlanError, match="GRPO does not split sequences"):
-        check_layout("grpo", "cpu", lane_traits("cpu"), ParallelConfig(cp=2), TrainConfig())
+        check_layout("grpo", "cpu", backend_class("cpu"), ParallelConfig(cp=2), TrainConfig())
 
 
 def test_the_table_reads_traits_for_every_lane():
     for lane in LANES:
-        traits = lane_traits(lane)
+        traits = backend_class(lane)
         assert isinstance(traits.single_controller, bool) and isinstance(traits.supports_pipeline, bool)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from titanpod.device import lane_traits
+from titanpod.device import backend_class
 from titanpod.parallel import PlanError
 from titanpod.recipes import get_recipe
 from titanpod.recipes.layout_support import check_layout
@@ -44,5 +44,5 @@ def test_validation_with_pipeline_stages_is_refused_naming_the_setting():
 def test_lanes_without_pipeline_stages_are_refused(lane):
     recipe = with_changes(get_recipe("llama3_debug"), parallel={"pp": 2})
     with pytest.raises(PlanError, match="torch executor"):
-        check_layout("pretrain", lane, lane_traits(lane), recipe.parallel, recipe.train)
-    check_layout("pretrain", "cpu", lane_traits("cpu"), recipe.parallel, recipe.train)
+        check_layout("pretrain", lane, backend_class(lane), recipe.parallel, recipe.train)
+    check_layout("pretrain", "cpu", backend_class("cpu"), recipe.parallel, recipe.train)

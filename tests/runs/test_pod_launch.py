@@ -15,6 +15,7 @@ from tests.cli_runs import run_cli
 from tests.parallel.test_torchrun import free_port
 from titanpod.runs.pod_launch import LaunchError, LaunchRequest, launch_environment
 from titanpod.runs.pod_launch.agent import agent_command, run_agent
+from titanpod.runs.pod_launch.environment import host_launch, launch_lanes
 
 V5P_HOSTS = tuple(f"t1v-n-{i:02d}-w-{i}" for i in range(64))
 """64 worker VMs of 4 chips: a v5p-512 (256 chips; a v5p-N has N TensorCores, 2 per chip)."""
@@ -62,6 +63,16 @@ def test_variables_already_set_are_kept_and_other_lanes_get_only_the_process_gro
 def test_a_launch_that_cannot_work_fails_with_the_fix(request_, environ, message):
     with pytest.raises(LaunchError, match=message):
         launch_environment(request_, environ)
+
+
+def test_the_lanes_launched_and_how_come_from_their_backend_classes():
+    assert launch_lanes() == ("cpu", "cuda", "tpu")
+    assert host_launch("tpu").workers_from_vm_metadata and host_launch("tpu").slicebuilder_ports
+    assert host_launch("cpu").processes_per_host == 1 and host_launch("cuda").counts_local_devices
+    with pytest.raises(LaunchError, match=r"Lane 'xla' cannot be launched.*cpu, cuda, tpu"):
+        launch_environment(LaunchRequest(lane="xla", hosts=("a",), nproc_per_node=1), {})
+    with pytest.raises(LaunchError, match="Lane cuda: pass --nproc-per-node"):
+        launch_environment(LaunchRequest(lane="cuda", hosts=("a",)), {})
 
 
 def test_the_agent_is_torchrun_and_its_exit_code_and_signals_come_back(tmp_path):

@@ -1,15 +1,17 @@
-"""The interface every lane implements, and the factory that returns one."""
+"""The interface every lane implements: what a backend does, and what its class says about the lane."""
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
 from titanpod.device.chips import ChipSpec
+from titanpod.device.host_launch import HostLaunch
 from titanpod.device.memory import MemoryStats
 
 
@@ -28,8 +30,36 @@ class Backend(ABC):
     single_controller: ClassVar[bool] = False
     """One process drives every device of the job and the compiler partitions the step (the xla lane);
     otherwise each process drives one device and shards through torch.distributed."""
+    device_memory_is_host: ClassVar[bool] = False
+    """The devices are the host's own memory (the cpu lane): nothing is held on the host beyond them."""
     supports_pipeline: ClassVar[bool] = True
-    """The torch executor builds pipeline stages on this lane (``parallel.pp`` above 1, under torchrun)."""
+    """The torch executor builds pipeline stages (``parallel.pp`` > 1) on this lane, under torchrun."""
+    spmd_on_request: ClassVar[bool] = False
+    """One process of a single-process run can be switched to driving every device of its host, the compiler
+    partitioning the step (``use_spmd``, the torch_xla lane)."""
+    traces_with_jax: ClassVar[bool] = False
+    """The profiler records this lane with ``jax.profiler``; otherwise with ``torch.profiler``."""
+    stand_in_lanes: ClassVar[tuple[str, ...]] = ()
+    """Lanes that build this lane's step the same ways on a machine without its device, for a rehearsal
+    (a lane that runs anywhere names itself); empty: it cannot be rehearsed away from its device."""
+    launch: ClassVar[HostLaunch | None] = None
+    """How ``titanpod-launch`` starts this lane on each host of a job; ``None``: the launcher does not."""
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this lane cannot run on this machine, with the fix; ``None`` when it can. Looks, imports nothing."""
+        return None
+
+    @classmethod
+    def detected(cls) -> bool:
+        """Whether this machine has what the lane runs on, for the automatic choice (see ``LaneRegistry``)."""
+        return cls.unavailable_reason() is None
+
+    @classmethod
+    def profiler_config(cls, folder: Path, rank: int) -> Any:
+        """The lane's extra ``torch.profiler`` option (``experimental_config``) for a trace of process ``rank``
+        written to ``folder``; ``None`` where the lane adds nothing."""
+        return None
 
     def device(self, local_rank: int = 0) -> torch.device:
         """The device a process with this local rank drives."""
@@ -95,24 +125,3 @@ class Backend(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(lane={self.lane!r}, device_type={self.device_type!r})"
-
-
-def get_backend(lane: str = "auto") -> Backend:
-    """The backend of ``lane`` after resolution (config, then ``TITANPOD_LANE``, then automatic).
-
-    Raises ``LaneUnavailableError`` with the fix when the lane cannot run here.
-    """
-    from titanpod.device.lanes import resolve_lane
-
-    name = resolve_lane(lane)
-    if name == "cpu":
-        from titanpod.device.backends.cpu import CpuBackend as chosen
-    elif name == "cuda":
-        from titanpod.device.backends.cuda import CudaBackend as chosen
-    elif name == "xla":
-        from titanpod.device.backends.xla import XlaBackend as chosen
-    elif name == "tpu":
-        from titanpod.device.backends.tpu import TpuBackend as chosen
-    else:
-        from titanpod.device.backends.torch_xla import TorchXlaBackend as chosen
-    return chosen()

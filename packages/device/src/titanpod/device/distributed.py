@@ -7,10 +7,23 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 import torch.distributed as dist
 
-from titanpod.device.backend import Backend
+
+class CollectiveLane(Protocol):
+    """What joining the process group and building a mesh ask of a backend (``titanpod.device.Backend``)."""
+
+    @property
+    def dist_backend(self) -> str | None:
+        """The torch.distributed backend; ``None`` lets PyTorch pick the one registered for the device."""
+        ...
+
+    @property
+    def device_type(self) -> str:
+        """The ``torch.device`` type of the lane's tensors."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -59,7 +72,7 @@ def attempt_store(environ: Mapping[str, str], timeout: timedelta | None = None) 
     return dist.PrefixStore(f"titanpod/attempt-{attempt}", client)
 
 
-def ensure_process_group(backend: Backend) -> ProcessInfo:
+def ensure_process_group(backend: CollectiveLane) -> ProcessInfo:
     """Join the job's default process group if not yet joined, and say where we stand.
 
     Under torchrun the rendezvous comes from its environment; a lone process gets a group

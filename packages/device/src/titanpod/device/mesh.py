@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from titanpod.device.distributed import CollectiveLane, ensure_process_group
 from titanpod.device.errors import MeshError
-
-if TYPE_CHECKING:
-    from titanpod.device.backend import Backend
 
 
 def check_mesh_axes(axes: Mapping[str, int], world_size: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -35,11 +33,9 @@ def check_mesh_axes(axes: Mapping[str, int], world_size: int) -> tuple[tuple[str
     return names, sizes
 
 
-def build_torch_mesh(backend: Backend, axes: Mapping[str, int]) -> Any:
+def build_torch_mesh(backend: CollectiveLane, axes: Mapping[str, int]) -> Any:
     """A ``DeviceMesh`` over all ranks of the job (joining the process group if needed)."""
     from torch.distributed.device_mesh import init_device_mesh
-
-    from titanpod.device.distributed import ensure_process_group
 
     info = ensure_process_group(backend)
     names, sizes = check_mesh_axes(axes, info.world_size)

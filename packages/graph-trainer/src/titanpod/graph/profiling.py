@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from titanpod.device import backend_class
+
 STEP_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 
 
@@ -84,15 +86,14 @@ class Trace(Protocol):
 
 
 class TorchTrace:
-    """``torch.profiler`` on the process's activities (CPU, and CUDA or the tpu lane's device where present)."""
+    """``torch.profiler`` on the process's activities (CPU, and CUDA or the tpu lane's device where present),
+    with the lane's own extra option where its backend class has one (``profiler_config``)."""
 
     def __init__(self, config: ProfileConfig, folder: Path, rank: int, lane: str) -> None:
         import torch.profiler
 
         activities = sorted(torch.profiler.supported_activities(), key=lambda activity: activity.value)
-        experimental = None
-        if lane == "tpu":  # torch_tpu's public profiler option: adds the TPU's XProf trace beside the CPU's
-            experimental = torch.tpu.profiler.TpuProfilerConfig(run_dir=str(folder), worker_rank=f"rank{rank}")  # type: ignore[attr-defined]
+        experimental = backend_class(lane).profiler_config(folder, rank)
         self._profiler = torch.profiler.profile(
             activities=activities,
             on_trace_ready=torch.profiler.tensorboard_trace_handler(str(folder), worker_name=f"rank{rank}"),
@@ -143,8 +144,9 @@ class JaxTrace:
 
 
 def lane_trace(config: ProfileConfig, folder: Path, rank: int, lane: str) -> Trace:
-    """The trace for ``lane``: ``jax.profiler`` on the xla lane, ``torch.profiler`` elsewhere."""
-    if lane == "xla":
+    """The trace for ``lane``: ``jax.profiler`` where its backend class traces with JAX (the xla lane),
+    ``torch.profiler`` elsewhere."""
+    if backend_class(lane).traces_with_jax:
         return JaxTrace(folder)
     return TorchTrace(config, folder, rank, lane)
 

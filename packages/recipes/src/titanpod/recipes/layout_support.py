@@ -19,7 +19,7 @@ Runner = Literal["pretrain", "sft", "grpo", "diffusion"]
 
 
 class LayoutTraits(Protocol):
-    """What the table asks of a lane: a backend class or instance, or ``titanpod.device.lane_traits(lane)``."""
+    """What the table asks of a lane: a backend class or instance, or ``titanpod.device.backend_class(lane)``."""
 
     single_controller: bool
     """One process drives every device and the compiler partitions the step."""

@@ -41,7 +41,7 @@ def start_spmd(parallel: ParallelConfig, backend: Backend, world_size: int) -> S
     Runs before any ``xla`` tensor is made. Batches are then split over the mesh's data axes as they
     reach the device (``backend.place_batch``).
     """
-    if backend.lane != "torch_xla" or world_size > 1:
+    if not backend.spmd_on_request or world_size > 1:
         return None
     axes = parallel.mesh_axes(backend.device_count())
     if math.prod(axes.values()) == 1:

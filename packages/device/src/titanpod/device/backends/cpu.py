@@ -6,6 +6,7 @@ import torch
 
 from titanpod.device.backend import Backend
 from titanpod.device.chips import ChipSpec, measure_cpu_peak
+from titanpod.device.host_launch import HostLaunch
 from titanpod.device.memory import MemoryStats, host_memory_stats, reset_host_peak
 
 
@@ -16,6 +17,9 @@ class CpuBackend(Backend):
     device_type = "cpu"
     dist_backend = "gloo"
     compile_backend = "inductor"
+    device_memory_is_host = True
+    stand_in_lanes = ("cpu",)
+    launch = HostLaunch(processes_per_host=1)
 
     def __init__(self) -> None:
         self._chip: ChipSpec | None = None

@@ -9,7 +9,9 @@ import torch
 
 from titanpod.device.backend import Backend
 from titanpod.device.chips import TFLOPS, ChipSpec, chip_by_name, measure_gpu_peak
+from titanpod.device.host_launch import HostLaunch
 from titanpod.device.memory import MemoryStats
+from titanpod.device.probes import cuda_visible
 
 
 class CudaBackend(Backend):
@@ -19,9 +21,21 @@ class CudaBackend(Backend):
     device_type = "cuda"
     dist_backend = "nccl"
     compile_backend = "inductor"
+    launch = HostLaunch(counts_local_devices=True)
 
     def __init__(self) -> None:
         self._chip: ChipSpec | None = None
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why not: PyTorch sees no CUDA device (and which build of PyTorch this is)."""
+        if cuda_visible():
+            return None
+        build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        return (
+            f"lane 'cuda' needs a CUDA GPU, but PyTorch {torch.__version__} ({build}) sees none. "
+            "Check nvidia-smi and CUDA_VISIBLE_DEVICES, or choose another lane (TITANPOD_LANE=cpu)."
+        )
 
     def device_count(self) -> int:
         """GPUs visible to this process."""

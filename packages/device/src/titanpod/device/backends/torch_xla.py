@@ -14,6 +14,7 @@ import torch
 from titanpod.device.backend import Backend
 from titanpod.device.chips import ChipSpec, chip_by_name, measure_cpu_peak
 from titanpod.device.memory import MemoryStats, host_memory_stats, unavailable_memory_stats
+from titanpod.device.probes import module_installed, tpu_attached
 
 
 class TorchXlaBackend(Backend):
@@ -24,6 +25,22 @@ class TorchXlaBackend(Backend):
     dist_backend = "xla"
     compile_backend = "openxla"
     supports_pipeline = False
+    spmd_on_request = True
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why not: torch_xla is not installed."""
+        if module_installed("torch_xla"):
+            return None
+        return (
+            "lane 'torch_xla' needs torch_xla, which is not installed. It is the legacy TPU "
+            "path: pip install torch_xla built for your PyTorch version, or prefer lane 'tpu'."
+        )
+
+    @classmethod
+    def detected(cls) -> bool:
+        """torch_xla is installed and a TPU is attached (on the host CPU it runs only when asked for)."""
+        return tpu_attached() and module_installed("torch_xla")
 
     def __init__(self) -> None:
         import torch_xla

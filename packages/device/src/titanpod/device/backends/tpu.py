@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from titanpod.device.backend import Backend
 from titanpod.device.chips import ChipSpec, chip_by_name
 from titanpod.device.errors import LaneUnavailableError
+from titanpod.device.host_launch import HostLaunch
 from titanpod.device.memory import MemoryStats, unavailable_memory_stats
+from titanpod.device.probes import module_installed, tpu_attached
 
 TPU_TYPE_ENV_VARS = ("TPU_ACCELERATOR_TYPE", "ACCELERATOR_TYPE")
 """Environment variables a TPU VM sets to its slice type, e.g. ``v5p-128``."""
@@ -61,9 +65,38 @@ class TpuBackend(Backend):
     device_type = "tpu"
     dist_backend = None
     compile_backend = "tpu"
+    stand_in_lanes = ("cpu", "xla")  # a pod's step is built by the torch executor or as XLA SPMD
+    launch = HostLaunch(
+        devices_per_host_var="TORCH_TPU_DEVICES_PER_HOST",
+        devices_from_slice_type=True,
+        workers_from_vm_metadata=True,
+        slicebuilder_ports=True,
+    )
 
     def __init__(self) -> None:
         register_tpu_device()
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why not: torch_tpu is not installed, or no TPU is attached."""
+        if not module_installed("torch_tpu"):
+            return (
+                "lane 'tpu' needs torch_tpu, which is not installed. On a TPU VM install the tpu "
+                "environment: uv sync --locked --project envs/tpu (or pip install 'titanpod-device[tpu]'). "
+                "Do not install it where there is no TPU: without libtpu, `import torch` fails."
+            )
+        if not tpu_attached():
+            return (
+                "lane 'tpu' needs a TPU, but none is attached to this machine "
+                "(no /dev/accel* node and no Google PCI device). Run on a TPU VM, or choose "
+                "another lane (TITANPOD_LANE=cpu)."
+            )
+        return None
+
+    @classmethod
+    def profiler_config(cls, folder: Path, rank: int) -> Any:
+        """torch_tpu's public profiler option: it adds the TPU's XProf trace beside the CPU's."""
+        return torch.tpu.profiler.TpuProfilerConfig(run_dir=str(folder), worker_rank=f"rank{rank}")  # type: ignore[attr-defined]
 
     def device_count(self) -> int:
         """TPU devices visible to this process."""

@@ -16,6 +16,7 @@ import torch
 from titanpod.device.backend import Backend
 from titanpod.device.chips import ChipSpec, chip_by_name, measure_cpu_peak
 from titanpod.device.memory import MemoryStats, host_memory_stats
+from titanpod.device.probes import module_installed
 
 
 class XlaBackend(Backend):
@@ -27,6 +28,20 @@ class XlaBackend(Backend):
     compile_backend = None
     single_controller = True
     supports_pipeline = False
+    traces_with_jax = True
+    stand_in_lanes = ("xla",)
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why not: jax or torchax is not installed."""
+        missing = [m for m in ("jax", "torchax") if not module_installed(m)]
+        if not missing:
+            return None
+        return (
+            f"lane 'xla' needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+            "not installed. Install them with: pip install 'titanpod-device[xla]' "
+            "(in this repository: uv sync)."
+        )
 
     def __init__(self) -> None:
         import jax

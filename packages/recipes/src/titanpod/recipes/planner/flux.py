@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from rich.table import Table
 
-from titanpod.device import ChipSpec, lane_traits
+from titanpod.device import ChipSpec, backend_class
 from titanpod.models import parameter_count
 from titanpod.models.flux import FLUX_FLAVORS, FluxOps, build_flux_transformer
 from titanpod.models.flux.layers import axes_rotary_cos_sin
@@ -94,7 +94,7 @@ class FluxRunPlan:
 def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: float) -> FluxRunPlan:
     """Plan ``recipe`` on ``chips`` chips of kind ``chip``; ``PlanError`` for a layout diffusion runs do not take."""
     lane = planned_lane(recipe.device.lane, chip)
-    check_layout("diffusion", lane, lane_traits(lane), recipe.parallel, recipe.train)  # as the runner will
+    check_layout("diffusion", lane, backend_class(lane), recipe.parallel, recipe.train)  # as the runner will
     devices = chips * chip.devices_per_chip
     latent_side = recipe.data.resolution // (1 if recipe.model.autoencoder == "pixels" else 8)
     channels = 3 if recipe.model.autoencoder == "pixels" else 16

@@ -34,7 +34,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from titanpod.device import ChipSpec, lane_traits
+from titanpod.device import ChipSpec, backend_class
 from titanpod.parallel import ShardingPlan
 from titanpod.recipes.planner.limits import FIT_FRACTION
 
@@ -137,7 +137,7 @@ def plan_host_memory(
     (frozen encoders), at another moment than the sharded weights. ``None`` on the ``cpu`` lane,
     where device memory is host memory.
     """
-    traits = lane_traits(lane)
+    traits = backend_class(lane)
     if traits.device_memory_is_host:
         return None
     local = {name: plan.local_numel(name, shape, mesh) for name, shape in shapes.items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from titanpod.device import lane_traits
+from titanpod.device import backend_class
 from titanpod.recipes.planner.host import PHASES, HostBytes, HostMemoryPlan
 from titanpod.recipes.planner.limits import FIT_FRACTION
 
@@ -82,7 +82,7 @@ def host_shortfall(host: HostMemoryPlan) -> str:
             "--output.no-save-weights skips the final gather (the trainer-state checkpoints keep the weights)",
         ),
     }[phase]
-    if lane_traits(host.lane).single_controller and phase in ("init", "load", "train"):
+    if backend_class(host.lane).single_controller and phase in ("init", "load", "train"):
         fix = f"--device.lane {host.chip.auto_lane} creates parameters on the devices, not the host, or {fix}"
     return (
         f"host memory: a {host.chip.name} worker VM needs {_gib(peak)} at its {PHASES[phase]} ({held}); "

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from titanpod.device import ChipSpec, lane_traits
+from titanpod.device import ChipSpec, backend_class
 from titanpod.kernels import model_ops
 from titanpod.models import Transformer, build_model, parameter_count
 from titanpod.parallel import DATA_AXES, PLANS, ShardingPlan
@@ -159,7 +159,7 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
         raise ValueError(f"The target MFU must be in (0, 1], got {target_mfu}.")
     devices = chips * chip.devices_per_chip
     lane = planned_lane(recipe.device.lane, chip)
-    check_layout("pretrain", lane, lane_traits(lane), recipe.parallel, recipe.train)  # as the runner will
+    check_layout("pretrain", lane, backend_class(lane), recipe.parallel, recipe.train)  # as the runner will
     recipe = with_pipeline_microbatches(recipe)  # with pp: the step's batch in the pipeline's micro-batches
     model = build_model(recipe.model.family, recipe.model.args(), model_ops(recipe.kernels))
     mesh = recipe.parallel.mesh_axes(devices)

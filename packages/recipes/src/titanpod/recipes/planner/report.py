@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from titanpod.device import ChipSpec, chip_by_name, lane_traits, measure_cpu_peak
+from titanpod.device import ChipSpec, backend_class, chip_by_name, measure_cpu_peak
 from titanpod.parallel import PlanError
 from titanpod.recipes.planner.host_table import add_host_row, print_host
 from titanpod.recipes.planner.plan import FIT_FRACTION, RunPlan, plan_run, with_changes
@@ -112,8 +112,8 @@ def host_suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: flo
         candidates.append(("--train.memory-policy recompute", changed, chips))
     if (
         plan.host is not None
-        and lane_traits(plan.host.lane).single_controller
-        and not lane_traits(chip.auto_lane).device_memory_is_host
+        and backend_class(plan.host.lane).single_controller
+        and not backend_class(chip.auto_lane).device_memory_is_host
     ):
         changed = with_changes(recipe, device={"lane": chip.auto_lane})
         candidates.append((f"--device.lane {chip.auto_lane}", changed, chips))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from titanpod.device import backend_class
 from titanpod.graph import ProfileConfig
 from titanpod.models.common.args import DecoderArgs
 from titanpod.recipes.model_shape import EXPERT_SIZES, ModelShape
@@ -57,6 +58,8 @@ class RehearsalLane:
     """Processes of one run (torch.distributed.run starts them when there are several)."""
     host_devices: int
     """Devices each process drives: XLA host devices of one controller when more than one."""
+    pinned_host_memory: bool
+    """The devices have pinned host memory to offload activations to (the ``offload`` memory policy)."""
 
     @property
     def devices(self) -> int:
@@ -65,10 +68,15 @@ class RehearsalLane:
 
 
 REHEARSAL_LANES = {
-    "cpu": RehearsalLane("torch executor, gloo processes", processes=TORCH_PROCESSES, host_devices=1),
-    "xla": RehearsalLane("XLA SPMD, host devices", processes=1, host_devices=XLA_DEVICES),
+    "cpu": RehearsalLane(
+        "torch executor, gloo processes", processes=TORCH_PROCESSES, host_devices=1, pinned_host_memory=True
+    ),
+    "xla": RehearsalLane("XLA SPMD, host devices", processes=1, host_devices=XLA_DEVICES, pinned_host_memory=False),
 }
 """The lanes a rehearsal can run on this machine, and how each is run."""
+
+POD_LANE = "tpu"
+"""The lane ``device.lane auto`` means for a pod recipe, which the rehearsal stands in for."""
 
 
 PALLAS_CHOICES = ("splash", "pallas", "gmm")
@@ -139,19 +147,19 @@ def scaled_degree(degree: int) -> int:
 
 
 def rehearsal_lanes(recipe: Recipe) -> tuple[str, ...]:
-    """The lanes a rehearsal runs on this machine: the recipe's own where it is here, else the cpu and xla lanes
-    (the cpu lane alone for pipeline stages, which the xla executor does not build).
+    """The lanes a rehearsal runs on this machine: the stand-ins its backend class names (``stand_in_lanes``:
+    the cpu or xla lane itself; for the tpu lane, the cpu and xla lanes), keeping only those that build
+    pipeline stages where the recipe has them and there is a choice.
 
-    ``auto`` and ``tpu`` mean the tpu lane on a pod; here they rehearse as the torch executor
-    on the cpu lane and the XLA SPMD executor on the xla lane, the two ways a pod step is built.
+    ``auto`` means the tpu lane on a pod; here it rehearses as the torch executor on the cpu lane and the
+    XLA SPMD executor on the xla lane, the two ways a pod step is built.
     """
-    lane = recipe.device.lane
-    if recipe.parallel.pp > 1 and lane in ("auto", "tpu"):
-        return ("cpu",)  # pipeline stages are built by the torch executor only
-    if lane in ("auto", "tpu"):
-        return ("cpu", "xla")
-    if lane in REHEARSAL_LANES:
-        return (lane,)
+    lane = {"auto": POD_LANE}.get(recipe.device.lane, recipe.device.lane)
+    lanes = tuple(name for name in backend_class(lane).stand_in_lanes if name in REHEARSAL_LANES)
+    if recipe.parallel.pp > 1 and len(lanes) > 1:
+        lanes = tuple(name for name in lanes if backend_class(name).supports_pipeline)
+    if lanes:
+        return lanes
     raise RehearsalError(
         f"device.lane {lane!r} cannot be rehearsed on this machine (it has no such device); "
         "rehearse with --device.lane auto (cpu and xla lanes) or run the recipe where that lane exists."
@@ -160,7 +168,7 @@ def rehearsal_lanes(recipe: Recipe) -> tuple[str, ...]:
 
 def check_honourable(recipe: Recipe, lanes: tuple[str, ...]) -> None:
     """``RehearsalError`` naming the first setting this machine cannot run as the recipe sets it."""
-    if recipe.train.memory_policy == "offload" and "xla" in lanes:
+    if recipe.train.memory_policy == "offload" and not all(REHEARSAL_LANES[name].pinned_host_memory for name in lanes):
         raise RehearsalError(
             "train.memory_policy 'offload' moves activations to pinned host memory, which the xla lane's CPU "
             "devices do not have; rehearse it on the cpu lane only (--device.lane cpu)."
@@ -170,7 +178,7 @@ def check_honourable(recipe: Recipe, lanes: tuple[str, ...]) -> None:
             "data.shuffle_buffer is refilled on resume, so the rehearsal could not check that a resumed run "
             "equals an uninterrupted one; rehearse with --data.shuffle-buffer 0."
         )
-    if recipe.parallel.pp > 1 and "xla" in lanes:
+    if recipe.parallel.pp > 1 and not all(backend_class(name).supports_pipeline for name in lanes):
         raise RehearsalError(
             f"parallel.pp={recipe.parallel.pp}: pipeline stages run with the torch executor only, not on the xla "
             "lane; rehearse on the cpu lane (--rehearse-lanes cpu, or --device.lane auto)."

@@ -19,14 +19,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from titanpod.device import LANE_ENV_VAR, backend_class
+from titanpod.device.lanes import AUTO
 from titanpod.runs.pod_launch import cloud_metadata
 from titanpod.runs.pod_launch.agent import agent_command, run_agent
 from titanpod.runs.pod_launch.environment import (
-    LAUNCH_LANES,
     LaunchEnvironment,
     LaunchError,
     LaunchRequest,
+    host_launch,
     launch_environment,
+    launch_lanes,
 )
 from titanpod.runs.pod_launch.torch_tpu_env import FILLED_BY_TORCH_TPU, fill_from_torch_tpu, torch_tpu_installed
 
@@ -52,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nnodes", type=int, help="expected number of hosts, checked against --hosts")
     parser.add_argument("--coordinator", help="host[:port] of the process group's store (default: the first "
                         "host, port 29500)")  # fmt: skip
-    parser.add_argument("--lane", default="auto", choices=(*LAUNCH_LANES, "auto"), help="tpu, cuda or cpu "
+    parser.add_argument("--lane", default=AUTO, choices=(*launch_lanes(), AUTO), help="tpu, cuda or cpu "
                         "(default auto: TITANPOD_LANE, else what this machine has)")  # fmt: skip
     parser.add_argument("--base-port", type=int, help="first slicebuilder port on each host (lane tpu; "
                         "default TORCH_TPU_BASE_PORT or 8070)")  # fmt: skip
@@ -75,10 +78,10 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def chosen_lane(flag: str, environ: Mapping[str, str]) -> str:
     """``--lane``, else ``TITANPOD_LANE``, else the lane this machine would pick."""
-    if flag != "auto":
+    if flag != AUTO:
         return flag
-    from_env = environ.get("TITANPOD_LANE", "").strip().lower()
-    if from_env and from_env != "auto":
+    from_env = environ.get(LANE_ENV_VAR, "").strip().lower()
+    if from_env and from_env != AUTO:
         return from_env
     from titanpod.device.lanes import auto_lane
 
@@ -86,19 +89,19 @@ def chosen_lane(flag: str, environ: Mapping[str, str]) -> str:
 
 
 def request_from(args: argparse.Namespace, environ: Mapping[str, str]) -> LaunchRequest:
-    """The launch request: flags first; on lane tpu, the VM's metadata for what neither flag nor variable says."""
+    """The launch request: flags first; then what the lane's ``HostLaunch`` allows: the TPU VM's metadata for
+    hosts and rank neither flag nor variable gives (lane tpu), this host's devices counted (lane cuda)."""
     lane = chosen_lane(args.lane, environ)
+    launch = host_launch(lane)
     hosts = tuple(h.strip() for h in args.hosts.split(",") if h.strip()) if args.hosts else None
     node_rank, nproc = args.node_rank, args.nproc_per_node
-    if lane == "tpu" and hosts is None and not environ.get("TPU_WORKER_HOSTNAMES"):
+    if launch.workers_from_vm_metadata and hosts is None and not environ.get("TPU_WORKER_HOSTNAMES"):
         hosts = cloud_metadata.tpu_worker_hosts()
     rank_vars = ("NODE_RANK", "TPU_WORKER_ID", "JOB_COMPLETION_INDEX")
-    if lane == "tpu" and node_rank is None and not any(var in environ for var in rank_vars):
+    if launch.workers_from_vm_metadata and node_rank is None and not any(var in environ for var in rank_vars):
         node_rank = cloud_metadata.tpu_worker_number()
-    if lane == "cuda" and nproc is None:
-        import torch
-
-        nproc = torch.cuda.device_count() or None
+    if launch.counts_local_devices and nproc is None:
+        nproc = backend_class(lane)().device_count() or None
     return LaunchRequest(lane, hosts, node_rank, nproc, args.nnodes, args.coordinator, args.base_port)
 
 
@@ -125,11 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PREFIX} error: {error}", file=sys.stderr)
         return 2
     os.environ.update(launch.to_set)
-    if request.lane == "tpu":
+    if host_launch(request.lane).slicebuilder_ports:
         if torch_tpu_installed():
             fill_from_torch_tpu(launch.nnodes, launch.nproc_per_node)
         elif not args.dry_run:
-            print(f"{PREFIX} error: lane tpu needs torch_tpu in the launcher's environment, to set "
+            print(f"{PREFIX} error: lane {request.lane} needs torch_tpu in the launcher's environment, to set "
                   f"{' and '.join(FILLED_BY_TORCH_TPU)}: run it from the TPU environment "
                   "(uv run --project envs/tpu titanpod-launch ...).", file=sys.stderr)  # fmt: skip
             return 2

@@ -7,8 +7,11 @@ The variables are named as torch_tpu names them, so a job launched by either agr
 - every lane: ``NNODES``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (the process group's
   coordinator: the first host, port 29500), ``WORLD_SIZE`` (hosts x processes per host) and
   ``TITANPOD_LANE``;
-- lane ``tpu``, as well: ``TORCH_TPU_SLICEBUILDER_ADDRESSES``, ``host:port`` for each device
-  of each host in host order, ports ``TORCH_TPU_BASE_PORT`` (8070) + device index.
+- a lane whose processes run torch_tpu's runtime (``HostLaunch.slicebuilder_ports``: the tpu lane), as
+  well: ``TORCH_TPU_SLICEBUILDER_ADDRESSES``, ``host:port`` for each device of each host in host order,
+  ports ``TORCH_TPU_BASE_PORT`` (8070) + device index.
+
+What a lane needs is what its backend class declares (``Backend.launch``, a ``HostLaunch``).
 """
 
 from __future__ import annotations
@@ -16,14 +19,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from titanpod.device import LANE_ENV_VAR, LANES, HostLaunch, backend_class
 from titanpod.device.chips import chip_by_name
+from titanpod.device.lanes import AUTO
 
 DEFAULT_MASTER_PORT = 29500
 """The coordinator's port when neither ``--coordinator`` nor ``MASTER_PORT`` gives one (torch_tpu's)."""
 DEFAULT_BASE_PORT = 8070
 """torch_tpu's first slicebuilder port on each host (``TORCH_TPU_BASE_PORT``)."""
-LAUNCH_LANES = ("tpu", "cuda", "cpu")
-"""Lanes the launcher starts: one process per TPU device or GPU, or N CPU processes."""
 ACCELERATOR_TYPE_VARS = ("TPU_ACCELERATOR_TYPE", "ACCELERATOR_TYPE")
 """Where a TPU VM says its slice type (``v5p-256``), read for the devices per host."""
 
@@ -32,19 +35,34 @@ class LaunchError(ValueError):
     """The launch cannot be set up as asked; the message names the input and the fix."""
 
 
+def launch_lanes() -> tuple[str, ...]:
+    """Lanes the launcher starts: those whose backend class declares a ``HostLaunch`` (tpu, cuda, cpu)."""
+    return tuple(lane for lane in LANES if backend_class(lane).launch is not None)
+
+
+def host_launch(lane: str) -> HostLaunch:
+    """How the launcher starts ``lane`` on a host; ``LaunchError`` naming the lanes it starts otherwise."""
+    launch = backend_class(lane).launch if lane in LANES else None
+    if launch is None:
+        raise LaunchError(
+            f"Lane {lane!r} cannot be launched by titanpod-launch; choose one of {', '.join(launch_lanes())}."
+        )
+    return launch
+
+
 @dataclass(frozen=True)
 class LaunchRequest:
     """What the launcher was told on its command line; ``None`` means: from the environment."""
 
     lane: str = "tpu"
-    """``tpu``, ``cuda`` or ``cpu``."""
+    """A lane the launcher starts (``launch_lanes``): ``tpu``, ``cuda`` or ``cpu``."""
     hosts: tuple[str, ...] | None = None
     """Every worker host of the job in order, the same list on every host; else ``TPU_WORKER_HOSTNAMES``."""
     node_rank: int | None = None
     """This host's index in ``hosts``; else ``NODE_RANK``, ``TPU_WORKER_ID`` or ``JOB_COMPLETION_INDEX``."""
     nproc_per_node: int | None = None
-    """Processes on this host; else ``TORCH_TPU_DEVICES_PER_HOST`` or the slice type's devices per host
-    (lane tpu), 1 (lane cpu)."""
+    """Processes on this host; else what the lane's ``HostLaunch`` says: ``TORCH_TPU_DEVICES_PER_HOST`` or the
+    slice type's devices per host (lane tpu), 1 (lane cpu)."""
     nnodes: int | None = None
     """Expected number of hosts, checked against ``hosts`` so a wrong list fails here, not as a hang."""
     coordinator: str | None = None
@@ -153,10 +171,13 @@ def node_rank(request: LaunchRequest, environ: Mapping[str, str], hosts: tuple[s
 
 
 def processes_per_host(request: LaunchRequest, environ: Mapping[str, str]) -> int:
-    """``--nproc-per-node``; on lane tpu else ``TORCH_TPU_DEVICES_PER_HOST`` or the slice type's; 1 on cpu."""
+    """``--nproc-per-node``, else as the lane's ``HostLaunch`` says: its devices-per-host variable
+    (``TORCH_TPU_DEVICES_PER_HOST``) or the slice type's devices per host (lane tpu), its fixed count (1 on cpu)."""
+    launch = host_launch(request.lane)
     value: str | None = str(request.nproc_per_node) if request.nproc_per_node is not None else None
-    if request.lane == "tpu":
-        value = _agreed(request.nproc_per_node, "--nproc-per-node", "TORCH_TPU_DEVICES_PER_HOST", environ)
+    if launch.devices_per_host_var is not None:
+        value = _agreed(request.nproc_per_node, "--nproc-per-node", launch.devices_per_host_var, environ)
+    if launch.devices_from_slice_type:
         slice_type = next((environ[var] for var in ACCELERATOR_TYPE_VARS if environ.get(var)), None)
         if value is None and slice_type is not None:
             try:
@@ -166,14 +187,15 @@ def processes_per_host(request: LaunchRequest, environ: Mapping[str, str]) -> in
             if chip.chips_per_host is not None:
                 value = str(chip.chips_per_host * chip.devices_per_chip)
         if value is None:
+            variables = " or ".join(var for var in (launch.devices_per_host_var, ACCELERATOR_TYPE_VARS[0]) if var)
             raise LaunchError(
                 "Cannot tell how many TPU devices each host has: pass --nproc-per-node (4 on v5p, v5e, "
-                "v6e hosts; 8 on v7), or set TORCH_TPU_DEVICES_PER_HOST or TPU_ACCELERATOR_TYPE."
+                f"v6e hosts; 8 on v7), or set {variables}."
             )
-    elif value is None:
-        if request.lane == "cuda":
-            raise LaunchError("Lane cuda: pass --nproc-per-node, the number of GPUs on each host.")
-        value = "1"
+    if value is None and launch.processes_per_host is not None:
+        value = str(launch.processes_per_host)
+    if value is None:
+        raise LaunchError(f"Lane {request.lane}: pass --nproc-per-node, the number of devices on each host.")
     count = _integer(value, "--nproc-per-node")
     if count < 1:
         raise LaunchError(f"--nproc-per-node must be at least 1, got {count}.")
@@ -202,15 +224,12 @@ def slicebuilder_addresses(hosts: tuple[str, ...], devices_per_host: int, base_p
 
 def launch_environment(request: LaunchRequest, environ: Mapping[str, str]) -> LaunchEnvironment:
     """The launch variables of this host, given the launcher's flags and the environment it runs in."""
-    if request.lane not in LAUNCH_LANES:
+    launch = host_launch(request.lane)
+    already_set = environ.get(LANE_ENV_VAR, "")
+    if already_set not in {"", AUTO, request.lane}:
         raise LaunchError(
-            f"Lane {request.lane!r} cannot be launched by titanpod-launch; choose one of {', '.join(LAUNCH_LANES)}."
-        )
-    lane = environ.get("TITANPOD_LANE", "")
-    if lane not in ("", "auto", request.lane):
-        raise LaunchError(
-            f"--lane {request.lane} disagrees with TITANPOD_LANE={lane} already set in the environment, which "
-            "the launcher never overwrites: unset TITANPOD_LANE or pass --lane " + lane + "."
+            f"--lane {request.lane} disagrees with {LANE_ENV_VAR}={already_set} already set in the environment, "
+            f"which the launcher never overwrites: unset {LANE_ENV_VAR} or pass --lane {already_set}."
         )
     hosts = worker_hosts(request, environ)
     rank = node_rank(request, environ, hosts)
@@ -222,9 +241,9 @@ def launch_environment(request: LaunchRequest, environ: Mapping[str, str]) -> La
         "MASTER_ADDR": addr,
         "MASTER_PORT": str(port),
         "WORLD_SIZE": str(len(hosts) * nproc),
-        "TITANPOD_LANE": request.lane,
+        LANE_ENV_VAR: request.lane,
     }
-    if request.lane == "tpu":
+    if launch.slicebuilder_ports:
         base = _integer(_agreed(request.base_port, "--base-port", "TORCH_TPU_BASE_PORT", environ)
                         or DEFAULT_BASE_PORT, "TORCH_TPU_BASE_PORT")  # fmt: skip
         computed["TORCH_TPU_SLICEBUILDER_ADDRESSES"] = slicebuilder_addresses(hosts, nproc, base)
