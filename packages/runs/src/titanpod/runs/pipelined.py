@@ -9,10 +9,11 @@ from torch.distributed.tensor import DTensor
 from titanpod.checkpoint.safetensors_stream import TensorEntry
 from titanpod.device import Backend
 from titanpod.kernels import model_ops
-from titanpod.models import RegionValues, Transformer, build_model
-from titanpod.parallel import PLANS, PlanError
+from titanpod.models import RegionValues, Transformer
+from titanpod.parallel import PlanError
 from titanpod.parallel.torch_executor import PipelineModel, parallelize_pipeline
 from titanpod.parallel.torch_executor.pipeline_gather import gather_pipeline_weights
+from titanpod.recipes.families import build_model, sharding_plan
 from titanpod.recipes.pipeline_batch import with_pipeline_microbatches as with_pipeline_microbatches
 from titanpod.recipes.recipe import Recipe
 
@@ -30,7 +31,7 @@ def build_pipeline(
     model: Transformer, recipe: Recipe, backend: Backend, initial_values: RegionValues | None
 ) -> PipelineModel:
     """This rank's stages of ``model``, sharded by its family's plan over its pp rank's sub-mesh."""
-    plan = PLANS[recipe.model.family]
+    plan = sharding_plan(recipe.model.family)
     return parallelize_pipeline(model, plan, recipe.parallel, backend, recipe.train.grad_accum_steps, initial_values)
 
 

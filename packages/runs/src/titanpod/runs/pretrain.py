@@ -16,9 +16,10 @@ from titanpod.data import TrainData, build_data, gather_data_state
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainConfig, TrainSummary, build_step
 from titanpod.kernels import model_ops
-from titanpod.models import RegionValues, Transformer, build_model, parameter_count, region_initializer
-from titanpod.parallel import DATA_AXES, PLANS, check_sequence_length
+from titanpod.models import RegionValues, Transformer, parameter_count, region_initializer
+from titanpod.parallel import DATA_AXES, check_sequence_length
 from titanpod.parallel.torch_executor import parallelize
+from titanpod.recipes.families import build_model, hf_adapter, sharding_plan
 from titanpod.recipes.recipe import NamedRun, Recipe
 from titanpod.runs.hf_export import training_extras
 from titanpod.runs.init_from import build_pretrained_model, pretrained_for
@@ -163,7 +164,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         sharded = pipeline.sharded
         data_rank, data_world = sharded.data_rank, sharded.data_world
     elif info.world_size > 1:
-        sharded = parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend, initial_values)
+        sharded = parallelize(model, sharding_plan(recipe.model.family), recipe.parallel, backend, initial_values)
         data_rank, data_world = sharded.data_rank, sharded.data_world
     else:
         data_rank, data_world = 0, 1
@@ -173,7 +174,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     model_device = backend.parameter_device(info.local_rank)
     trained = model if pipeline is None else pipeline.model  # a pipeline rank trains and saves its stages alone
     with RunSession(recipe, backend, console) as session:
-        plan = PLANS[recipe.model.family]  # the xla step creates a meta model's parameters from initial_values
+        plan = sharding_plan(recipe.model.family)  # the xla step creates a meta model's parameters from initial_values
         step = build_step(
             trained,
             recipe.train,
@@ -243,7 +244,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
                 if whole is not None:
                     hf_path = save_hf_checkpoint(
                         whole,
-                        recipe.model.family,
+                        hf_adapter(recipe.model.family),
                         session.run_dir / "hf",
                         special_tokens=extras.special_tokens,
                         extra_files=extras.hf_files(),

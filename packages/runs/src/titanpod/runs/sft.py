@@ -28,9 +28,10 @@ from titanpod.data.tokenizer import check_fits
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainSummary, build_step
 from titanpod.kernels import model_ops
-from titanpod.models import RegionValues, Transformer, build_model, parameter_count
-from titanpod.parallel import PLANS, check_sequence_length
+from titanpod.models import RegionValues, Transformer, parameter_count
+from titanpod.parallel import check_sequence_length
 from titanpod.parallel.torch_executor import ParallelModel, parallelize
+from titanpod.recipes.families import build_model, decoder_adapters, hf_adapter, sharding_plan
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.evaluation import Evaluation, evaluate
 from titanpod.runs.hf_export import post_training_tokenizer, training_extras
@@ -144,7 +145,7 @@ def build_sft_model(
     if recipe.model.init_from is None:
         seeded, initial_values = build_seeded_model(recipe, backend)  # type: ignore[arg-type]
         return seeded, f"seed {recipe.train.seed} ({recipe.model.flavor})", None, initial_values
-    folder = open_pretrained(recipe.model.init_from)
+    folder = open_pretrained(recipe.model.init_from, decoder_adapters())
     if folder.family != recipe.model.family:
         raise ValueError(
             f"model.init_from {recipe.model.init_from!r} holds a {folder.family} model, but model.family is "
@@ -175,7 +176,7 @@ def place_sft_model(
     if say is not None and pretrained is not None:
         say(f"reading the weights of {pretrained.describe()}")
     if process_info().world_size > 1:
-        return parallelize(model, PLANS[recipe.model.family], recipe.parallel, backend, initial_values=reader)
+        return parallelize(model, sharding_plan(recipe.model.family), recipe.parallel, backend, initial_values=reader)
     if reader is not None:
         model.to_empty(device=backend.parameter_device(process_info().local_rank))
         read_into_model(model, reader)
@@ -305,7 +306,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
             if recipe.checkpoint.export_hf:
                 result.hf_path = save_hf_checkpoint(
                     model,
-                    recipe.model.family,
+                    hf_adapter(recipe.model.family),
                     session.run_dir / HF_FOLDER,
                     special_tokens=extras.special_tokens,
                     extra_files=extras.hf_files(),

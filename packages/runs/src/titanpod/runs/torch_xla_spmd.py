@@ -9,8 +9,8 @@ from typing import Any
 from torch import nn
 
 from titanpod.device import Backend
-from titanpod.parallel import PLANS
 from titanpod.parallel.torch_xla_executor import shard_batch, shard_parameters, spmd_mesh
+from titanpod.recipes.families import sharding_plan
 from titanpod.recipes.recipe import Recipe
 
 
@@ -32,7 +32,7 @@ class SpmdMesh:
 
     def shard(self, model: nn.Module, recipe: Recipe) -> None:
         """Lay ``model``'s parameters (on the ``xla`` device) out by its family's plan."""
-        shard_parameters(model, PLANS[recipe.model.family], self.mesh, self.axes)
+        shard_parameters(model, sharding_plan(recipe.model.family), self.mesh, self.axes)
 
 
 def start_spmd(recipe: Recipe, backend: Backend, world_size: int) -> SpmdMesh | None:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from titanpod.data.images.config import ImageDataConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
-from titanpod.models.registry import choose
+from titanpod.models.choice import choose
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe, FluxModelConfig, SampleConfig
 from titanpod.recipes.recipe import OutputConfig, TargetConfig

@@ -36,6 +36,7 @@ from titanpod.graph import JsonlWriter, TrainSummary, build_step, mfu
 from titanpod.graph.interrupt import stop_after_step
 from titanpod.graph.stop_agreement import StopAgreement
 from titanpod.models import Transformer, parameter_count
+from titanpod.recipes.families import hf_adapter
 from titanpod.recipes.posttrain.grpo_recipe import GRPORecipe
 from titanpod.rl.grpo.held_out import HeldOut
 from titanpod.rl.grpo.metrics import GRPOStepMetrics
@@ -68,7 +69,8 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
             setup.tokenizer.save(session.run_dir)
         reference = copy.deepcopy(setup.model).requires_grad_(False).eval() if recipe.grpo.kl_beta > 0 else None
         rows = recipe.grpo.prompts_per_step // setup.data_ranks * recipe.grpo.group_size
-        engine = open_rollout(recipe.rollout, setup.model, rows, session.say)  # before sharding: whole weights
+        # before sharding: whole weights
+        engine = open_rollout(recipe.rollout, setup.model, rows, session.say, family=setup.family)
         try:
             return train_grpo(setup, session, engine, reference)
         finally:
@@ -262,7 +264,7 @@ def write_model(setup: GRPOSetup, result: GRPOResult, say: Callable[[str], None]
     if recipe.checkpoint.export_hf:
         result.hf_path = save_hf_checkpoint(
             setup.model,
-            setup.family,
+            hf_adapter(setup.family),
             run_dir / HF_FOLDER,
             special_tokens=extras.special_tokens,
             extra_files=extras.hf_files(),

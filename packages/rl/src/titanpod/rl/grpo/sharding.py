@@ -15,8 +15,9 @@ from torch.distributed.tensor import DTensor
 
 from titanpod.device import Backend
 from titanpod.models import Transformer
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.parallel import ParallelConfig
 from titanpod.parallel.torch_executor import ParallelModel, parallelize
+from titanpod.recipes.families import sharding_plan
 from titanpod.rl.grpo.metrics import RolloutTotals
 from titanpod.rl.rollout import RolloutEngine, SyncReport, trainer_state
 
@@ -60,7 +61,7 @@ def shard_policy(
     device = policy.tok_embeddings.weight.device
     if world_size == 1:
         return TrainerSharding(None, device)
-    return TrainerSharding(parallelize(policy, PLANS[family], parallel, backend), device)
+    return TrainerSharding(parallelize(policy, sharding_plan(family), parallel, backend), device)
 
 
 def whole_weights(model: nn.Module) -> dict[str, torch.Tensor]:

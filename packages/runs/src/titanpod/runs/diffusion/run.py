@@ -14,9 +14,9 @@ from titanpod.device import get_backend, process_info
 from titanpod.graph import TrainSummary, build_step
 from titanpod.models import parameter_count
 from titanpod.models.flux.flow_matching import FlowMatchingModel
-from titanpod.parallel import PLANS
 from titanpod.parallel.torch_executor import parallelize
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
+from titanpod.recipes.families import sharding_plan
 from titanpod.runs.diffusion.batches import EncodingCache, FlowMatchingBatches
 from titanpod.runs.diffusion.components import DiffusionModels, build_diffusion_models
 from titanpod.runs.diffusion.sampling import generate
@@ -91,7 +91,9 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
     parameters = parameter_count(models.transformer)
     sharded = None
     if info.world_size > 1:  # only the trained transformer is sharded: the frozen encoders stay whole on every rank
-        sharded = parallelize(models.transformer, PLANS["flux"], recipe.parallel, backend, models.initial_values)
+        sharded = parallelize(
+            models.transformer, sharding_plan("flux"), recipe.parallel, backend, models.initial_values
+        )
     data_rank, data_world = (sharded.data_rank, sharded.data_world) if sharded is not None else (0, 1)
     data = build_image_data(recipe.data, recipe.train.seed, data_rank, data_world)
     cache = EncodingCache(Path(recipe.model.encodings_cache) if recipe.model.encodings_cache else None)
