@@ -41,7 +41,6 @@ def toy_debug() -> Recipe:
 
 TOY = ModelSpec(
     name="toy",
-    title="Toy",
     flavors=TOY_FLAVORS,
     build=Transformer,
     plan=DECODER_PLAN,

@@ -13,7 +13,6 @@ from titanpod.recipes.families.spec import ModelSpec
 
 SPEC = ModelSpec(
     name="flux",
-    title="FLUX.1",
     flavors=FLUX_FLAVORS,
     build=FluxTransformer,
     plan=FLUX_PLAN,

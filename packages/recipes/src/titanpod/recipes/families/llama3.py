@@ -65,7 +65,6 @@ def llama3_405b_pp() -> Recipe:
 
 SPEC = ModelSpec(
     name="llama3",
-    title="Llama 3",
     flavors=LLAMA3_FLAVORS,
     build=Transformer,
     plan=DECODER_PLAN,

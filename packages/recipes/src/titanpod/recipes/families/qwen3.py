@@ -38,7 +38,6 @@ def qwen3_32b() -> Recipe:
 
 SPEC = ModelSpec(
     name="qwen3",
-    title="Qwen 3",
     flavors=QWEN3_FLAVORS,
     build=Transformer,
     plan=DECODER_PLAN,

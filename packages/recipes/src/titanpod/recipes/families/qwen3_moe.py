@@ -36,7 +36,6 @@ def qwen3_235b_a22b() -> Recipe:
 
 SPEC = ModelSpec(
     name="qwen3_moe",
-    title="Qwen 3 MoE",
     flavors=QWEN3_MOE_FLAVORS,
     build=Transformer,
     plan=DECODER_PLAN,

@@ -23,8 +23,6 @@ class ModelSpec:
 
     name: str
     """Family name, as recipes (``model.family``), ``model.json`` and the model card give it, e.g. ``llama3``."""
-    title: str
-    """The family in words, e.g. ``Llama 3``."""
     flavors: Mapping[str, Any]
     """Flavor name -> the model's args (``DecoderArgs`` for the decoders), e.g. ``debug`` .. ``405B``."""
     build: Callable[[Any, Any], nn.Module]
