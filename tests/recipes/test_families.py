@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from titanpod.models.adapters import DecoderAdapter
 from titanpod.recipes import RECIPES
+from titanpod.recipes.diffusion.registry import DIFFUSION_RECIPES
 from titanpod.recipes.families import MODEL_SPECS, decoder_adapters, named_recipes
 
 
 def test_every_named_recipe_is_a_specs_and_trains_that_family():
-    assert dict(RECIPES) == named_recipes()
+    assert dict(RECIPES) == named_recipes() and "llama3_debug" in RECIPES
+    assert dict(DIFFUSION_RECIPES) == named_recipes("diffusion") == dict(MODEL_SPECS["flux"].recipes)
     for name, spec in MODEL_SPECS.items():
         for recipe_name, recipe in spec.recipes.items():
             made = recipe()
-            assert (made.name, made.model.family) == (recipe_name, name)
-            assert made.model.flavor in spec.flavors
+            assert made.name == recipe_name and made.model.flavor in spec.flavors
+            assert getattr(made.model, "family", "flux") == name  # a diffusion recipe's model is FLUX.1
 
 
 def test_each_decoder_family_is_read_from_hugging_face_as_itself():

@@ -65,13 +65,13 @@ def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 def test_the_toy_family_is_known_only_where_its_spec_is_passed():
     assert model_spec("toy", SPECS) is TOY
-    assert "toy_debug" in named_recipes(SPECS) and "toy_debug" not in RECIPES
+    assert "toy_debug" in named_recipes(specs=SPECS) and "toy_debug" not in RECIPES
     with pytest.raises(KeyError, match="Unknown model family 'toy'"):
         model_spec("toy")
 
 
 def test_a_toy_family_trains_on_the_cpu_lane_exports_and_reloads(tmp_path):
-    recipe = named_recipes(SPECS)["toy_debug"]()
+    recipe = named_recipes(specs=SPECS)["toy_debug"]()
     model = build_model(recipe.model.family, recipe.model.flavor, device="cpu", specs=SPECS)
     model.init_weights(recipe.train.seed)
     for name, _ in model.named_parameters():

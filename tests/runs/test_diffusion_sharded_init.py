@@ -15,7 +15,7 @@ from titanpod.device import get_backend
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.families import sharding_plan
 from titanpod.parallel.torch_executor import local_region, parallelize
-from titanpod.recipes.diffusion import get_diffusion_recipe
+from titanpod.recipes.diffusion.registry import get_diffusion_recipe
 from titanpod.runs.diffusion.components import build_diffusion_models
 
 CPU = torch.device("cpu")

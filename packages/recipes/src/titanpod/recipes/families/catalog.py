@@ -84,6 +84,9 @@ def decoder_adapters(specs: Mapping[str, ModelSpec] = MODEL_SPECS) -> dict[str, 
     return {name: spec.hf_adapter for name, spec in specs.items() if isinstance(spec.hf_adapter, DecoderAdapter)}
 
 
-def named_recipes(specs: Mapping[str, ModelSpec] = MODEL_SPECS) -> dict[str, Callable[[], Any]]:
-    """Recipe name -> recipe function, over every family's recipes in family order."""
-    return {name: recipe for spec in specs.values() for name, recipe in spec.recipes.items()}
+def named_recipes(kind: str = "pretrain", specs: Mapping[str, ModelSpec] = MODEL_SPECS) -> dict[str, Callable[[], Any]]:
+    """Recipe name -> recipe function, over the recipes of every family whose ``recipe_kind`` is ``kind``, in family
+    order."""
+    return {
+        name: recipe for spec in specs.values() if spec.recipe_kind == kind for name, recipe in spec.recipes.items()
+    }

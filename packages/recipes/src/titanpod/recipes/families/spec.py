@@ -34,6 +34,9 @@ class ModelSpec:
     """config.json and tensor names in Hugging Face's form, both ways; ``None`` when the family has none."""
     recipes: Mapping[str, Callable[[], Any]] = field(default_factory=dict)
     """Named recipes that train this family (name -> a function returning the recipe)."""
+    recipe_kind: str = "pretrain"
+    """What ``recipes`` are and which app runs them: ``pretrain`` (``Recipe``, ``titanpod-pretrain``) or
+    ``diffusion`` (``DiffusionRecipe``, ``titanpod-diffusion``)."""
     vllm: bool = False
     """vLLM serves the Hugging Face class of ``hf_adapter``: rollouts may run there (``rollout.mode vllm``)."""
 
