@@ -11,8 +11,8 @@ from PIL import Image
 
 from tests.conftest import XLA_ENV
 from titanpod.checkpoint import load_weights
-from titanpod.models import build_model
 from titanpod.pretrain.cli import parse_recipe
+from titanpod.recipes.families import build_model
 
 SHORT_RUN = [
     "--train.steps", "6", "--train.warmup-steps", "2", "--train.log-every", "3",

@@ -27,9 +27,9 @@ from titanpod.checkpoint import safetensors_stream, save_hf_checkpoint, save_mod
 from titanpod.checkpoint.pretrained import open_pretrained
 from titanpod.checkpoint.region_reader import read_into_model
 from titanpod.device import ensure_process_group, get_backend
-from titanpod.models import build_model
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.parallel import ParallelConfig
 from titanpod.parallel.torch_executor import parallelize
+from titanpod.recipes.families import build_model, decoder_adapters, hf_adapter, sharding_plan
 from titanpod.runs.process_exit import exit_rank
 
 METADATA = {"step": 0}
@@ -59,12 +59,12 @@ def main() -> None:
         family, folder = spec.split("=", 1)
         out = args.out / family
         out.mkdir(parents=True, exist_ok=True)
-        pretrained = open_pretrained(folder)
+        pretrained = open_pretrained(folder, decoder_adapters())
         model = build_model(pretrained.family, pretrained.args)  # on the meta device: created shard by shard
         reader = pretrained.reader(model)
-        parallelize(model, PLANS[family], config, backend, initial_values=reader)
+        parallelize(model, sharding_plan(family), config, backend, initial_values=reader)
         filled = build_model(pretrained.family, pretrained.args, device="cpu")  # made whole, sharded, then filled
-        parallelize(filled, PLANS[family], config, backend)
+        parallelize(filled, sharding_plan(family), config, backend)
         read_into_model(filled, pretrained.reader(filled))
         same = all(
             torch.equal(a.to_local(), b.to_local())
@@ -73,7 +73,7 @@ def main() -> None:
         with torch.no_grad():
             logits = model(ids)
         save_model(model, family, out / "model", METADATA, extra_files=EXTRA_FILES)
-        save_hf_checkpoint(model, family, out / "hf", max_shard_size=HF_SHARD_SIZE)
+        save_hf_checkpoint(model, hf_adapter(family), out / "hf", max_shard_size=HF_SHARD_SIZE)
         (out / f"rank{rank}.json").write_text(
             json.dumps({"read": reader.bytes_read, "held": held_bytes(model), "same": same})
         )

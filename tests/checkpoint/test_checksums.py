@@ -26,6 +26,7 @@ from titanpod.checkpoint.checksums import CHECKSUMS_FILE
 from titanpod.checkpoint.step_folders import TRAINER_FILE, write_marker
 from titanpod.graph import EagerStep, TrainConfig
 from titanpod.models import Transformer
+from titanpod.recipes.families import decoder_adapters, hf_adapter
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -142,19 +143,19 @@ def test_a_flipped_byte_in_exported_weights_is_named(tmp_path):
 
 def test_a_flipped_byte_in_one_shard_of_a_hugging_face_export_is_named(tmp_path):
     model = tiny_model()
-    folder = save_hf_checkpoint(model, "llama3", tmp_path / "hf", max_shard_size="40KB")
+    folder = save_hf_checkpoint(model, hf_adapter("llama3"), tmp_path / "hf", max_shard_size="40KB")
     recorded = json.loads((folder / CHECKSUMS_FILE).read_text())["files"]
     shards = sorted(folder.glob("model-*.safetensors"))
     assert len(shards) > 2 and set(recorded) == {path.name for path in shards} | {"model.safetensors.index.json"}
     assert all(recorded[path.name]["xxh3_128"] == xxh3(path) for path in shards)
-    load_hf_checkpoint(folder)  # whole: loads
+    load_hf_checkpoint(folder, adapters=decoder_adapters())  # whole: loads
     flip_bytes(shards[1])
     with pytest.raises(CheckpointError, match=rf"damaged: {shards[1].name} has xxh3_128 \w{{32}}, the manifest says"):
-        load_hf_checkpoint(folder)
+        load_hf_checkpoint(folder, adapters=decoder_adapters())
 
 
 def test_weights_written_elsewhere_without_checksums_load_unchecked(tmp_path):
     model = tiny_model()
-    folder = save_hf_checkpoint(model, "llama3", tmp_path / "hf")
+    folder = save_hf_checkpoint(model, hf_adapter("llama3"), tmp_path / "hf")
     (folder / CHECKSUMS_FILE).unlink()  # a folder from transformers or the Hub has none
-    assert torch.equal(load_hf_checkpoint(folder).model.output.weight, model.output.weight)
+    assert torch.equal(load_hf_checkpoint(folder, adapters=decoder_adapters()).model.output.weight, model.output.weight)

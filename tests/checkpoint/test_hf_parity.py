@@ -17,6 +17,7 @@ from tests.checkpoint.conftest import FAMILIES
 from titanpod.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from titanpod.checkpoint.hf_files import iter_hf_tensors
 from titanpod.models import IGNORE_INDEX
+from titanpod.recipes.families import decoder_adapters, hf_adapter
 
 
 def shifted_labels(ids: torch.Tensor) -> torch.Tensor:
@@ -34,7 +35,7 @@ def test_fp32_logits_and_loss_match_transformers(family, hf_checkpoints, real_to
     folder = hf_checkpoints[family]
     assert len(list(folder.glob("model-*-of-*.safetensors"))) > 1  # really sharded
     reference = transformers_model(family, folder)
-    loaded = load_hf_checkpoint(folder)
+    loaded = load_hf_checkpoint(folder, adapters=decoder_adapters())
     assert loaded.family == family
     with torch.no_grad():
         expected = reference(real_token_ids, labels=real_token_ids)
@@ -53,7 +54,7 @@ def test_bf16_deviation_is_no_worse_than_transformers(family, hf_checkpoints, re
     with torch.no_grad():
         reference = transformers_model(family, folder)(real_token_ids).logits
         theirs = transformers_model(family, folder, torch.bfloat16)(real_token_ids).logits.float()
-        model = load_hf_checkpoint(folder, dtype=torch.bfloat16).model
+        model = load_hf_checkpoint(folder, dtype=torch.bfloat16, adapters=decoder_adapters()).model
         assert model.tok_embeddings.weight.dtype == torch.bfloat16
         ours = model(real_token_ids).float()
     their_error = (theirs - reference).abs().max().item()
@@ -64,8 +65,8 @@ def test_bf16_deviation_is_no_worse_than_transformers(family, hf_checkpoints, re
 @pytest.mark.parametrize("family", FAMILIES)
 def test_export_loads_in_transformers_and_round_trips_bit_exactly(family, hf_checkpoints, real_token_ids, tmp_path):
     folder = hf_checkpoints[family]
-    loaded = load_hf_checkpoint(folder)
-    out = save_hf_checkpoint(loaded.model, loaded.family, tmp_path / "export", max_shard_size="60KB")
+    loaded = load_hf_checkpoint(folder, adapters=decoder_adapters())
+    out = save_hf_checkpoint(loaded.model, hf_adapter(loaded.family), tmp_path / "export", max_shard_size="60KB")
 
     index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
@@ -88,11 +89,12 @@ def test_export_loads_in_transformers_and_round_trips_bit_exactly(family, hf_che
 
 
 def test_exported_config_reads_back_to_the_same_shape(hf_checkpoints, tmp_path):
-    from titanpod.models.adapters.decoder_config import args_from_hf_config
+    from titanpod.models.adapters import adapter_of_hf_config
 
     for family in FAMILIES:
-        loaded = load_hf_checkpoint(hf_checkpoints[family])
-        out = save_hf_checkpoint(loaded.model, family, tmp_path / family)
+        loaded = load_hf_checkpoint(hf_checkpoints[family], adapters=decoder_adapters())
+        out = save_hf_checkpoint(loaded.model, hf_adapter(family), tmp_path / family)
         config = json.loads((out / "config.json").read_text())
-        assert args_from_hf_config(config) == (family, loaded.model.args)
+        adapter = adapter_of_hf_config(config, decoder_adapters())
+        assert (adapter.family, adapter.args_from_hf_config(config)) == (family, loaded.model.args)
         assert (out / "model.safetensors").is_file()  # one shard under the default 5 GB limit

@@ -37,8 +37,9 @@ from titanpod.checkpoint.dcp_reader import tensor_shapes
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig
 from titanpod.graph.xla import XlaStep
-from titanpod.models import build_model
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.recipes.families import build_model
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 
 root = Path(tempfile.mkdtemp())
 
@@ -73,7 +74,7 @@ axes = ParallelConfig(fsdp=4, tp=2).mesh_axes(8)
 config = TrainConfig(steps=3, warmup_steps=1, log_every=3, step_mode="whole_step")
 
 def new_step():
-    return XlaStep(debug_model(), config, backend, plan=PLANS["llama3"], axes=axes)
+    return XlaStep(debug_model(), config, backend, plan=sharding_plan("llama3"), axes=axes)
 
 step = new_step()
 for batch in batches[:2]:

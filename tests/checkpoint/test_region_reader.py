@@ -11,8 +11,8 @@ from titanpod.checkpoint import load_hf_checkpoint
 from titanpod.checkpoint.pretrained import open_pretrained
 from titanpod.checkpoint.region_reader import RegionReader, read_into_model
 from titanpod.checkpoint.safetensors_io import SafetensorsFiles, open_safetensors
-from titanpod.models import build_model
 from titanpod.models.adapters import HFSlot
+from titanpod.recipes.families import build_model, decoder_adapters
 
 
 class RecordingSlice:
@@ -49,7 +49,7 @@ def reads(monkeypatch) -> list:
 
 
 def reader_of(folder) -> RegionReader:
-    pretrained = open_pretrained(str(folder))
+    pretrained = open_pretrained(str(folder), decoder_adapters())
     return pretrained.reader(build_model(pretrained.family, pretrained.args))
 
 
@@ -95,11 +95,11 @@ def test_a_row_range_region_reads_only_the_stacked_tensors_it_crosses(tmp_path, 
 @pytest.mark.parametrize("family", ["llama3", "qwen3_moe"])
 def test_a_whole_model_reads_everything_once_and_equals_the_whole_load(family, hf_checkpoints, reads):
     folder = hf_checkpoints[family]
-    pretrained = open_pretrained(str(folder))
+    pretrained = open_pretrained(str(folder), decoder_adapters())
     model = build_model(pretrained.family, pretrained.args, device="cpu")
     reader = pretrained.reader(model)
     read_into_model(model, reader)
-    expected = load_hf_checkpoint(folder, dtype=torch.float32).model
+    expected = load_hf_checkpoint(folder, dtype=torch.float32, adapters=decoder_adapters()).model
     for (name, got), want in zip(model.state_dict().items(), expected.state_dict().values(), strict=True):
         assert torch.equal(got, want), name
     stored = dict(SafetensorsFiles.find(folder).tensors())

@@ -22,6 +22,7 @@ from tests.checkpoint.sharded_weights_worker import EXTRA_FILES, HF_SHARD_SIZE, 
 from tests.parallel.test_torchrun import free_port
 from titanpod.checkpoint import load_hf_checkpoint, save_hf_checkpoint, save_model
 from titanpod.checkpoint.hf_files import iter_hf_tensors
+from titanpod.recipes.families import decoder_adapters, hf_adapter
 
 WORKER = Path(__file__).with_name("sharded_weights_worker.py")
 
@@ -68,10 +69,12 @@ def test_sharded_ranks_read_only_their_slices_match_transformers_and_save_the_sa
             assert counts["same"], (family, rank)  # created from the files or filled after: the same shards
             assert counts["read"] < most * stored, (family, rank)  # no rank reads the whole model
 
-        whole = load_hf_checkpoint(folder, dtype=torch.float32).model  # one process, the same weights
+        whole = load_hf_checkpoint(
+            folder, dtype=torch.float32, adapters=decoder_adapters()
+        ).model  # one process, the same weights
         one = tmp_path / "one" / family
         save_model(whole, family, one / "model", METADATA, extra_files=EXTRA_FILES)
-        save_hf_checkpoint(whole, family, one / "hf", max_shard_size=HF_SHARD_SIZE)
+        save_hf_checkpoint(whole, hf_adapter(family), one / "hf", max_shard_size=HF_SHARD_SIZE)
         for name in ("model", "hf"):
             ours, theirs = files_of(sharded / name), files_of(one / name)
             assert list(ours) == list(theirs), (family, name)

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from titanpod.checkpoint import CheckpointConfig, CheckpointError, complete_checkpoints
 from titanpod.recipes import Recipe, get_recipe
+from titanpod.recipes.families import decoder_adapters
 from titanpod.runs import run_pretraining
 
 
@@ -100,7 +101,7 @@ def test_the_final_model_can_also_be_exported_for_hugging_face(tmp_path):
     from titanpod.checkpoint import load_hf_checkpoint
 
     result = run_pretraining(recipe(tmp_path, 3, export_hf=True))
-    loaded = load_hf_checkpoint(result.run_dir / "hf")
+    loaded = load_hf_checkpoint(result.run_dir / "hf", adapters=decoder_adapters())
     ours = final_weights(result)
     assert loaded.model.state_dict().keys() == ours.keys()
     assert all(torch.equal(loaded.model.state_dict()[name], ours[name]) for name in ours)

@@ -111,7 +111,8 @@ from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
 from titanpod.graph.xla import XlaStep
 from titanpod.models import DecoderArgs, Transformer
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 
 def tiny_model():
     model = Transformer(DecoderArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_dim=128))
@@ -127,7 +128,7 @@ backend = get_backend("xla")
 axes = ParallelConfig(fsdp=4, tp=2).mesh_axes(8)
 model = tiny_model()
 xla_config = TrainConfig(**config, step_mode="whole_step", memory_policy="recompute")
-step = XlaStep(model, xla_config, backend, plan=PLANS["llama3"], axes=axes)
+step = XlaStep(model, xla_config, backend, plan=sharding_plan("llama3"), axes=axes)
 result["xla"] = train(model, iter(data), xla_config, backend, flops_per_token=1.0, step=step).losses
 tokens_spec, _, ids_spec = (str(a.sharding.spec) for a in step.place_batch(data[:2]))
 result["ids_spec"], result["tokens_spec"] = ids_spec, tokens_spec

@@ -16,7 +16,8 @@ import torch
 
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
-from titanpod.models import DecoderArgs, Transformer, build_model
+from titanpod.models import DecoderArgs, Transformer
+from titanpod.recipes.families import build_model
 
 TINY = DecoderArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_dim=128, max_seq_len=64)
 BACKEND = get_backend("cpu")
@@ -161,7 +162,7 @@ def test_memory_policy_needs_the_whole_step():
 def moe_model(expert_matmul: str, capacity_factor: float | None) -> Transformer:
     """The qwen3_moe debug model with the given expert matmul and capacity."""
     from titanpod.kernels import KernelConfig, model_ops
-    from titanpod.models import get_flavor
+    from titanpod.recipes.families import get_flavor
 
     args = get_flavor("qwen3_moe", "debug")
     assert args.moe is not None

@@ -86,7 +86,8 @@ from titanpod.device import get_backend
 from titanpod.graph import TrainConfig
 from titanpod.graph.xla import XlaStep
 from titanpod.models import DecoderArgs, Transformer
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 
 def tiny_model():
     model = Transformer(DecoderArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_dim=128))
@@ -114,7 +115,7 @@ axes = ParallelConfig(fsdp=4, tp=2).mesh_axes(8)
 config = TrainConfig(step_mode="whole_step")
 
 def new_step():
-    return XlaStep(tiny_model(), config, backend, plan=PLANS["llama3"], axes=axes)
+    return XlaStep(tiny_model(), config, backend, plan=sharding_plan("llama3"), axes=axes)
 
 step = new_step()
 result = {"format": step.state_format}

@@ -19,7 +19,7 @@ import json, sys, warnings, torch
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
 from titanpod.graph.xla import XlaStep
-from titanpod.models import build_model
+from titanpod.recipes.families import build_model
 
 first, second, blocked = sys.argv[1], sys.argv[2], sys.argv[3]
 generator = torch.Generator().manual_seed(1)

@@ -15,8 +15,10 @@ import json, math
 import numpy as np, torch
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, build_step, train
-from titanpod.models import build_model, region_initializer
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.models import region_initializer
+from titanpod.recipes.families import build_model
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 from titanpod.parallel.xla_executor import create_params
 
 backend = get_backend("xla")
@@ -36,14 +38,14 @@ for family, degrees in (("llama3", {"fsdp": 4, "tp": 2}), ("qwen3_moe", {"fsdp":
 
     shapes = {n: tuple(p.shape) for n, p in meta.named_parameters()}
     with backend.runtime():
-        created = create_params(shapes, values, mesh, PLANS[family], axes)
+        created = create_params(shapes, values, mesh, sharding_plan(family), axes)
     result[family] = {
         "wrong": [n for n, p in whole.named_parameters() if not np.array_equal(created[n], p.detach().numpy())],
         "dtypes": sorted({str(a.dtype) for a in created.values()}),
         # the largest region drawn at once, as a share of the parameter, against the plan's local share
         "over_share": [
             n for n, p in whole.named_parameters()
-            if largest[n] != PLANS[family].local_numel(n, tuple(p.shape), axes)
+            if largest[n] != sharding_plan(family).local_numel(n, tuple(p.shape), axes)
         ],
         "wq_spec": str(created["layers.0.attention.wq.weight"].sharding.spec),
     }
@@ -59,7 +61,7 @@ for start in ("meta", "host"):
     if start == "host":
         model.init_weights(5)
     values = region_initializer(model, 5) if start == "meta" else None
-    step = build_step(model, config, backend, plan=PLANS["llama3"], axes=axes, initial_values=values)
+    step = build_step(model, config, backend, plan=sharding_plan("llama3"), axes=axes, initial_values=values)
     batches = iter([(d[:, :-1], d[:, 1:]) for d in data])
     losses[start] = train(model, batches, config, backend, flops_per_token=1.0, step=step).losses
     models[start] = model

@@ -33,8 +33,10 @@ import json, time, torch
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, build_step, train
 from titanpod.graph.xla import XlaStep
-from titanpod.models import DecoderArgs, Transformer, build_model
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.models import DecoderArgs, Transformer
+from titanpod.recipes.families import build_model
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 
 generator = torch.Generator().manual_seed(1)
 data = [torch.randint(0, 2048, (8, 33), generator=generator) for _ in range(10)]
@@ -59,7 +61,7 @@ axes = ParallelConfig(fsdp=4, tp=2).mesh_axes(8)
 for policy in ("save", "recompute"):
     model = debug_model()
     cfg = config(step_mode="whole_step", memory_policy=policy)
-    step = XlaStep(model, cfg, backend, plan=PLANS["llama3"], axes=axes)
+    step = XlaStep(model, cfg, backend, plan=sharding_plan("llama3"), axes=axes)
     result[policy] = train(model, batches(), cfg, backend, flops_per_token=1.0, step=step).losses
     result[policy + "_compiles"] = step.compiled_programs
     result[policy + "_dots"] = step.lower([(d[:, :-1], d[:, 1:]) for d in data[:2]]).as_text().count("dot_general")
@@ -77,7 +79,7 @@ bf16 = config(step_mode="whole_step", precision="bf16")
 cpu_bf16 = config(precision="bf16")
 result["cpu_bf16"] = train(debug_model(), batches(), cpu_bf16, get_backend("cpu"), flops_per_token=1.0).losses
 model = debug_model()
-step = XlaStep(model, bf16, backend, plan=PLANS["llama3"], axes=axes)
+step = XlaStep(model, bf16, backend, plan=sharding_plan("llama3"), axes=axes)
 result["bf16"] = train(model, batches(), bf16, backend, flops_per_token=1.0, step=step).losses
 
 # build_step on the xla lane without a plan: replicated on one device; memory_policy="offload"
@@ -145,8 +147,9 @@ from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
 from titanpod.graph.xla import XlaStep
 from titanpod.kernels import KernelConfig, model_ops
-from titanpod.models import build_model, get_flavor
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.recipes.families import build_model, get_flavor
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 
 generator = torch.Generator().manual_seed(1)
 data = [torch.randint(0, 2048, (8, 33), generator=generator) for _ in range(10)]
@@ -178,7 +181,7 @@ def trained(capacity_factor, steps, lane, axes=None, shards=None):
     mode = "whole_step" if lane == "xla" else "eager"
     config = TrainConfig(steps=steps, lr=3e-4, warmup_steps=1, log_every=1, step_mode=mode)
     model, backend = moe_model(capacity_factor, shards), get_backend(lane)
-    plan = PLANS["qwen3_moe"] if axes else None
+    plan = sharding_plan("qwen3_moe") if axes else None
     step = None if lane == "cpu" else XlaStep(model, config, backend, plan=plan, axes=axes)
     batches = iter([(d[:, :-1], d[:, 1:]) for d in data])
     summary = train(model, batches, config, backend, flops_per_token=1.0, step=step)
@@ -220,8 +223,9 @@ import json, torch
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
 from titanpod.graph.xla import XlaStep
-from titanpod.models import build_model
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.recipes.families import build_model
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 
 generator = torch.Generator().manual_seed(1)
 data = [torch.randint(0, 2048, (4, 65), generator=generator) for _ in range(3)]
@@ -239,7 +243,7 @@ result = {"cpu": train(debug_model(), batches(), TrainConfig(steps=3, warmup_ste
                        get_backend("cpu"), flops_per_token=1.0).losses}
 model = debug_model()
 axes = ParallelConfig(fsdp=4, cp=2).mesh_axes(8)
-step = XlaStep(model, config, get_backend("xla"), plan=PLANS["llama3"], axes=axes)
+step = XlaStep(model, config, get_backend("xla"), plan=sharding_plan("llama3"), axes=axes)
 result["cp2_fsdp4"] = train(model, batches(), config, get_backend("xla"), flops_per_token=1.0, step=step).losses
 result["batch_spec"] = str(step.batch_sharding().spec)
 result["wq_spec"] = str(step.jax_params[step.names.index("layers.0.attention.wq.weight")].sharding.spec)

@@ -16,7 +16,8 @@ from titanpod.graph import TrainConfig, train
 from titanpod.kernels import CpuFlashAttention, KernelConfig, local_causal_sdpa, model_ops
 from titanpod.kernels.cpu_attention import FORWARD_OP, cpu_attention_op, document_starts
 from titanpod.kernels.native_build import compiler, shared_library
-from titanpod.models import build_model, document_causal_mask, sdpa_attention
+from titanpod.models import document_causal_mask, sdpa_attention
+from titanpod.recipes.families import build_model
 
 DOCUMENTS = torch.tensor([[0] * 30 + [1] * 50 + [2] * 20, [5] * 100])
 """Packed rows of 100 tokens: three documents, and one."""

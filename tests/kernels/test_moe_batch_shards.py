@@ -82,8 +82,9 @@ from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
 from titanpod.graph.xla import XlaStep
 from titanpod.kernels import KernelConfig, model_ops
-from titanpod.models import build_model, get_flavor
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.recipes.families import build_model, get_flavor
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 from tests.kernels.test_moe_batch_shards import SplitBatch
 
 generator = torch.Generator().manual_seed(1)
@@ -103,7 +104,7 @@ def trained(lane, shards=1, axes=None):
     mode = "whole_step" if lane == "xla" else "eager"
     config = TrainConfig(steps=2, lr=3e-4, warmup_steps=1, log_every=1, step_mode=mode)
     model, backend = moe_model(shards), get_backend(lane)
-    step = None if lane == "cpu" else XlaStep(model, config, backend, plan=PLANS["qwen3_moe"], axes=axes)
+    step = None if lane == "cpu" else XlaStep(model, config, backend, plan=sharding_plan("qwen3_moe"), axes=axes)
     batches = iter([(d[:, :-1], d[:, 1:]) for d in data])
     summary = train(model, batches, config, backend, flops_per_token=1.0, step=step)
     return {"losses": summary.losses, "dropped": [r.dropped_tokens for r in summary.reports]}

@@ -18,7 +18,7 @@ from titanpod.data.tokenizer import end_of_text_id
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
 from titanpod.kernels import GroupedMatmulConfig, KernelConfig, PallasLossConfig, SplashConfig, model_ops
-from titanpod.models import build_model
+from titanpod.recipes.families import build_model
 
 SWAPS = {
     "llama3": KernelConfig(

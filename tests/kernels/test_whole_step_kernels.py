@@ -18,7 +18,7 @@ from titanpod.data.tokenizer import end_of_text_id
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
 from titanpod.kernels import KernelConfig, SplashConfig, model_ops
-from titanpod.models import build_model
+from titanpod.recipes.families import build_model
 
 SPLASH = KernelConfig(attention="splash", splash=SplashConfig(block_q=128, block_kv=128))
 

@@ -21,8 +21,9 @@ from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
 from titanpod.graph.xla import XlaStep
 from titanpod.kernels import KernelConfig, PallasLossConfig, SplashConfig, model_ops
-from titanpod.models import build_model
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.recipes.families import build_model
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 from titanpod.data import PackedBatches, builtin_corpus_path, builtin_tokenizer_path, load_tokenizer
 from titanpod.data.packing import pack_documents
 from titanpod.data.tokenizer import end_of_text_id
@@ -51,7 +52,8 @@ meshes = {"one_device": None, "fsdp8": ParallelConfig(fsdp=8), "fsdp4_tp2": Para
 for name, parallel in meshes.items():
     axes = None if parallel is None else parallel.mesh_axes(8)
     trained = model()
-    step = XlaStep(trained, config("whole_step"), backend, plan=None if axes is None else PLANS["llama3"], axes=axes)
+    plan = None if axes is None else sharding_plan("llama3")
+    step = XlaStep(trained, config("whole_step"), backend, plan=plan, axes=axes)
     result[name] = train(trained, batches(), config("whole_step"), backend, flops_per_token=1.0, step=step).losses
     if name == "fsdp4_tp2":
         tokens_BS = torch.zeros(8, 128, dtype=torch.long)

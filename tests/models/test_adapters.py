@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from titanpod.models import build_model
 from titanpod.models.adapters import (
     FLUX_AUTOENCODER_ADAPTER,
     FLUX_TRANSFORMER_ADAPTER,
-    DecoderAdapter,
     HFSlot,
     UnsupportedConfigError,
+    adapter_of_hf_config,
 )
 from titanpod.models.flux import FLUX_FLAVORS, build_flux_transformer
 from titanpod.models.flux.autoencoder import build_flux_autoencoder
+from titanpod.recipes.families import build_model, decoder_adapters, hf_adapter
 
 
 def _initialised(model: torch.nn.Module) -> torch.nn.Module:
@@ -25,8 +25,8 @@ def _initialised(model: torch.nn.Module) -> torch.nn.Module:
 
 
 BUILDERS = {
-    "llama3": lambda: (DecoderAdapter("llama3"), build_model("llama3", "debug")),
-    "qwen3_moe": lambda: (DecoderAdapter("qwen3_moe"), build_model("qwen3_moe", "debug")),
+    "llama3": lambda: (hf_adapter("llama3"), build_model("llama3", "debug")),
+    "qwen3_moe": lambda: (hf_adapter("qwen3_moe"), build_model("qwen3_moe", "debug")),
     "flux": lambda: (FLUX_TRANSFORMER_ADAPTER, build_flux_transformer(FLUX_FLAVORS["debug"], device="meta")),
     "autoencoder": lambda: (FLUX_AUTOENCODER_ADAPTER, build_flux_autoencoder("debug")),
 }
@@ -82,12 +82,13 @@ def test_slot_describes_and_views_its_part() -> None:
 
 
 def test_decoder_adapter_refuses_another_family() -> None:
-    with pytest.raises(UnsupportedConfigError, match="known: llama3"):
-        DecoderAdapter("mistral")
-    config = DecoderAdapter("qwen3").hf_config_from_args(build_model("qwen3", "debug").args, torch.bfloat16)
+    with pytest.raises(UnsupportedConfigError, match="supported: LlamaForCausalLM"):
+        adapter_of_hf_config({"architectures": ["MistralForCausalLM"]}, decoder_adapters())
+    config = hf_adapter("qwen3").hf_config_from_args(build_model("qwen3", "debug").args, torch.bfloat16)
     assert config["dtype"] == "bfloat16"
-    with pytest.raises(UnsupportedConfigError, match="qwen3 model, not llama3"):
-        DecoderAdapter("llama3").args_from_hf_config(config)
+    assert adapter_of_hf_config(config, decoder_adapters()) is hf_adapter("qwen3")
+    with pytest.raises(UnsupportedConfigError, match=r"Qwen3ForCausalLM.*not LlamaForCausalLM \(llama3\)"):
+        hf_adapter("llama3").args_from_hf_config(config)
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen3"])
@@ -96,7 +97,7 @@ def test_decoder_from_hf_loads_transformers_own_state_dict(family: str) -> None:
     from tests.hf_models import hf_model
 
     reference = hf_model(family)
-    adapter = DecoderAdapter(family)
+    adapter = hf_adapter(family)
     args = adapter.args_from_hf_config(reference.config.to_dict())
     theirs = reference.state_dict()
     if args.tie_embeddings:  # transformers keeps the tied head under its own name; its files do not

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from titanpod.models import FAMILIES, build_model, parameter_count
+from titanpod.models import parameter_count
+from titanpod.recipes.families import MODEL_SPECS, build_model
 
 PUBLISHED_TOTALS = {
     ("llama3", "1B"): "1.236",
@@ -43,10 +44,11 @@ def test_moe_active_parameters_match_the_published_models(family, flavor):
 
 
 def test_every_family_has_a_debug_flavor_and_the_listed_sizes():
-    assert {name: set(family.flavors) for name, family in FAMILIES.items()} == {
+    assert {name: set(family.flavors) for name, family in MODEL_SPECS.items()} == {
         "llama3": {"debug", "1B", "3B", "8B", "70B", "405B"},
         "qwen3": {"debug", "0.6B", "1.7B", "4B", "8B", "14B", "32B"},
         "qwen3_moe": {"debug", "30B-A3B", "235B-A22B"},
+        "flux": {"debug", "dev", "schnell"},
     }
 
 

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from titanpod.models import ParamInit, build_model, region_initializer
+from titanpod.models import ParamInit, region_initializer
 from titanpod.models.common import init as init_module
 from titanpod.models.common.init import (
     TILE_ELEMENTS,
@@ -19,6 +19,7 @@ from titanpod.models.common.init import (
     whole_region,
 )
 from titanpod.models.flux import FLUX_FLAVORS, build_flux_transformer
+from titanpod.recipes.families import build_model
 
 SHAPES = [(), (5,), (70_000,), (300, 700), (1000, 40), (3, 200, 96), (6, 300, 7), (2, 3, 4, 5)]
 """Scalars, vectors longer than a tile, matrices of several tiles each way, 3-D (experts) and 4-D."""

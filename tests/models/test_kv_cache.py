@@ -6,8 +6,9 @@ Prompts of different lengths share one batch right-padded; each row keeps its ow
 import pytest
 import torch
 
-from titanpod.models import Transformer, build_model
+from titanpod.models import Transformer
 from titanpod.models.common.kv_cache import KVCache, cached_causal_mask
+from titanpod.recipes.families import build_model
 
 FAMILIES = ["llama3", "qwen3", "qwen3_moe"]
 TOLERANCE = 1e-5

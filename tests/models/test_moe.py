@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from titanpod.models import ModelOps, MoEArgs, batched_expert_matmul, build_model
+from titanpod.models import ModelOps, MoEArgs, batched_expert_matmul
 from titanpod.models.common.moe import MoE, expert_capacity, load_balancing_loss
+from titanpod.recipes.families import build_model
 
 
 def moe_layer(norm_topk_prob: bool, ops: ModelOps | None = None, capacity_factor: float | None = None) -> MoE:

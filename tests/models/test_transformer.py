@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from titanpod.models import IGNORE_INDEX, DecoderArgs, ModelOps, Transformer, build_model, get_flavor, parameter_count
+from titanpod.models import IGNORE_INDEX, DecoderArgs, ModelOps, Transformer, parameter_count
+from titanpod.recipes.families import build_model, get_flavor
 
 TINY = DecoderArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=96, max_seq_len=64)
 

@@ -17,9 +17,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from titanpod.device import ensure_process_group, get_backend
-from titanpod.models import build_model, region_initializer
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.models import region_initializer
+from titanpod.parallel import ParallelConfig
 from titanpod.parallel.torch_executor import parallelize
+from titanpod.recipes.families import build_model, sharding_plan
 from titanpod.runs.process_exit import exit_rank
 
 SEED = 7
@@ -39,10 +40,10 @@ def check_layout(family: str, config: ParallelConfig) -> dict:
     reference.init_weights(SEED)
     model = build_model(family, "debug")  # on the meta device
     expected_local = sum(
-        PLANS[family].local_numel(name, tuple(p.shape), config.mesh_axes(dist.get_world_size()))
+        sharding_plan(family).local_numel(name, tuple(p.shape), config.mesh_axes(dist.get_world_size()))
         for name, p in model.named_parameters()
     )
-    sharded = parallelize(model, PLANS[family], config, backend, initial_values=region_initializer(model, SEED))
+    sharded = parallelize(model, sharding_plan(family), config, backend, initial_values=region_initializer(model, SEED))
     mismatched, local, devices = [], 0, set()
     for (name, param), want in zip(model.named_parameters(), reference.parameters(), strict=True):
         assert isinstance(param, DTensor), name

@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from titanpod.parallel import PLANS, ParallelConfig, PlanError
+from titanpod.parallel import ParallelConfig, PlanError
 from titanpod.parallel.torch_executor.bucket_layout import BucketEntry, BucketLayout
 from titanpod.parallel.torch_executor.bucketed_fsdp import DataSplit, data_split
 from titanpod.parallel.torch_executor.simple_fsdp import layout_for
+from titanpod.recipes.families import sharding_plan
 
 RANKS = 4
 # (whole shape, shard dimension): matrices split on rows and on columns (the plans shard the
@@ -73,7 +74,7 @@ def test_a_reduced_bucket_is_cut_back_into_shards_and_packing_checks_shapes_and_
 
 def split_of(name: str, axes: dict[str, int], sequence_parallel: bool = False) -> DataSplit | None:
     mesh_axes = tuple(axis for axis, size in axes.items() if size > 1)
-    rule = PLANS["qwen3_moe"].rule_for(name)
+    rule = sharding_plan("qwen3_moe").rule_for(name)
     return data_split(layout_for(rule, axes, mesh_axes, sequence_parallel), mesh_axes)
 
 

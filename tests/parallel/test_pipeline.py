@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 
 from titanpod.graph import TrainConfig
 from titanpod.graph.pipeline_step import PipelineStep
-from titanpod.models import build_model, get_flavor
 from titanpod.parallel import ParallelConfig, PlanError
 from titanpod.parallel.torch_executor import pipeline_layout
 from titanpod.parallel.torch_executor.pipeline_stages import RankStages, check_pipelinable, cut_stages
+from titanpod.recipes.families import build_model, get_flavor
 
 from .test_torchrun import run_worker
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from titanpod.models import FAMILIES, build_model
-from titanpod.parallel import PLANS, ParallelConfig, ParamRule, PlanError
+from titanpod.parallel import ParallelConfig, ParamRule, PlanError
 from titanpod.parallel.torch_executor.simple_fsdp import layout_for
+from titanpod.recipes.families import MODEL_SPECS, build_model, sharding_plan
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(MODEL_SPECS))
 def test_every_parameter_of_every_flavor_has_a_rule(family):
-    for flavor in FAMILIES[family].flavors:
+    for flavor in MODEL_SPECS[family].flavors:
         for name, _ in build_model(family, flavor).named_parameters():
-            PLANS[family].rule_for(name)
+            sharding_plan(family).rule_for(name)
 
 
 def test_parallel_degrees_fill_fsdp_and_name_the_problem():
@@ -37,30 +37,30 @@ def test_dimensions_that_do_not_divide_are_all_listed():
     model = build_model("llama3", "debug")  # 4 kv heads x 16 = 64 rows in wk; ffn 768
     named = dict(model.named_parameters())
     with pytest.raises(PlanError) as caught:
-        PLANS["llama3"].check(named, {"dp_replicate": 1, "fsdp": 1, "ep": 1, "tp": 128})
+        sharding_plan("llama3").check(named, {"dp_replicate": 1, "fsdp": 1, "ep": 1, "tp": 128})
     message = str(caught.value)
     assert "layers.*.attention.wk.weight (64, 256): dimension 0 (64) cannot split 128 ways" in message
     assert "layers.*.attention.wv.weight" in message and "Choose parallel degrees" in message
     assert message.count("layers.*.attention.wk.weight") == 1  # one line for all six layers
     assert "feed_forward" not in message  # 768 splits 128 ways
-    PLANS["llama3"].check(named, {"dp_replicate": 1, "fsdp": 4, "ep": 1, "tp": 2})
+    sharding_plan("llama3").check(named, {"dp_replicate": 1, "fsdp": 4, "ep": 1, "tp": 2})
 
 
 def test_context_parallel_ranks_share_the_parameter_shards():
     named = dict(build_model("llama3", "debug").named_parameters())
     axes = {"fsdp": 2, "cp": 2, "ep": 1, "tp": 1}
-    assert PLANS["llama3"].splits("layers.0.attention.wq.weight", axes)[1] == 4  # fsdp x cp
-    assert PLANS["llama3"].local_numel("tok_embeddings.weight", (2048, 256), axes) == 2048 * 64
+    assert sharding_plan("llama3").splits("layers.0.attention.wq.weight", axes)[1] == 4  # fsdp x cp
+    assert sharding_plan("llama3").local_numel("tok_embeddings.weight", (2048, 256), axes) == 2048 * 64
     layout = layout_for(ParamRule("w", shard_dim=1, tp_dim=0), axes, ("fsdp", "cp"))
     assert layout.stored == (Shard(1), Shard(1))
     assert layout.compute == (Replicate(), Replicate())
     assert layout.grad == (Partial("avg"), Partial("avg"))
-    PLANS["llama3"].check(named, axes)
+    sharding_plan("llama3").check(named, axes)
 
 
 def test_a_parameter_without_a_rule_is_named():
     with pytest.raises(PlanError, match=r"'lm_head\.bias'"):
-        PLANS["llama3"].rule_for("lm_head.bias")
+        sharding_plan("llama3").rule_for("lm_head.bias")
 
 
 def test_placements_of_a_column_parallel_weight_under_hsdp_and_tp():
@@ -86,11 +86,11 @@ def test_placements_of_experts_and_per_head_norms():
 def test_an_axis_the_mesh_lacks_is_named():
     named = dict(build_model("llama3", "debug").named_parameters())
     with pytest.raises(PlanError, match=r"Mesh axes sp are not ones a plan can use; the axes are pp, dp_replicate"):
-        PLANS["llama3"].check(named, {"fsdp": 2, "sp": 2})
+        sharding_plan("llama3").check(named, {"fsdp": 2, "sp": 2})
 
 
 def test_local_numel_is_each_ranks_share_and_whole_parameters_stay_whole():
-    plan = PLANS["qwen3"]
+    plan = sharding_plan("qwen3")
     axes = {"dp_replicate": 1, "fsdp": 32, "ep": 8, "tp": 1}
     assert plan.local_numel("layers.3.attention.wq.weight", (8192, 4096), axes) == 8192 * 4096 // 256
     assert plan.local_numel("layers.3.attention.q_norm.weight", (128,), axes) == 128  # kept whole
@@ -108,7 +108,7 @@ def test_a_whole_parameter_is_replicated_with_an_averaged_gradient():
 def test_every_flux_parameter_has_a_rule_and_dev_shards_over_eight_devices():
     from titanpod.models.flux import FLUX_FLAVORS, build_flux_transformer
 
-    plan = PLANS["flux"]
+    plan = sharding_plan("flux")
     for flavor in FLUX_FLAVORS:
         named = dict(build_flux_transformer(flavor).named_parameters())
         for name in named:

@@ -16,8 +16,10 @@ import torch, torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from titanpod.device import get_backend
-from titanpod.models import build_model, region_initializer
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.models import region_initializer
+from titanpod.recipes.families import build_model
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 from titanpod.parallel.torch_executor import local_region, parallelize
 
 layouts = {
@@ -37,7 +39,7 @@ for layout, (family, config) in layouts.items():
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
         model = build_model(family, "debug")
         values = region_initializer(model, 3)
-        sharded = parallelize(model, PLANS[family], config, get_backend("cpu"), initial_values=values)
+        sharded = parallelize(model, sharding_plan(family), config, get_backend("cpu"), initial_values=values)
         wrong, local, full = [], 0, 0
         for name, param in model.named_parameters():
             assert isinstance(param, DTensor) and param.to_local().device.type == "cpu", name
@@ -72,13 +74,14 @@ META_WITHOUT_VALUES = """
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from titanpod.device import get_backend
-from titanpod.models import build_model
-from titanpod.parallel import PLANS, ParallelConfig, PlanError
+from titanpod.recipes.families import build_model
+from titanpod.parallel import ParallelConfig, PlanError
+from titanpod.recipes.families import sharding_plan
 from titanpod.parallel.torch_executor import parallelize
 
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
 try:
-    parallelize(build_model("llama3", "debug"), PLANS["llama3"], ParallelConfig(fsdp=2), get_backend("cpu"))
+    parallelize(build_model("llama3", "debug"), sharding_plan("llama3"), ParallelConfig(fsdp=2), get_backend("cpu"))
 except PlanError as error:
     print(error)
 """

@@ -11,14 +11,15 @@ import torch, torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from titanpod.device import get_backend
-from titanpod.models import build_model
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.recipes.families import build_model
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 from titanpod.parallel.torch_executor import parallelize
 
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
 model = build_model("llama3", "debug", device="cpu")
 model.init_weights(0)
-parallelize(model, PLANS["llama3"], ParallelConfig(fsdp=4, fsdp_bucket_mb=0), get_backend("cpu"))
+parallelize(model, sharding_plan("llama3"), ParallelConfig(fsdp=4, fsdp_bucket_mb=0), get_backend("cpu"))
 params = list(model.parameters())
 
 def step(tokens):
@@ -44,15 +45,16 @@ MIXED_PRECISION = """
 import torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from titanpod.device import get_backend
-from titanpod.models import build_model
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.recipes.families import build_model
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 from titanpod.parallel.torch_executor import parallelize
 
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
 model = build_model("llama3", "debug", device="cpu")
 model.init_weights(0)
 config = ParallelConfig(fsdp=2, param_dtype="bfloat16", reduce_dtype="float32")
-parallelize(model, PLANS["llama3"], config, get_backend("cpu"))
+parallelize(model, sharding_plan("llama3"), config, get_backend("cpu"))
 wq = model.layers[0].attention.wq
 stored = wq._parameters["weight"]
 model.loss(torch.randint(0, 2048, (2, 8)), torch.randint(0, 2048, (2, 8))).backward()
@@ -71,8 +73,9 @@ import json, sys, torch, torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from titanpod.device import get_backend
-from titanpod.models import build_model
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.recipes.families import build_model
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 from titanpod.parallel.torch_executor import parallelize
 
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
@@ -84,7 +87,7 @@ for case, config in {
 }.items():
     model = build_model("llama3", "debug", device="cpu")
     model.init_weights(0)
-    buckets = parallelize(model, PLANS["llama3"], config, get_backend("cpu")).buckets
+    buckets = parallelize(model, sharding_plan("llama3"), config, get_backend("cpu")).buckets
     params = list(model.parameters())
 
     def step(tokens):
@@ -102,7 +105,7 @@ for case, config in {
 model = build_model("llama3", "debug", device="cpu")
 model.init_weights(0)
 config = ParallelConfig(fsdp=4, fsdp_bucket_mb=25, param_dtype="bfloat16", reduce_dtype="float32")
-parallelize(model, PLANS["llama3"], config, get_backend("cpu"))
+parallelize(model, sharding_plan("llama3"), config, get_backend("cpu"))
 wq = model.layers[0].attention.wq
 seen = []
 wq.register_forward_pre_hook(lambda module, args: seen.append(str(module.weight.dtype)))
@@ -139,8 +142,9 @@ import json, torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, build_step
-from titanpod.models import build_model
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.recipes.families import build_model
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 from titanpod.parallel.torch_executor import parallelize
 
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
@@ -149,7 +153,7 @@ for prefetch in (False, True):
     model = build_model("llama3", "debug", device="cpu")
     model.init_weights(0)
     config = ParallelConfig(fsdp=4, fsdp_bucket_mb=25, fsdp_prefetch=prefetch)
-    parallelize(model, PLANS["llama3"], config, get_backend("cpu"))
+    parallelize(model, sharding_plan("llama3"), config, get_backend("cpu"))
     train = TrainConfig(step_mode="whole_step", memory_policy="recompute", compiler="none")
     step = build_step(model, train, get_backend("cpu"))
     tokens = torch.zeros(1, 2, 16, dtype=torch.long)

@@ -9,8 +9,9 @@ import json, jax, numpy as np, torch
 from jax.sharding import NamedSharding
 from torchax.interop import jax_view
 from titanpod.device import get_backend
-from titanpod.models import build_model
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.recipes.families import build_model
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 from titanpod.parallel.xla_executor import batch_partition_spec, place_params
 
 family, degrees = "{family}", {degrees}
@@ -30,7 +31,7 @@ wrapper = Loss(model)
 backend = get_backend("xla")
 axes = ParallelConfig(**degrees).mesh_axes(8)
 mesh = backend.build_mesh({{k: v for k, v in axes.items() if v > 1}})
-params = place_params(dict(model.named_parameters()), PLANS[family], mesh, axes)
+params = place_params(dict(model.named_parameters()), sharding_plan(family), mesh, axes)
 loss_fn = jax_view(
     lambda p, t, l: torch.func.functional_call(wrapper, {{"inner." + k: v for k, v in p.items()}}, (t, l))
 )

@@ -37,10 +37,10 @@ from titanpod.data.tokenizer import end_of_text_id
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, WholeStep, build_step, train
 from titanpod.kernels import KernelConfig, PallasLossConfig, SplashConfig, model_ops
-from titanpod.models import build_model, get_flavor
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.parallel import ParallelConfig
 from titanpod.parallel.torch_executor import parallelize, parallelize_pipeline, unshard
 from titanpod.parallel.torch_executor.pipeline_gather import gather_pipeline_weights
+from titanpod.recipes.families import build_model, get_flavor, sharding_plan
 from titanpod.runs.process_exit import exit_rank
 
 
@@ -113,11 +113,11 @@ def main() -> None:
             fsdp_prefetch=args.fsdp_prefetch,
         )
         if args.pp > 1:
-            pipeline = parallelize_pipeline(model, PLANS[args.family], config, backend, args.pp_microbatches)
+            pipeline = parallelize_pipeline(model, sharding_plan(args.family), config, backend, args.pp_microbatches)
             sharded = pipeline.sharded
             model = pipeline.model  # this rank's stages: what it trains and saves
         else:
-            sharded = parallelize(model, PLANS[args.family], config, backend)
+            sharded = parallelize(model, sharding_plan(args.family), config, backend)
         data_rank, data_world, reduce_loss = sharded.data_rank, sharded.data_world, sharded.mean_over_data
     else:
         data_rank, data_world, reduce_loss = 0, 1, None

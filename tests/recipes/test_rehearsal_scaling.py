@@ -10,9 +10,9 @@ import datasets
 import pytest
 
 from titanpod.graph import ProfileConfig
-from titanpod.models import build_model
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes import RECIPES, get_recipe
+from titanpod.recipes.families import build_model
 from titanpod.recipes.rehearsal import RehearsalError, rehearsal_lanes, scale_recipe
 from titanpod.recipes.rehearsal.corpus import write_hub_layout
 from titanpod.recipes.rehearsal.scaling import STEPS, STOP_AT, TORCH_PROCESSES, XLA_DEVICES, check_honourable

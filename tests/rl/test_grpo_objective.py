@@ -10,7 +10,8 @@ import torch
 
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, build_step
-from titanpod.models import DecoderArgs, build_model
+from titanpod.models import DecoderArgs
+from titanpod.recipes.families import build_model
 from titanpod.rl.grpo.batches import build_batch, token_weight
 from titanpod.rl.grpo.loss import clipped_policy_loss, kl_penalty
 from titanpod.rl.grpo.objective import CLIP_FRACTION, KL, GRPOObjective, token_logprobs

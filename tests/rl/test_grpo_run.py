@@ -16,7 +16,8 @@ from titanpod.checkpoint import CheckpointConfig, load_model, save_model
 from titanpod.data.sft.tokenizer import load_sft_tokenizer
 from titanpod.data.tasks import Example, get_task
 from titanpod.graph import ProfileConfig
-from titanpod.models import DecoderArgs, build_model
+from titanpod.models import DecoderArgs
+from titanpod.recipes.families import build_model
 from titanpod.recipes.posttrain.grpo_recipe import GRPOConfig, GRPOModelConfig, GRPORecipe
 from titanpod.recipes.posttrain.registry import POSTTRAIN_RECIPES, grpo_debug
 from titanpod.recipes.posttrain.rollout_config import RolloutConfig

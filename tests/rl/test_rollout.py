@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from titanpod.models import DecoderArgs, MoEArgs, Transformer, build_model
+from titanpod.models import DecoderArgs, MoEArgs, Transformer
+from titanpod.recipes.families import build_model
 from titanpod.rl.rollout import BuiltinEngine, Completion, RolloutEngine, SamplingParams
 
 TINY = DecoderArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=96, max_seq_len=48)

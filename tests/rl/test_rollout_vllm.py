@@ -15,12 +15,13 @@ import torch
 
 from tests.rl.test_rollout import TINY, TINY_QWEN_MOE, tiny_model
 from tests.rl.vllm_standin import StandInLLM, standin_vllm
-from titanpod.models.adapters import HF_ARCHITECTURES, hf_config_from_args, hf_tensors
+from titanpod.models.adapters import hf_tensors
+from titanpod.recipes.families import hf_adapter
 from titanpod.recipes.posttrain.rollout_config import RolloutConfig
 from titanpod.rl.rollout import SamplingParams, sync_weights, weights_checksum
 from titanpod.rl.rollout.engines import close_rollout, open_rollout
 from titanpod.rl.rollout.sampling import completion_seed
-from titanpod.rl.rollout.vllm_engine import VLLMEngine, hf_family
+from titanpod.rl.rollout.vllm_engine import VLLMEngine, vllm_adapter
 from titanpod.rl.rollout.vllm_worker import read_back
 
 DENSE = dataclasses.replace(TINY, vocab_size=100)  # vLLM pads 100 vocabulary rows to 128
@@ -48,10 +49,10 @@ def train_a_little(model) -> None:
             param.add_(torch.randn_like(param) * 0.1)
 
 
-@pytest.mark.parametrize("args", [DENSE, MOE], ids=["llama3", "qwen3_moe"])
-def test_start_makes_exactly_these_vllm_calls_and_checks_the_workers_weights(vllm, args):
+@pytest.mark.parametrize(("family", "args"), [("llama3", DENSE), ("qwen3_moe", MOE)], ids=["llama3", "qwen3_moe"])
+def test_start_makes_exactly_these_vllm_calls_and_checks_the_workers_weights(vllm, family, args):
     model = tiny_model(args)
-    engine = VLLMEngine(model, dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True, max_batch=16)
+    engine = VLLMEngine(model, family, dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True, max_batch=16)
     llm: StandInLLM = engine.llm
     folder = Path(llm.calls[0][1]["model"])
     assert llm.calls[0] == (
@@ -69,7 +70,7 @@ def test_start_makes_exactly_these_vllm_calls_and_checks_the_workers_weights(vll
             "worker_extension_cls": EXTENSION,
         },
     )
-    assert llm.config == hf_config_from_args(hf_family(args), args, "bfloat16")
+    assert llm.config == hf_adapter(family).hf_config_from_args(args, torch.bfloat16)
     assert llm.methods() == ["LLM", "titanpod_load_weights", "reset_prefix_cache", "titanpod_checksum"]
 
     expected = sent_form(model)
@@ -90,7 +91,7 @@ def test_start_makes_exactly_these_vllm_calls_and_checks_the_workers_weights(vll
 
 def test_a_sync_changes_the_workers_weights_and_verifies_them(vllm):
     model = tiny_model(MOE)
-    engine = VLLMEngine(model, max_batch=8)
+    engine = VLLMEngine(model, "qwen3_moe", max_batch=8)
     llm: StandInLLM = engine.llm
     before = {name: llm.model.hf_view(name).clone() for name in sent_form(model)}
     train_a_little(model)
@@ -114,7 +115,7 @@ def test_a_sync_changes_the_workers_weights_and_verifies_them(vllm):
 
 def test_a_worker_holding_other_weights_fails_the_sync(vllm, monkeypatch):
     model = tiny_model(DENSE)
-    engine = VLLMEngine(model)
+    engine = VLLMEngine(model, "llama3")
     worker_model = engine.llm.model
     load = worker_model.load_weights
 
@@ -133,7 +134,7 @@ def test_a_worker_holding_other_weights_fails_the_sync(vllm, monkeypatch):
 
 
 def test_generate_sends_one_seeded_request_per_completion_and_reads_the_outputs(vllm):
-    engine = VLLMEngine(tiny_model(DENSE))
+    engine = VLLMEngine(tiny_model(DENSE), "llama3")
     llm: StandInLLM = engine.llm
     prompts = [[1, 2, 3], [9, 8, 7, 6], [42]]
     params = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, stop_token_ids=(7,), seed=11, n=2)
@@ -204,7 +205,7 @@ def test_rollout_mode_vllm_parses_and_opens_the_vllm_engine(vllm):
     assert command.recipe.rollout == RolloutConfig(mode="vllm", vllm_dtype="float32", vllm_gpu_memory_utilization=0.25)
     said = []
     model = tiny_model(DENSE)
-    engine = open_rollout(command.recipe.rollout, model, 12, said.append)
+    engine = open_rollout(command.recipe.rollout, model, 12, said.append, family="llama3")
     assert isinstance(engine, VLLMEngine)
     options = engine.llm.calls[0][1]
     assert (options["dtype"], options["gpu_memory_utilization"], options["max_num_seqs"]) == ("float32", 0.25, 12)
@@ -220,7 +221,7 @@ def test_rollout_mode_vllm_without_vllm_says_how_to_install_it(monkeypatch):
     with pytest.raises(
         ImportError, match=r"needs vLLM, which is not installed.*CUDA GPU.*pip install 'titanpod-rl\[vllm\]'"
     ):
-        open_rollout(RolloutConfig(mode="vllm"), tiny_model(), 4, print)
+        open_rollout(RolloutConfig(mode="vllm"), tiny_model(), 4, print, family="llama3")
 
 
 def test_rollout_config_names_bad_vllm_settings():
@@ -234,10 +235,12 @@ def test_rollout_config_names_bad_vllm_settings():
         RolloutConfig(mode="vllm", workers=2)
 
 
-def test_family_of_each_decoder_shape():
-    assert [hf_family(args) for args in (TINY, dataclasses.replace(TINY, qk_norm=True), TINY_QWEN_MOE)] == [
-        "llama3",
-        "qwen3",
-        "qwen3_moe",
+def test_the_vllm_form_of_each_family_is_its_specs():
+    assert [vllm_adapter(family).form.architecture for family in ("llama3", "qwen3", "qwen3_moe")] == [
+        "LlamaForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
     ]
-    assert set(HF_ARCHITECTURES) == {"llama3", "qwen3", "qwen3_moe"}
+    assert all(vllm_adapter(family) is hf_adapter(family) for family in ("llama3", "qwen3", "qwen3_moe"))
+    with pytest.raises(ValueError, match=r"vLLM does not serve model family 'flux'"):
+        vllm_adapter("flux")

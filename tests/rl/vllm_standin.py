@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from titanpod.models.adapters import args_from_hf_config
+from titanpod.models.adapters import adapter_of_hf_config
+from titanpod.recipes.families import decoder_adapters
 
 PAD_TO = 64
 """vLLM pads the vocabulary rows of the embedding and the head to a multiple of this."""
@@ -53,7 +54,7 @@ class VLLMLayoutModel(nn.Module):
 
     def __init__(self, config: dict[str, Any], dtype: torch.dtype, seed: int = 123) -> None:
         super().__init__()
-        _, args = args_from_hf_config(config)
+        args = adapter_of_hf_config(config, decoder_adapters()).args_from_hf_config(config)
         self.args = args
         head_dim, vocab = args.resolved_head_dim, padded(args.vocab_size)
         q_rows, kv_rows = args.n_heads * head_dim, args.n_kv_heads * head_dim

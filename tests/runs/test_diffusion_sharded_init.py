@@ -12,9 +12,10 @@ import torch, torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from titanpod.device import get_backend
-from titanpod.parallel import PLANS, ParallelConfig
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import sharding_plan
 from titanpod.parallel.torch_executor import local_region, parallelize
-from titanpod.recipes.diffusion import get_diffusion_recipe
+from titanpod.recipes.diffusion.registry import get_diffusion_recipe
 from titanpod.runs.diffusion.components import build_diffusion_models
 
 CPU = torch.device("cpu")
@@ -29,7 +30,8 @@ for layout, config in {"fsdp2": ParallelConfig(fsdp=2), "hsdp": ParallelConfig(d
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=2)
         models = build_diffusion_models(recipe, CPU, sharded=True)
         meta = all(param.is_meta for param in models.transformer.parameters())
-        sharded = parallelize(models.transformer, PLANS["flux"], config, get_backend("cpu"), models.initial_values)
+        plan = sharding_plan("flux")
+        sharded = parallelize(models.transformer, plan, config, get_backend("cpu"), models.initial_values)
         wrong, local, full = [], 0, 0
         for name, param in models.transformer.named_parameters():
             assert isinstance(param, DTensor), name

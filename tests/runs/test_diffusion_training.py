@@ -7,8 +7,8 @@ import torch
 
 from titanpod.data.images import build_image_data
 from titanpod.models.flux.flow_matching import FlowMatchingModel
-from titanpod.recipes.diffusion import get_diffusion_recipe
 from titanpod.recipes.diffusion.recipe import SampleConfig
+from titanpod.recipes.diffusion.registry import get_diffusion_recipe
 from titanpod.runs.diffusion.batches import EncodingCache, FlowMatchingBatches
 from titanpod.runs.diffusion.components import build_diffusion_models
 from titanpod.runs.diffusion.sampling import generate

@@ -9,14 +9,14 @@ from safetensors.torch import load_file
 from tests.cli_runs import run_cli
 from titanpod.checkpoint import save_hf_checkpoint
 from titanpod.checkpoint.hf_files import iter_hf_tensors
-from titanpod.models import build_model
+from titanpod.recipes.families import build_model, hf_adapter
 
 
 @pytest.mark.slow
 def test_fsdp2_pretraining_starts_from_a_hugging_face_folder_and_saves_its_weights(tmp_path):
     model = build_model("llama3", "debug", device="cpu")
     model.init_weights(7)  # not the run's seed: the run must take these weights from the folder
-    folder = save_hf_checkpoint(model, "llama3", tmp_path / "start", max_shard_size="1MB")
+    folder = save_hf_checkpoint(model, hf_adapter("llama3"), tmp_path / "start", max_shard_size="1MB")
     run = [
         "--model.init-from", str(folder), "--parallel.fsdp", "2", "--train.steps", "1", "--train.warmup-steps", "0",
         "--train.lr", "0", "--data.seq-len", "32", "--data.batch-size", "2", "--output.run-name", "from-hf",
@@ -36,7 +36,7 @@ def test_fsdp2_pretraining_starts_from_a_hugging_face_folder_and_saves_its_weigh
 def test_fsdp2_sft_starts_from_a_hugging_face_folder_and_exports_its_weights(tmp_path):
     model = build_model("llama3", "debug", device="cpu")
     model.init_weights(7)
-    folder = save_hf_checkpoint(model, "llama3", tmp_path / "start", max_shard_size="1MB")
+    folder = save_hf_checkpoint(model, hf_adapter("llama3"), tmp_path / "start", max_shard_size="1MB")
     run = [
         "--recipe", "sft_debug", "--model.init-from", str(folder), "--parallel.fsdp", "2", "--train.steps", "1",
         "--train.warmup-steps", "0", "--train.lr", "0", "--data.train-examples", "64", "--data.seq-len", "32",

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from tests.cli_runs import run_cli
 from titanpod.checkpoint import save_hf_checkpoint
 from titanpod.checkpoint.hf_files import iter_hf_tensors
-from titanpod.models import build_model
+from titanpod.recipes.families import build_model, hf_adapter
 
 SMALL = ["--data.seq-len", "32", "--data.batch-size", "2", "--output.no-tensorboard", "--train.log-every", "1"]
 
@@ -21,7 +21,7 @@ SMALL = ["--data.seq-len", "32", "--data.batch-size", "2", "--output.no-tensorbo
 def test_pp2_starts_from_a_folder_and_writes_the_whole_model_back(tmp_path):
     model = build_model("llama3", "debug", device="cpu")
     model.init_weights(7)  # not the run's seed: each stage must take its layers from the folder
-    folder = save_hf_checkpoint(model, "llama3", tmp_path / "start", max_shard_size="1MB")
+    folder = save_hf_checkpoint(model, hf_adapter("llama3"), tmp_path / "start", max_shard_size="1MB")
     run = [
         "--model.init-from", str(folder), "--parallel.pp", "2", "--train.steps", "1", "--train.warmup-steps", "0",
         "--train.lr", "0", "--checkpoint.export-hf", "--output.run-name", "pp", *SMALL,

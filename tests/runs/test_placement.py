@@ -4,9 +4,9 @@ import pytest
 
 from titanpod.device.backends.cpu import CpuBackend
 from titanpod.graph import TrainConfig
-from titanpod.models import build_model
-from titanpod.parallel import PLANS, ParallelConfig, PlanError
+from titanpod.parallel import ParallelConfig, PlanError
 from titanpod.recipes import get_recipe
+from titanpod.recipes.families import build_model, sharding_plan
 from titanpod.runs.placement import start_placement
 
 
@@ -33,7 +33,7 @@ def test_one_process_trains_the_model_as_it_is_on_all_of_the_data():
     )
     assert placement.kind == "one process" and placement.model is model
     assert (placement.data_rank, placement.data_world, placement.batch_size(4)) == (0, 1, 4)
-    assert placement.reduce_loss is None and placement.plan is PLANS["llama3"]
+    assert placement.reduce_loss is None and placement.plan is sharding_plan("llama3")
     assert placement.step_options(ParallelConfig())["pipeline"] is None
 
 

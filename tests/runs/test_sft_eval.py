@@ -7,7 +7,8 @@ from torch import nn
 
 from titanpod.data.sft.tokenizer import CHARS, load_sft_tokenizer
 from titanpod.data.tasks import ReverseTask
-from titanpod.models import DecoderArgs, build_model
+from titanpod.models import DecoderArgs
+from titanpod.recipes.families import build_model
 from titanpod.runs.evaluation import evaluate, greedy_generate
 
 

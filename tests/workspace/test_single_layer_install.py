@@ -22,8 +22,9 @@ def test_models_layer_installs_and_imports_without_the_layers_above(repo_root, t
     assert install.returncode == 0, install.stderr
     probe = (
         "import importlib.util, torch\n"
-        "from titanpod.models import build_model, parameter_count\n"
-        "print(parameter_count(build_model('llama3', 'debug')))\n"
+        "from titanpod.models import Transformer, parameter_count\n"
+        "from titanpod.models.llama3 import LLAMA3_FLAVORS\n"
+        "print(parameter_count(Transformer(LLAMA3_FLAVORS['debug'])))\n"
         "print([n for n in ('titanpod.parallel', 'titanpod.graph', 'titanpod.recipes')"
         " if importlib.util.find_spec(n) is not None])\n"
     )

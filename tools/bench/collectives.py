@@ -107,9 +107,10 @@ def worker(model_name: str, mode: str, steps: int, bucket_mb: float, out: Path) 
 
     from titanpod.device import ensure_process_group, get_backend
     from titanpod.graph import TrainConfig, build_step
-    from titanpod.models import DecoderArgs, Transformer, build_model
-    from titanpod.parallel import PLANS, ParallelConfig
+    from titanpod.models import DecoderArgs, Transformer
+    from titanpod.parallel import ParallelConfig
     from titanpod.parallel.torch_executor import parallelize
+    from titanpod.recipes.families import build_model, sharding_plan
 
     backend = get_backend("cpu")
     info = ensure_process_group(backend)
@@ -123,7 +124,7 @@ def worker(model_name: str, mode: str, steps: int, bucket_mb: float, out: Path) 
             model = Transformer(DecoderArgs(**spec["args"]))
         model.init_weights(0)
         config = ParallelConfig(fsdp_bucket_mb=bucket_mb if mb is None else mb, fsdp_prefetch=prefetch)
-        sharded = parallelize(model, PLANS["llama3"], config, backend)
+        sharded = parallelize(model, sharding_plan("llama3"), config, backend)
         tensors = len(list(model.parameters()))
         collectives = tensors if sharded.buckets is None else len(sharded.buckets.buckets)
         train_config = TrainConfig(steps=steps + WARMUP, lr=1e-4, warmup_steps=1, step_mode=mode, compiler="none")

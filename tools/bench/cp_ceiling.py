@@ -51,16 +51,16 @@ def worker(seq_len: int, out: Path) -> None:
 
     from titanpod.device import get_backend
     from titanpod.graph import TrainConfig, build_step
-    from titanpod.models import build_model
-    from titanpod.parallel import PLANS, ParallelConfig
+    from titanpod.parallel import ParallelConfig
     from titanpod.parallel.torch_executor import parallelize
+    from titanpod.recipes.families import build_model, sharding_plan
 
     backend = get_backend("cpu")
     model = build_model("llama3", "debug", device="cpu")
     model.init_weights(0)
     cp = int(os.environ.get("WORLD_SIZE", "1"))
     if cp > 1:
-        parallelize(model, PLANS["llama3"], ParallelConfig(fsdp=1, cp=cp), backend)
+        parallelize(model, sharding_plan("llama3"), ParallelConfig(fsdp=1, cp=cp), backend)
     step = build_step(model, TrainConfig(steps=2, warmup_steps=1, log_every=2), backend)
     generator = torch.Generator().manual_seed(0)
 

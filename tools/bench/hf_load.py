@@ -43,8 +43,9 @@ def _phase(kind: str, folder: Path) -> None:
         count = sum(t.numel() for t in tensors.values())
     else:
         from titanpod.checkpoint import load_hf_checkpoint
+        from titanpod.recipes.families import decoder_adapters
 
-        model = load_hf_checkpoint(folder).model
+        model = load_hf_checkpoint(folder, adapters=decoder_adapters()).model
         count = sum(p.numel() for p in model.parameters())
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -70,7 +71,8 @@ def main() -> None:
         return
 
     from titanpod.checkpoint import save_hf_checkpoint
-    from titanpod.models import DecoderArgs, build_model
+    from titanpod.models import DecoderArgs
+    from titanpod.recipes.families import build_model, hf_adapter
 
     shape = DecoderArgs(dim=1024, n_layers=args.layers, n_heads=16, n_kv_heads=8, vocab_size=32000, ffn_dim=4096)
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,7 +80,7 @@ def main() -> None:
         model.init_weights(0)
         folder = Path(tmp) / "checkpoint"
         start = time.perf_counter()
-        save_hf_checkpoint(model, "llama3", folder, max_shard_size=args.shard_size)
+        save_hf_checkpoint(model, hf_adapter("llama3"), folder, max_shard_size=args.shard_size)
         save_seconds = time.perf_counter() - start
         del model
         size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))

@@ -61,8 +61,8 @@ def worker(flavor: str, folder: Path) -> None:
     from titanpod.graph import TrainConfig, TrainSummary
     from titanpod.graph.optimizer import AdamWState
     from titanpod.graph.step_base import StepOutput, TrainStep
-    from titanpod.parallel import PLANS
     from titanpod.parallel.torch_executor import parallelize
+    from titanpod.recipes.families import sharding_plan
     from titanpod.recipes.recipe import ModelConfig, OutputConfig, Recipe
     from titanpod.runs.pretrain import build_seeded_model
     from titanpod.runs.session import RunSession
@@ -99,7 +99,7 @@ def worker(flavor: str, folder: Path) -> None:
     start = time.perf_counter()
     model, initial_values = build_seeded_model(recipe, backend)
     if info.world_size > 1:
-        parallelize(model, PLANS["llama3"], recipe.parallel, backend, initial_values)
+        parallelize(model, sharding_plan("llama3"), recipe.parallel, backend, initial_values)
         dist.barrier()
     init_seconds = time.perf_counter() - start
     init_peak = _status_kib("VmHWM") - baseline

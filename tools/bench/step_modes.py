@@ -45,7 +45,8 @@ def _one(model_name: str, mode: str, steps: int) -> dict:
 
     from titanpod.device import get_backend
     from titanpod.graph import TrainConfig, train
-    from titanpod.models import DecoderArgs, Transformer, build_model, parameter_count
+    from titanpod.models import DecoderArgs, Transformer, parameter_count
+    from titanpod.recipes.families import build_model
 
     spec = MODELS[model_name]
     if "flavor" in spec:

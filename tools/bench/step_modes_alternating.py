@@ -52,8 +52,9 @@ def _build(spec: dict, variant: str):
     from titanpod.device import get_backend
     from titanpod.graph import TrainConfig, build_step
     from titanpod.kernels import KernelConfig, model_ops
-    from titanpod.models import DecoderArgs, Transformer, build_model
+    from titanpod.models import DecoderArgs, Transformer
     from titanpod.models.common.rope import Llama3RopeScaling
+    from titanpod.recipes.families import build_model
 
     variant, _, attention = variant.partition("+")
     ops = model_ops(KernelConfig(attention=attention or "sdpa"))

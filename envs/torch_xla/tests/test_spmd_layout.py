@@ -10,9 +10,7 @@ LAYOUT = """
 import json
 import torch, torch_xla, torch_xla.runtime as xr
 from titanpod.device import get_backend
-from titanpod.models import build_model
-from titanpod.models.registry import get_flavor
-from titanpod.parallel import PLANS
+from titanpod.recipes.families import build_model, get_flavor, sharding_plan
 from titanpod.parallel.mesh_dims import param_mesh_dims
 from titanpod.parallel.torch_xla_executor import shard_batch, shard_parameters, spmd_mesh
 
@@ -23,9 +21,9 @@ backend.use_spmd(lambda tensor: shard_batch(tensor, mesh, axes))
 model = build_model("llama3", get_flavor("llama3", "debug"))
 model.to_empty(device=backend.device())
 model.init_weights(0)
-shard_parameters(model, PLANS["llama3"], mesh, axes)
+shard_parameters(model, sharding_plan("llama3"), mesh, axes)
 specs = {name: torch_xla._XLAC._get_xla_sharding_spec(p) for name, p in model.named_parameters()}
-dims = {name: param_mesh_dims(PLANS["llama3"], name, p.ndim, axes) for name, p in model.named_parameters()}
+dims = {name: param_mesh_dims(sharding_plan("llama3"), name, p.ndim, axes) for name, p in model.named_parameters()}
 batch = backend.place_batch(torch.zeros(8, 16, dtype=torch.long))
 print(json.dumps({"devices": xr.global_runtime_device_count(), "in_job": backend.devices_in_job(1),
                   "specs": specs, "dims": dims, "batch": torch_xla._XLAC._get_xla_sharding_spec(batch)}))

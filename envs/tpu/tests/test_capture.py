@@ -21,8 +21,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from titanpod.graph.loss_metrics import loss_and_metrics
 from titanpod.kernels import SplashConfig, model_ops
-from titanpod.models import build_model
 from titanpod.recipes import get_recipe
+from titanpod.recipes.families import build_model
 
 POD_KERNELS = dataclasses.replace(get_recipe("llama3_8b").kernels, splash=SplashConfig(block_q=128, block_kv=128))
 """The kernels every pod recipe sets (splash, pallas, gmm), with tiles for the debug recipes' 256 tokens."""

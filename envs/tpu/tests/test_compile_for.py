@@ -15,8 +15,8 @@ import pytest
 from conftest import compile_in_fresh_process
 
 from titanpod.kernels import KernelConfig, model_ops
-from titanpod.models import build_model
 from titanpod.recipes import get_recipe
+from titanpod.recipes.families import build_model
 
 RECOMPUTE = 4 / 3
 """Forward passes a step runs over the training count's one when every block's forward runs twice."""

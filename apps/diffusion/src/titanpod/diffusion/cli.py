@@ -22,12 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from titanpod.recipes.command_line import PlainHelpRegistry, parse_args, recipe_argument
-from titanpod.recipes.diffusion import (
-    DEFAULT_DIFFUSION_RECIPE,
-    DIFFUSION_RECIPES,
-    DiffusionRecipe,
-    get_diffusion_recipe,
-)
+from titanpod.recipes.diffusion import DiffusionRecipe
+from titanpod.recipes.diffusion.registry import DEFAULT_DIFFUSION_RECIPE, DIFFUSION_RECIPES, get_diffusion_recipe
 from titanpod.recipes.errors import print_error
 from titanpod.recipes.recipe_files import is_recipe_file, load_recipe_file
 from titanpod.runs.diffusion.run import DiffusionResult, run_diffusion

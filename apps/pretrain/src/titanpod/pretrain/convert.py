@@ -38,6 +38,7 @@ from titanpod.pretrain.convert_source import open_export_source
 from titanpod.pretrain.convert_target import check_not_nested, check_output_folder
 from titanpod.recipes.command_line import PlainHelpRegistry, boolean_flags, flags_from_values, plain_help
 from titanpod.recipes.errors import print_error
+from titanpod.recipes.families import decoder_adapters, hf_adapter
 
 DEFAULT_COMMIT_MESSAGE = "Upload from titanpod"
 """The commit message of a push that names none."""
@@ -142,7 +143,7 @@ def run(args: ImportCommand | ExportCommand | PushCommand, console: Console) -> 
         source = resolve_source(args.source, args.revision)
         check_not_nested(args.out, source)
         dtype = dtype_from_name(args.dtype) if args.dtype else None
-        loaded = load_hf_checkpoint(source, dtype=dtype, progress=say)
+        loaded = load_hf_checkpoint(source, dtype=dtype, progress=say, adapters=decoder_adapters())
         companions = read_companions(source)
         about = (
             {"source": str(args.source), "revision": args.revision} if args.revision else {"source": str(args.source)}
@@ -166,7 +167,7 @@ def run(args: ImportCommand | ExportCommand | PushCommand, console: Console) -> 
         dtype = dtype_from_name(args.dtype) if args.dtype else None
         save_hf_checkpoint(
             found.model,
-            found.family,
+            hf_adapter(found.family),
             args.out,
             args.max_shard_size,
             dtype=dtype,

@@ -4,7 +4,7 @@ safetensors, read and written one shard at a time, so a large model never sits i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +25,8 @@ from titanpod.checkpoint.safetensors_io import (
     dtype_from_name,
 )
 from titanpod.checkpoint.special_tokens import GENERATION_CONFIG_FILE, SpecialTokens
-from titanpod.models import Transformer, build_model
-from titanpod.models.adapters import DecoderAdapter, family_of_hf_config
+from titanpod.models import Transformer
+from titanpod.models.adapters import DecoderAdapter, adapter_of_hf_config
 
 __all__ = [
     "CONFIG_FILE",
@@ -58,32 +58,35 @@ def load_hf_checkpoint(
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
     progress: Progress | None = None,
+    *,
+    adapters: Mapping[str, DecoderAdapter],
 ) -> LoadedCheckpoint:
     """Read a Hugging Face checkpoint directory into a titanpod model, shard by shard.
 
-    The model is built on the meta device from config.json, materialised once on
-    ``device`` (in ``dtype``, default the dtype config.json records), and filled tensor by
-    tensor. Every name is checked against the model before any data is read: a missing,
+    ``adapters`` (family -> adapter; ``titanpod.recipes.families.decoder_adapters()`` for the families titanpod
+    ships) says which families a config.json may describe. The model is built on the meta device from
+    config.json, materialised once on ``device`` (in ``dtype``, default the dtype config.json records), and filled
+    tensor by tensor. Every name is checked against the model before any data is read: a missing,
     unexpected or mis-shaped tensor is a ``CheckpointMismatchError`` that names it.
     """
     directory = Path(directory)
     path, config = read_hf_config(directory)
     with config_errors_named(path):
-        family = family_of_hf_config(config)
-        adapter = DecoderAdapter(family)
+        adapter = adapter_of_hf_config(config, adapters)
         args = adapter.args_from_hf_config(config)
     files = SafetensorsFiles.find(directory, TRANSFORMERS_FILES)
-    model = build_model(family, args)
+    with torch.device("meta"):
+        model = Transformer(args)
     if dtype is None:
         recorded = str(config.get("dtype", config.get("torch_dtype", "float32")))
         dtype = dtype_from_name(recorded) if recorded in ("float32", "bfloat16", "float16") else torch.float32
     load_adapted(model, adapter, files, "model", device, dtype, progress)
-    return LoadedCheckpoint(family, model, SpecialTokens.from_folder(directory))
+    return LoadedCheckpoint(adapter.family, model, SpecialTokens.from_folder(directory))
 
 
 def save_hf_checkpoint(
     model: Transformer,
-    family: str,
+    adapter: DecoderAdapter,
     directory: Path | str,
     max_shard_size: str | int = DEFAULT_MAX_SHARD_BYTES,
     dtype: torch.dtype | None = None,
@@ -92,7 +95,7 @@ def save_hf_checkpoint(
     special_tokens: SpecialTokens | None = None,
     extra_files: Files | None = None,
 ) -> Path:
-    """Write ``model`` as a Hugging Face checkpoint: config.json and safetensors shards.
+    """Write ``model`` as a Hugging Face checkpoint of ``adapter``'s class: config.json and safetensors shards.
 
     ``special_tokens`` go into config.json and, unless ``extra_files`` brings its own, into a
     generation_config.json; ``extra_files`` (name -> text or bytes: tokenizer files, a model card) are
@@ -107,7 +110,6 @@ def save_hf_checkpoint(
     ``hf_folder.save_adapted``).
     """
     dtype = dtype or model.tok_embeddings.weight.dtype
-    adapter = DecoderAdapter(family)
     special_tokens = special_tokens or SpecialTokens()
     files = dict(extra_files or {})
     if special_tokens and GENERATION_CONFIG_FILE not in files:

@@ -14,7 +14,7 @@ import torch
 from titanpod.checkpoint.companion_files import Files
 from titanpod.checkpoint.special_tokens import SpecialTokens
 from titanpod.checkpoint.weights import TensorSource, load_weights, save_weights, stored_dtype
-from titanpod.models import Transformer, build_model
+from titanpod.models import Transformer
 from titanpod.models.common.args import args_from_dict, args_to_dict
 
 MODEL_FILE = "model.json"
@@ -78,7 +78,8 @@ def read_special_tokens(directory: Path | str) -> SpecialTokens:
 def load_model(directory: Path | str, device: torch.device | str = "cpu") -> tuple[str, Transformer]:
     """Rebuild the model a checkpoint describes, on ``device``, and load its weights strictly."""
     family, args = read_model_description(directory)
-    model = build_model(family, args_from_dict(args))
+    with torch.device("meta"):
+        model = Transformer(args_from_dict(args))
     model.to_empty(device=device)
     model.to(stored_dtype(Path(directory)))
     load_weights(model, Path(directory))

@@ -4,6 +4,7 @@ read region by region so each process reads only the part of each parameter it h
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,8 @@ from titanpod.checkpoint.model_tensors import identity_layout
 from titanpod.checkpoint.region_reader import RegionReader, read_into_model
 from titanpod.checkpoint.safetensors_io import TRANSFORMERS_FILES, Progress, SafetensorsFiles
 from titanpod.checkpoint.weights import WEIGHTS_FILE
-from titanpod.models import DecoderArgs, build_model
-from titanpod.models.adapters import DecoderAdapter, HFSlot, family_of_hf_config
+from titanpod.models import DecoderArgs, Transformer
+from titanpod.models.adapters import DecoderAdapter, HFSlot, adapter_of_hf_config
 from titanpod.models.common.args import args_from_dict
 
 NOT_THE_SHAPE = frozenset({"max_seq_len", "moe.capacity_factor", "moe.aux_loss_coef"})
@@ -66,12 +67,16 @@ class PretrainedFolder:
     """The shape the folder's weights have."""
     files: SafetensorsFiles
     """Its safetensors."""
+    hf_adapter: DecoderAdapter | None = None
+    """How a ``huggingface`` folder's tensors are named (``None`` for a ``titanpod`` folder)."""
 
     def layout(self) -> dict[str, HFSlot]:
         """Stored tensor name -> the titanpod parameter (or expert of it) it fills."""
-        if self.kind == "huggingface":
-            return dict(DecoderAdapter(self.family).hf_layout(self.args))
-        return identity_layout([name for name, _ in build_model(self.family, self.args).named_parameters()])
+        if self.hf_adapter is not None:
+            return dict(self.hf_adapter.hf_layout(self.args))
+        with torch.device("meta"):
+            model = Transformer(self.args)
+        return identity_layout([name for name, _ in model.named_parameters()])
 
     def check_fits(self, family: str, args: DecoderArgs, fix: str = "") -> None:
         """``ValueError`` unless the folder holds a ``family`` model of shape ``args``, naming every field that
@@ -114,8 +119,11 @@ class PretrainedFolder:
         read_into_model(model, self.reader(model, progress=progress))
 
 
-def open_pretrained(source: str) -> PretrainedFolder:
+def open_pretrained(source: str, adapters: Mapping[str, DecoderAdapter]) -> PretrainedFolder:
     """The folder ``source`` names (a local folder, or a Hub id pulled into the cache), described.
+
+    ``adapters`` (family -> adapter; ``titanpod.recipes.families.decoder_adapters()`` for the families titanpod
+    ships) says which families a Hugging Face config.json may describe.
 
     ``FileNotFoundError`` when it holds neither model.json nor config.json; an ``UnsupportedConfigError``
     names the config.json field titanpod cannot represent.
@@ -136,11 +144,10 @@ def open_pretrained(source: str) -> PretrainedFolder:
     if (directory / CONFIG_FILE).is_file():
         path, config = read_hf_config(directory)
         with config_errors_named(path):
-            family = family_of_hf_config(config)
-            args = DecoderAdapter(family).args_from_hf_config(config)
-        return PretrainedFolder(
-            source, directory, "huggingface", family, args, SafetensorsFiles.find(directory, TRANSFORMERS_FILES)
-        )
+            adapter = adapter_of_hf_config(config, adapters)
+            args = adapter.args_from_hf_config(config)
+        files = SafetensorsFiles.find(directory, TRANSFORMERS_FILES)
+        return PretrainedFolder(source, directory, "huggingface", adapter.family, args, files, adapter)
     raise FileNotFoundError(
         f"model.init_from {source!r} holds neither {MODEL_FILE} (a titanpod model folder such as <run>/model) nor "
         f"{CONFIG_FILE} (a Hugging Face checkpoint)."

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-from titanpod.models.registry import choose
+from titanpod.models.choice import choose
 
 Split = Literal["train", "test"]
 """Which side of a task's fixed train/test partition."""

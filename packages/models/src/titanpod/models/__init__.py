@@ -1,7 +1,8 @@
 """titanpod.models: single-device PyTorch model code, built on the meta device.
 
-Llama 3, Qwen 3 and Qwen 3 MoE are one ``Transformer`` class configured by ``DecoderArgs``;
-a family is a set of named flavors and a Hugging Face adapter (``titanpod.models.adapters``).
+Llama 3, Qwen 3 and Qwen 3 MoE are one ``Transformer`` class configured by ``DecoderArgs``, each with
+its named flavors (``titanpod.models.llama3`` ...); the Hugging Face adapters are in ``titanpod.models.adapters``.
+A family as a whole (flavors, builder, plan, adapter, recipes) is one spec in ``titanpod.recipes.families``.
 Each model takes a ``ModelOps`` for its swappable slots (attention, head + loss, expert
 matmul); the defaults are PyTorch references.
 """
@@ -29,10 +30,8 @@ from titanpod.models.common.sequence import (
 )
 from titanpod.models.common.transformer import Transformer
 from titanpod.models.flux import FLUX_FLAVORS, FluxArgs, FluxOps, FluxTransformer
-from titanpod.models.registry import FAMILIES, ModelFamily, build_model, get_flavor
 
 __all__ = [
-    "FAMILIES",
     "FLUX_FLAVORS",
     "IGNORE_INDEX",
     "DecoderArgs",
@@ -41,7 +40,6 @@ __all__ = [
     "FluxTransformer",
     "Llama3RopeScaling",
     "MoEArgs",
-    "ModelFamily",
     "ModelOps",
     "ParamInit",
     "PositionedAttentionOp",
@@ -52,10 +50,8 @@ __all__ = [
     "Transformer",
     "WholeSequence",
     "batched_expert_matmul",
-    "build_model",
     "decoder_flops_per_token",
     "document_causal_mask",
-    "get_flavor",
     "linear_cross_entropy",
     "parameter_count",
     "positioned_causal_mask",

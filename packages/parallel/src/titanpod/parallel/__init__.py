@@ -10,14 +10,13 @@ A plan (``ShardingPlan``) says, per parameter, which tensor dimension each mesh 
 from titanpod.parallel.config import DATA_AXES, MESH_AXES, ParallelConfig, check_sequence_length
 from titanpod.parallel.errors import PlanError
 from titanpod.parallel.plan import ParamRule, ShardingPlan
-from titanpod.parallel.plans import DECODER_PLAN, FLUX_PLAN, PLANS
+from titanpod.parallel.plans import DECODER_PLAN, FLUX_PLAN
 
 __all__ = [
     "DATA_AXES",
     "DECODER_PLAN",
     "FLUX_PLAN",
     "MESH_AXES",
-    "PLANS",
     "ParallelConfig",
     "ParamRule",
     "PlanError",

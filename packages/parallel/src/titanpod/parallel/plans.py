@@ -1,4 +1,5 @@
-"""The sharding plans of the model families (Llama 3, Qwen 3 and Qwen 3 MoE share one)."""
+"""Sharding plans for the model classes titanpod ships (the decoder ``Transformer`` and FLUX.1); which family uses
+which is stated in the family's spec (``titanpod.recipes.families``)."""
 
 from __future__ import annotations
 
@@ -40,11 +41,3 @@ FLUX_PLAN = ShardingPlan(
 )
 """FLUX.1's plan: FSDP over every parameter's first dimension (no tensor parallelism yet: the single-stream
 blocks fuse q, k, v and the MLP input in one matrix, which needs a packed split)."""
-
-PLANS: dict[str, ShardingPlan] = {
-    "llama3": DECODER_PLAN,
-    "qwen3": DECODER_PLAN,
-    "qwen3_moe": DECODER_PLAN,
-    "flux": FLUX_PLAN,
-}
-"""Family name -> plan."""

@@ -16,7 +16,6 @@ from titanpod.graph import ProfileConfig, TrainConfig
 from titanpod.kernels import KernelConfig
 from titanpod.models.common.args import DecoderArgs
 from titanpod.models.field_checks import check_field_types, check_value, real_number, whole_number
-from titanpod.models.registry import get_flavor
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.model_shape import ModelShape
 
@@ -44,6 +43,9 @@ class ModelConfig:
     def args(self) -> DecoderArgs:
         """The decoder's shape: the flavor's with ``shape`` and ``capacity_factor`` applied; ``KeyError`` names an
         unknown family or flavor, ``ValueError`` a capacity factor given for a dense model."""
+        # the specs list their recipes, which are made of this module's types: looked up when called
+        from titanpod.recipes.families import get_flavor
+
         args = self.shape.apply(get_flavor(self.family, self.flavor))
         if self.capacity_factor is None:
             return args

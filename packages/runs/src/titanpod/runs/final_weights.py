@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from titanpod.checkpoint import save_hf_checkpoint, save_model
+from titanpod.recipes.families import hf_adapter
 from titanpod.runs.hf_export import HFExtras
 from titanpod.runs.pipelined import PipelineTensors, whole_model_on_writer
 from titanpod.runs.placement import Placement
@@ -62,7 +63,7 @@ def write_final_weights(
         if exported is not None:
             hf_path = save_hf_checkpoint(
                 exported,
-                family,
+                hf_adapter(family),
                 run_dir / HF_FOLDER,
                 special_tokens=extras.special_tokens,
                 extra_files=extras.hf_files(),

@@ -9,7 +9,8 @@ from titanpod.checkpoint.pretrained import PretrainedFolder, open_pretrained
 from titanpod.checkpoint.region_reader import RegionReader, read_into_model
 from titanpod.device import Backend, process_info
 from titanpod.kernels import model_ops
-from titanpod.models import Transformer, build_model
+from titanpod.models import Transformer
+from titanpod.recipes.families import build_model, decoder_adapters
 from titanpod.recipes.recipe import Recipe
 
 SHAPE_FIX = (
@@ -24,7 +25,7 @@ def pretrained_for(recipe: Recipe) -> PretrainedFolder | None:
     not a model. Reads only the folder's small files."""
     if recipe.model.init_from is None:
         return None
-    folder = open_pretrained(recipe.model.init_from)
+    folder = open_pretrained(recipe.model.init_from, decoder_adapters())
     folder.check_fits(recipe.model.family, recipe.model.args(), SHAPE_FIX)
     return folder
 

@@ -7,9 +7,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from titanpod.checkpoint.safetensors_stream import TensorEntry
-from titanpod.models import Transformer, build_model
+from titanpod.models import Transformer
 from titanpod.parallel.torch_executor import PipelineModel
 from titanpod.parallel.torch_executor.pipeline_gather import gather_pipeline_weights
+from titanpod.recipes.families import build_model
 from titanpod.recipes.pipeline_batch import with_pipeline_microbatches as with_pipeline_microbatches
 
 

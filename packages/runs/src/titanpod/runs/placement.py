@@ -25,8 +25,9 @@ from torch import nn
 
 from titanpod.device import Backend, process_info
 from titanpod.models import RegionValues
-from titanpod.parallel import DATA_AXES, PLANS, ParallelConfig, ShardingPlan, check_sequence_length
+from titanpod.parallel import DATA_AXES, ParallelConfig, ShardingPlan, check_sequence_length
 from titanpod.parallel.torch_executor import ParallelModel, PipelineModel, parallelize, parallelize_pipeline
+from titanpod.recipes.families import sharding_plan
 from titanpod.recipes.layout_support import RUNNER_SUPPORT, Runner, check_layout
 from titanpod.runs.process_count import check_process_count
 from titanpod.runs.torch_xla_spmd import SpmdMesh, start_spmd
@@ -109,7 +110,7 @@ class LayoutStart:
 
         ``initial_values``: for a model still on the meta device, what each rank (each device) creates its own
         shards from (a seed's region init, or a reader of a pretrained folder)."""
-        plan = PLANS[family]
+        plan = sharding_plan(family)
         backend, parallel = self.backend, self.parallel
         if backend.single_controller:
             axes = parallel.mesh_axes(backend.device_count())

@@ -15,7 +15,8 @@ from titanpod.data import TrainData, build_data, gather_data_state
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainConfig, TrainSummary, build_step
 from titanpod.kernels import model_ops
-from titanpod.models import RegionValues, Transformer, build_model, parameter_count, region_initializer
+from titanpod.models import RegionValues, Transformer, parameter_count, region_initializer
+from titanpod.recipes.families import build_model
 from titanpod.recipes.recipe import NamedRun, Recipe
 from titanpod.runs.final_weights import write_final_weights
 from titanpod.runs.hf_export import training_extras

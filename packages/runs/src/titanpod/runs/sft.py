@@ -27,7 +27,8 @@ from titanpod.data.tokenizer import check_fits
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainSummary, build_step
 from titanpod.kernels import model_ops
-from titanpod.models import RegionValues, Transformer, build_model, parameter_count
+from titanpod.models import RegionValues, Transformer, parameter_count
+from titanpod.recipes.families import build_model, decoder_adapters
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.evaluation import Evaluation, evaluate
 from titanpod.runs.final_weights import write_final_weights
@@ -143,7 +144,7 @@ def build_sft_model(
     if recipe.model.init_from is None:
         seeded, initial_values = build_seeded_model(recipe, backend)  # type: ignore[arg-type]
         return seeded, f"seed {recipe.train.seed} ({recipe.model.flavor})", None, initial_values
-    folder = open_pretrained(recipe.model.init_from)
+    folder = open_pretrained(recipe.model.init_from, decoder_adapters())
     if folder.family != recipe.model.family:
         raise ValueError(
             f"model.init_from {recipe.model.init_from!r} holds a {folder.family} model, but model.family is "

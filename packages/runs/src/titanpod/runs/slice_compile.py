@@ -33,8 +33,8 @@ from titanpod.graph.xla.program_figures import (
     program_figures,
 )
 from titanpod.kernels import model_ops
-from titanpod.models import build_model
-from titanpod.parallel import DATA_AXES, PLANS
+from titanpod.parallel import DATA_AXES
+from titanpod.recipes.families import build_model, sharding_plan
 from titanpod.recipes.planner.plan import plan_run
 from titanpod.recipes.recipe import Recipe
 
@@ -201,7 +201,7 @@ def compile_for_slice(
     )
     backend = get_backend("xla")
     gather_dtype = getattr(torch, pod.parallel.param_dtype)  # as the pretraining runner builds the step
-    step = AbstractXlaStep(model, pod.train, backend, PLANS[pod.model.family], axes, mesh, gather_dtype)
+    step = AbstractXlaStep(model, pod.train, backend, sharding_plan(pod.model.family), axes, mesh, gather_dtype)
     with tempfile.TemporaryDirectory(prefix="titanpod-hlo-") as scratch:
         folder = dump_dir or Path(scratch)
         compiled_step = step.compile(shape, folder, COST_MODEL_OPTIONS)

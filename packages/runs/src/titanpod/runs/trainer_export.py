@@ -16,7 +16,8 @@ from typing import Any
 from titanpod.checkpoint.pretrained import open_pretrained
 from titanpod.checkpoint.trainer_weights import load_trainer_weights, read_trainer_checkpoint, trainer_weights_dtype
 from titanpod.graph.metrics_rows import read_rows
-from titanpod.models import DecoderArgs, Transformer, build_model, get_flavor, parameter_count
+from titanpod.models import DecoderArgs, Transformer, parameter_count
+from titanpod.recipes.families import build_model, decoder_adapters, get_flavor
 from titanpod.recipes.recipe import ModelConfig, dataclass_from_dict
 from titanpod.runs.hf_export import HFExtras, training_extras
 
@@ -42,7 +43,7 @@ def recipe_model_args(model: dict[str, Any]) -> tuple[str, DecoderArgs]:
     if "shape" in model:
         return family, dataclass_from_dict(ModelConfig, model, "recipe.model").args()
     if model.get("init_from"):
-        return family, open_pretrained(str(model["init_from"])).args
+        return family, open_pretrained(str(model["init_from"]), decoder_adapters()).args
     return family, get_flavor(family, str(model["flavor"]))
 
 

@@ -16,7 +16,12 @@ from typing import Any
 import torch
 
 from titanpod.models.adapters.base import HFSlot, StateDictAdapter, UnsupportedConfigError
-from titanpod.models.adapters.decoder_config import HF_ARCHITECTURES, args_from_hf_config, hf_config_from_args
+from titanpod.models.adapters.decoder_config import (
+    DecoderHFForm,
+    args_from_hf_config,
+    family_of_hf_config,
+    hf_config_from_args,
+)
 from titanpod.models.common.args import DecoderArgs
 from titanpod.models.common.transformer import Transformer
 
@@ -92,31 +97,35 @@ def decoder_hf_layout(args: DecoderArgs) -> Mapping[str, HFSlot]:
 
 @dataclass(frozen=True)
 class DecoderAdapter(StateDictAdapter[DecoderArgs]):
-    """The Hugging Face form of one decoder family (``llama3``, ``qwen3`` or ``qwen3_moe``)."""
+    """The Hugging Face form of one decoder family (e.g. ``llama3``, ``qwen3`` or ``qwen3_moe``)."""
 
     family: str
-    """titanpod family name; fixes the Hugging Face architecture written into config.json."""
-
-    def __post_init__(self) -> None:
-        if self.family not in HF_ARCHITECTURES:
-            raise UnsupportedConfigError(
-                f"No Hugging Face form for family {self.family!r}; known: {', '.join(HF_ARCHITECTURES)}."
-            )
+    """titanpod family name, as recipes and model.json name it."""
+    form: DecoderHFForm
+    """The Hugging Face class the family is read from and written as."""
 
     def args_from_hf_config(self, config: Mapping[str, Any]) -> DecoderArgs:
-        """``DecoderArgs`` of a config.json of this family; another family's config is an ``UnsupportedConfigError``."""
-        family, args = args_from_hf_config(config)
-        if family != self.family:
-            raise UnsupportedConfigError(f"config.json describes a {family} model, not {self.family}.")
-        return args
+        """``DecoderArgs`` of a config.json of this family; another class's config is an ``UnsupportedConfigError``."""
+        if not self.form.describes(config):
+            described = config.get("architectures") or config.get("model_type")
+            raise UnsupportedConfigError(
+                f"config.json describes {described!r}, not {self.form.architecture} ({self.family})."
+            )
+        return args_from_hf_config(config, self.form)
 
     def hf_config_from_args(self, args: DecoderArgs, dtype: torch.dtype) -> dict[str, Any]:
         """config.json in the published checkpoints' style, its ``dtype`` field set to ``dtype``."""
-        return hf_config_from_args(self.family, args, str(dtype).removeprefix("torch."))
+        return hf_config_from_args(self.form, args, str(dtype).removeprefix("torch."))
 
     def hf_layout(self, args: DecoderArgs) -> Mapping[str, HFSlot]:
         """See ``decoder_hf_layout``."""
         return decoder_hf_layout(args)
+
+
+def adapter_of_hf_config(config: Mapping[str, Any], adapters: Mapping[str, DecoderAdapter]) -> DecoderAdapter:
+    """The adapter among ``adapters`` (family -> adapter) whose Hugging Face class ``config`` describes;
+    ``UnsupportedConfigError`` lists the classes known."""
+    return adapters[family_of_hf_config(config, {family: adapter.form for family, adapter in adapters.items()})]
 
 
 def hf_tensors(model: Transformer) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,32 +1,48 @@
-"""config.json <-> ``DecoderArgs`` for the Hugging Face Llama, Qwen3 and Qwen3Moe classes."""
+"""config.json <-> ``DecoderArgs`` for a Hugging Face decoder class (Llama, Qwen3, Qwen3Moe and their kin),
+given the ``DecoderHFForm`` that names the class and what its config implies."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from titanpod.models.adapters.base import UnsupportedConfigError
 from titanpod.models.common.args import DecoderArgs, MoEArgs
 from titanpod.models.common.rope import Llama3RopeScaling
 
-HF_ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "llama3": ("LlamaForCausalLM", "llama"),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
-    "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
-}
-"""titanpod family -> (Hugging Face architecture, model_type)."""
+
+@dataclass(frozen=True)
+class DecoderHFForm:
+    """How one decoder family looks in Hugging Face's transformers: its class and what its config.json implies."""
+
+    architecture: str
+    """transformers' class name written into ``architectures``, e.g. ``LlamaForCausalLM``."""
+    model_type: str
+    """config.json's ``model_type``, e.g. ``llama``."""
+    qk_norm: bool = False
+    """The class normalises queries and keys per head (Qwen 3): read into ``DecoderArgs.qk_norm``."""
+    moe: bool = False
+    """The class has routed experts in every layer (Qwen 3 MoE): config.json's expert fields are read."""
+    extra_config: tuple[tuple[str, Any], ...] = ()
+    """Fixed (key, value) pairs the published checkpoints' config.json carries, written as they are."""
+
+    def describes(self, config: Mapping[str, Any]) -> bool:
+        """Whether ``config`` is this class's: its ``architectures`` name it, or (none listed) its ``model_type``."""
+        architectures = config.get("architectures") or []
+        return self.architecture in architectures or (not architectures and config.get("model_type") == self.model_type)
 
 
-def family_of_hf_config(config: Mapping[str, Any]) -> str:
-    """The titanpod family whose Hugging Face class ``config`` describes; ``UnsupportedConfigError`` otherwise."""
-    architectures = config.get("architectures") or []
-    model_type = config.get("model_type")
-    for family, (architecture, family_type) in HF_ARCHITECTURES.items():
-        if architecture in architectures or (not architectures and model_type == family_type):
+def family_of_hf_config(config: Mapping[str, Any], forms: Mapping[str, DecoderHFForm]) -> str:
+    """The family (a key of ``forms``) whose Hugging Face class ``config`` describes; ``UnsupportedConfigError``
+    otherwise."""
+    for family, form in forms.items():
+        if form.describes(config):
             return family
-    known = ", ".join(architecture for architecture, _ in HF_ARCHITECTURES.values())
+    known = ", ".join(form.architecture for form in forms.values())
+    described = config.get("architectures") or config.get("model_type")
     raise UnsupportedConfigError(
-        f"config.json describes {architectures or model_type!r}, which titanpod does not read; supported: {known}."
+        f"config.json describes {described!r}, which titanpod does not read; supported: {known}."
     )
 
 
@@ -69,14 +85,13 @@ def _moe(config: Mapping[str, Any]) -> MoEArgs:
     )
 
 
-def args_from_hf_config(config: Mapping[str, Any]) -> tuple[str, DecoderArgs]:
-    """The titanpod family and ``DecoderArgs`` of a Hugging Face config.json (as a dict).
+def args_from_hf_config(config: Mapping[str, Any], form: DecoderHFForm) -> DecoderArgs:
+    """The ``DecoderArgs`` of a Hugging Face config.json (as a dict) of the class ``form`` describes.
 
     Raises ``UnsupportedConfigError`` naming the field for anything that would change the
     arithmetic and that titanpod does not implement (biases, other activations, sliding
     windows, other RoPE types, dense layers inside an MoE model).
     """
-    family = family_of_hf_config(config)
     _require(config, "hidden_act", "silu", "silu")
     _require(config, "attention_bias", False, False)
     _require(config, "mlp_bias", False, False)
@@ -98,22 +113,18 @@ def args_from_hf_config(config: Mapping[str, Any]) -> tuple[str, DecoderArgs]:
         rope_scaling=scaling,
         max_seq_len=int(config.get("max_position_embeddings", 8192)),
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        qk_norm=family in ("qwen3", "qwen3_moe"),
-        moe=_moe(config) if family == "qwen3_moe" else None,
+        qk_norm=form.qk_norm,
+        moe=_moe(config) if form.moe else None,
     )
-    return family, args
+    return args
 
 
-def hf_config_from_args(family: str, args: DecoderArgs, dtype: str = "float32") -> dict[str, Any]:
-    """A Hugging Face config.json (as a dict) for ``args``, in the published checkpoints' style."""
-    if family not in HF_ARCHITECTURES:
-        raise UnsupportedConfigError(
-            f"No Hugging Face form for family {family!r}; known: {', '.join(HF_ARCHITECTURES)}."
-        )
-    architecture, model_type = HF_ARCHITECTURES[family]
+def hf_config_from_args(form: DecoderHFForm, args: DecoderArgs, dtype: str = "float32") -> dict[str, Any]:
+    """A Hugging Face config.json (as a dict) of ``form``'s class for ``args``, in the published checkpoints'
+    style."""
     config: dict[str, Any] = {
-        "architectures": [architecture],
-        "model_type": model_type,
+        "architectures": [form.architecture],
+        "model_type": form.model_type,
         "hidden_size": args.dim,
         "num_hidden_layers": args.n_layers,
         "num_attention_heads": args.n_heads,
@@ -129,8 +140,7 @@ def hf_config_from_args(family: str, args: DecoderArgs, dtype: str = "float32") 
         "attention_bias": False,
         "dtype": dtype,
     }
-    if family == "llama3":
-        config["mlp_bias"] = False
+    config.update(form.extra_config)
     if args.rope_scaling is not None:
         scaling = args.rope_scaling
         config["rope_scaling"] = {

@@ -1,57 +1,17 @@
-"""Named diffusion recipes: one function each, listed by ``titanpod-diffusion --list-recipes``."""
+"""Named diffusion recipes: one function each, in its family's spec file (``titanpod.recipes.families.flux``),
+listed by ``titanpod-diffusion --list-recipes``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
-from titanpod.data.images.config import ImageDataConfig
-from titanpod.device import DeviceConfig
-from titanpod.graph import TrainConfig
-from titanpod.models.registry import choose
-from titanpod.parallel import ParallelConfig
-from titanpod.recipes.diffusion.recipe import DiffusionRecipe, FluxModelConfig, SampleConfig
-from titanpod.recipes.recipe import OutputConfig, TargetConfig
+from titanpod.models.choice import choose
+from titanpod.recipes.diffusion.recipe import DiffusionRecipe
+from titanpod.recipes.families import named_recipes
 
-
-def flux_debug() -> DiffusionRecipe:
-    """Tiny FLUX (273K parameters) on the built-in shapes at 16x16 pixels: minutes on a CPU, then sample grids."""
-    return DiffusionRecipe(
-        name="flux_debug",
-        model=FluxModelConfig(flavor="debug", autoencoder="pixels", text_encoders="random"),
-        device=DeviceConfig(lane="auto"),
-        data=ImageDataConfig(source="shapes", resolution=16, batch_size=32, caption_dropout=0.1, shapes_count=512),
-        train=TrainConfig(
-            steps=1500, lr=2e-3, warmup_steps=50, decay="cosine", min_lr_ratio=0.1, weight_decay=0.0, log_every=50
-        ),
-        samples=SampleConfig(every=0, prompts=6, steps=24, cfg_scale=3.0),
-        output=OutputConfig(),
-        target=TargetConfig(chip="cpu", chips=1),
-    )
-
-
-def flux1_12b() -> DiffusionRecipe:
-    """FLUX.1-dev (11.9B) at 1024x1024 on a TPU v5p-8: FSDP, bf16, the pretrained autoencoder and text encoders."""
-    return DiffusionRecipe(
-        name="flux1_12b",
-        model=FluxModelConfig(
-            flavor="dev", autoencoder="black-forest-labs/FLUX.1-dev/vae", text_encoders="black-forest-labs/FLUX.1-dev"
-        ),
-        device=DeviceConfig(lane="auto"),
-        parallel=ParallelConfig(param_dtype="bfloat16", reduce_dtype="float32"),
-        data=ImageDataConfig(source="imagefolder", path="images/", resolution=1024, batch_size=1, caption_dropout=0.1),
-        train=TrainConfig(
-            steps=10_000, lr=1e-5, warmup_steps=500, decay="constant", weight_decay=0.0, log_every=10, precision="bf16"
-        ),
-        samples=SampleConfig(every=1000, prompts=4, steps=28, cfg_scale=1.0),
-        output=OutputConfig(),
-        target=TargetConfig(chip="v5p", chips=8),
-    )
-
-
-DIFFUSION_RECIPES: Mapping[str, Callable[[], DiffusionRecipe]] = {
-    recipe.__name__: recipe for recipe in (flux_debug, flux1_12b)
-}
-"""Every named diffusion recipe."""
+DIFFUSION_RECIPES: Mapping[str, Callable[[], DiffusionRecipe]] = MappingProxyType(named_recipes(kind="diffusion"))
+"""Every named diffusion recipe: each diffusion family's, as its spec lists them."""
 
 DEFAULT_DIFFUSION_RECIPE = "flux_debug"
 

@@ -19,11 +19,11 @@ from rich.table import Table
 
 from titanpod.device import ChipSpec, backend_class
 from titanpod.models import parameter_count
+from titanpod.models.choice import choose
 from titanpod.models.flux import FLUX_FLAVORS, FluxOps, build_flux_transformer
 from titanpod.models.flux.layers import axes_rotary_cos_sin
-from titanpod.models.registry import choose
-from titanpod.parallel import PLANS
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
+from titanpod.recipes.families import sharding_plan
 from titanpod.recipes.layout_support import check_layout
 from titanpod.recipes.planner.activations import flash_attention_stand_in, measure_saved_bytes
 from titanpod.recipes.planner.host import HostMemoryPlan, plan_host_memory, planned_lane
@@ -122,7 +122,7 @@ def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: f
         kept = args.depth * saved_double.all_saved + args.depth_single * saved_single.all_saved
     working = max(saved_double.all_saved, saved_single.all_saved)  # a recomputed block, or a block's gradients
     mesh = recipe.parallel.mesh_axes(devices)
-    plan = PLANS["flux"]
+    plan = sharding_plan("flux")
     named = dict(model.named_parameters())
     plan.check(named, mesh)
     local = sum(plan.local_numel(name, tuple(p.shape), mesh) for name, p in named.items())

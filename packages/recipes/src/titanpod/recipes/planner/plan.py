@@ -34,10 +34,11 @@ import torch
 
 from titanpod.device import ChipSpec, backend_class
 from titanpod.kernels import model_ops
-from titanpod.models import Transformer, build_model, parameter_count
-from titanpod.parallel import DATA_AXES, PLANS, ShardingPlan
+from titanpod.models import Transformer, parameter_count
+from titanpod.parallel import DATA_AXES, ShardingPlan
 from titanpod.parallel.torch_executor import pipeline_layout
 from titanpod.parallel.torch_executor.pipeline_stages import check_pipelinable
+from titanpod.recipes.families import build_model, sharding_plan
 from titanpod.recipes.layout_support import check_layout
 from titanpod.recipes.pipeline_batch import with_pipeline_microbatches
 from titanpod.recipes.planner.activations import SavedBytes, block_saved_bytes, head_saved_bytes
@@ -163,7 +164,7 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     recipe = with_pipeline_microbatches(recipe)  # with pp: the step's batch in the pipeline's micro-batches
     model = build_model(recipe.model.family, recipe.model.args(), model_ops(recipe.kernels))
     mesh = recipe.parallel.mesh_axes(devices)
-    plan = PLANS[recipe.model.family]
+    plan = sharding_plan(recipe.model.family)
     named = dict(model.named_parameters())
     plan.check(named, mesh)
     local = sum(plan.local_numel(name, tuple(p.shape), mesh) for name, p in named.items())

@@ -14,7 +14,7 @@ from typing import Any
 from titanpod.checkpoint import CheckpointConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
-from titanpod.models.registry import choose
+from titanpod.models.choice import choose
 from titanpod.recipes.posttrain.grpo_recipe import GRPOConfig, GRPOModelConfig, GRPORecipe
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig, SFTDataConfig, SFTModelConfig, SFTRecipe
 from titanpod.recipes.recipe import OutputConfig

@@ -8,8 +8,8 @@ from titanpod.data.sft.config import SFTDataConfig, TaskName, choice
 from titanpod.data.tasks import TASKS
 from titanpod.kernels import KernelConfig
 from titanpod.models.common.args import DecoderArgs
-from titanpod.models.registry import get_flavor
 from titanpod.parallel import ParallelConfig
+from titanpod.recipes.families import get_flavor
 from titanpod.recipes.recipe import RunRecipe
 
 

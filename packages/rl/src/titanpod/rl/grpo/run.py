@@ -68,7 +68,8 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
             setup.tokenizer.save(session.run_dir)
         reference = copy.deepcopy(setup.model).requires_grad_(False).eval() if recipe.grpo.kl_beta > 0 else None
         rows = recipe.grpo.prompts_per_step // setup.data_ranks * recipe.grpo.group_size
-        engine = open_rollout(recipe.rollout, setup.model, rows, session.say)  # before sharding: whole weights
+        # before sharding: whole weights
+        engine = open_rollout(recipe.rollout, setup.model, rows, session.say, family=setup.family)
         try:
             return train_grpo(setup, session, engine, reference)
         finally:

@@ -13,16 +13,18 @@ from titanpod.rl.rollout.vllm_engine import VLLMEngine
 
 
 def open_rollout(
-    config: RolloutConfig, model: Transformer, max_batch: int, say: Callable[[str], None]
+    config: RolloutConfig, model: Transformer, max_batch: int, say: Callable[[str], None], *, family: str
 ) -> RolloutEngine:
     """The rollout engine ``config`` asks for, holding ``model``'s weights as version 0: a ``BuiltinEngine`` in
     this process, a ``RayRollout`` whose workers were checked to hold them, or a ``VLLMEngine`` whose vLLM
-    workers were. Close it with ``close_rollout``."""
+    workers were (vLLM is given the model in the Hugging Face form ``family``'s spec states). Close it with
+    ``close_rollout``."""
     if config.mode == "local":
         return BuiltinEngine(model, max_batch=max_batch)
     if config.mode == "vllm":
         engine = VLLMEngine(
             model,
+            family,
             dtype=config.vllm_dtype,
             gpu_memory_utilization=config.vllm_gpu_memory_utilization,
             enforce_eager=config.vllm_enforce_eager,

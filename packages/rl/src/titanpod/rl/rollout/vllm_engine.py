@@ -32,8 +32,9 @@ from typing import Any
 
 import torch
 
-from titanpod.models import DecoderArgs, Transformer
+from titanpod.models import Transformer
 from titanpod.models.adapters import DecoderAdapter
+from titanpod.recipes.families import MODEL_SPECS, ModelSpec, model_spec
 from titanpod.rl.rollout.builtin import validate_prompts
 from titanpod.rl.rollout.sampling import completion_seed
 from titanpod.rl.rollout.sync import check_state_matches, check_version, plain_tensor, trainer_state, weights_checksum
@@ -58,12 +59,13 @@ SEND_CHUNK_BYTES = 512 * 2**20
 """Most bytes of weights sent in one ``collective_rpc`` call."""
 
 
-def hf_family(args: DecoderArgs) -> str:
-    """The Hugging Face family (``hf_config_from_args``'s name) whose config describes ``args``: ``qwen3_moe`` with
-    experts, ``qwen3`` with q/k norms, else ``llama3``, as ``args_from_hf_config`` reads each one."""
-    if args.moe is not None:
-        return "qwen3_moe"
-    return "qwen3" if args.qk_norm else "llama3"
+def vllm_adapter(family: str, specs: Mapping[str, ModelSpec] = MODEL_SPECS) -> DecoderAdapter:
+    """The Hugging Face form vLLM is given ``family``'s model in, as the family's spec states it; ``ValueError``
+    when the spec says vLLM does not serve the family."""
+    spec = model_spec(family, specs)
+    if not spec.vllm or not isinstance(spec.hf_adapter, DecoderAdapter):
+        raise ValueError(f"vLLM does not serve model family {family!r}; use rollout.mode 'local' or 'ray'.")
+    return spec.hf_adapter
 
 
 def chunks(named: list[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -92,13 +94,15 @@ class VLLMEngine:
     def __init__(
         self,
         model: Transformer,
+        family: str,
         *,
         dtype: str = "bfloat16",
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = False,
         max_batch: int = 64,
     ) -> None:
-        """Start vLLM on a config.json of ``model``'s shape and load ``model``'s weights into it, checked."""
+        """Start vLLM on a config.json of ``model``'s shape in ``family``'s Hugging Face form and load ``model``'s
+        weights into it, checked."""
         if dtype not in VLLM_DTYPES:
             raise ValueError(f"VLLMEngine dtype {dtype!r} is not one of {', '.join(VLLM_DTYPES)}.")
         try:
@@ -109,7 +113,7 @@ class VLLMEngine:
         self.args = model.args
         self.dtype = VLLM_DTYPES[dtype]
         self.weights_version = 0
-        self._adapter = DecoderAdapter(hf_family(self.args))
+        self._adapter = vllm_adapter(family)
         self._layout = {name: torch.empty_like(t, device="meta") for name, t in trainer_state(model).items()}
         self._specs = [[name, list(shape)] for name, shape in self._adapter.hf_shapes(self._layout, self.args).items()]
         self._folder = tempfile.TemporaryDirectory(prefix="titanpod-vllm-")

@@ -15,10 +15,10 @@ import torch
 from titanpod.checkpoint.flux_autoencoder_files import load_flux_autoencoder
 from titanpod.checkpoint.flux_files import load_flux_transformer
 from titanpod.models import RegionValues, region_initializer
+from titanpod.models.choice import choose
 from titanpod.models.flux import FLUX_FLAVORS, FluxTransformer, build_flux_transformer
 from titanpod.models.flux.autoencoder import FLUX_AUTOENCODER_FLAVORS, FluxAutoencoder, build_flux_autoencoder
 from titanpod.models.flux.text_encoders import FluxTextEncoders, TinyTextEncoderConfig
-from titanpod.models.registry import choose
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 
 

@@ -1,0 +1,65 @@
+"""FLUX.1 (diffusers' ``FluxTransformer2DModel``): the spec of its transformer, the part that trains, and its
+named diffusion recipes (run by ``titanpod-diffusion``).
+
+The autoencoder and text encoders it runs with are frozen components of a diffusion run
+(``titanpod.runs.diffusion``).
+"""
+
+from __future__ import annotations
+
+from titanpod.data.images.config import ImageDataConfig
+from titanpod.device import DeviceConfig
+from titanpod.graph import TrainConfig
+from titanpod.models import FLUX_FLAVORS, FluxTransformer
+from titanpod.models.adapters import FLUX_TRANSFORMER_ADAPTER
+from titanpod.parallel import FLUX_PLAN, ParallelConfig
+from titanpod.recipes.diffusion.recipe import DiffusionRecipe, FluxModelConfig, SampleConfig
+from titanpod.recipes.families.spec import ModelSpec
+from titanpod.recipes.recipe import OutputConfig, TargetConfig
+
+
+def flux_debug() -> DiffusionRecipe:
+    """Tiny FLUX (273K parameters) on the built-in shapes at 16x16 pixels: minutes on a CPU, then sample grids."""
+    return DiffusionRecipe(
+        name="flux_debug",
+        model=FluxModelConfig(flavor="debug", autoencoder="pixels", text_encoders="random"),
+        device=DeviceConfig(lane="auto"),
+        data=ImageDataConfig(source="shapes", resolution=16, batch_size=32, caption_dropout=0.1, shapes_count=512),
+        train=TrainConfig(
+            steps=1500, lr=2e-3, warmup_steps=50, decay="cosine", min_lr_ratio=0.1, weight_decay=0.0, log_every=50
+        ),
+        samples=SampleConfig(every=0, prompts=6, steps=24, cfg_scale=3.0),
+        output=OutputConfig(),
+        target=TargetConfig(chip="cpu", chips=1),
+    )
+
+
+def flux1_12b() -> DiffusionRecipe:
+    """FLUX.1-dev (11.9B) at 1024x1024 on a TPU v5p-8: FSDP, bf16, the pretrained autoencoder and text encoders."""
+    return DiffusionRecipe(
+        name="flux1_12b",
+        model=FluxModelConfig(
+            flavor="dev", autoencoder="black-forest-labs/FLUX.1-dev/vae", text_encoders="black-forest-labs/FLUX.1-dev"
+        ),
+        device=DeviceConfig(lane="auto"),
+        parallel=ParallelConfig(param_dtype="bfloat16", reduce_dtype="float32"),
+        data=ImageDataConfig(source="imagefolder", path="images/", resolution=1024, batch_size=1, caption_dropout=0.1),
+        train=TrainConfig(
+            steps=10_000, lr=1e-5, warmup_steps=500, decay="constant", weight_decay=0.0, log_every=10, precision="bf16"
+        ),
+        samples=SampleConfig(every=1000, prompts=4, steps=28, cfg_scale=1.0),
+        output=OutputConfig(),
+        target=TargetConfig(chip="v5p", chips=8),
+    )
+
+
+SPEC = ModelSpec(
+    name="flux",
+    flavors=FLUX_FLAVORS,
+    build=FluxTransformer,
+    plan=FLUX_PLAN,
+    hf_adapter=FLUX_TRANSFORMER_ADAPTER,
+    recipes={recipe.__name__: recipe for recipe in (flux_debug, flux1_12b)},
+    recipe_kind="diffusion",
+)
+"""The FLUX.1 transformer."""

@@ -1,0 +1,84 @@
+"""The two shapes most named recipes take: a debug run on this machine, and a production run on a TPU slice."""
+
+from __future__ import annotations
+
+from titanpod.checkpoint import CheckpointConfig
+from titanpod.data.config import DataConfig
+from titanpod.device import DeviceConfig
+from titanpod.graph import TrainConfig
+from titanpod.kernels import KernelConfig
+from titanpod.parallel import ParallelConfig
+from titanpod.recipes.recipe import ModelConfig, OutputConfig, Recipe, TargetConfig
+
+TPU_KERNELS = KernelConfig(attention="splash", head_loss="pallas", expert_matmul="gmm")
+"""Pallas kernels for every slot: Splash attention, fused head + loss, grouped expert matmul."""
+
+BF16_FSDP = ParallelConfig(param_dtype="bfloat16", reduce_dtype="float32")
+"""SimpleFSDP over every device, gathering bf16 parameters and reducing fp32 gradients."""
+
+
+def debug_recipe(name: str, family: str, steps: int = 100) -> Recipe:
+    """``family``'s ``debug`` flavor on the built-in corpus and tokenizer: ``steps`` steps, minutes on a CPU."""
+    return Recipe(
+        name=name,
+        model=ModelConfig(family=family, flavor="debug"),
+        device=DeviceConfig(lane="auto"),
+        data=DataConfig(source="builtin", tokenizer="builtin", seq_len=256, batch_size=8),
+        # warmup_steps unset: min(10, steps // 10), so --train.steps 5 needs no --train.warmup-steps
+        train=TrainConfig(steps=steps, lr=3e-3, decay="cosine", min_lr_ratio=0.1, log_every=10),
+        output=OutputConfig(),
+        target=TargetConfig(chip="cpu", chips=1),
+    )
+
+
+def pod_recipe(
+    name: str,
+    family: str,
+    flavor: str,
+    target: TargetConfig,
+    *,
+    parallel: ParallelConfig = BF16_FSDP,
+    tokenizer: str,
+    seq_len: int,
+    batch_size: int,
+    lr: float,
+    steps: int,
+    warmup_steps: int,
+    memory_policy: str = "recompute",
+    capacity_factor: float | None = None,
+) -> Recipe:
+    """``family``'s ``flavor`` on ``target``: C4 through ``tokenizer``, whole-step compiled, bf16, Pallas kernels,
+    validation every 1,000 steps and an async checkpoint every 500."""
+    return Recipe(
+        name=name,
+        model=ModelConfig(family=family, flavor=flavor, capacity_factor=capacity_factor),
+        device=DeviceConfig(lane="auto"),
+        parallel=parallel,
+        kernels=TPU_KERNELS,
+        data=DataConfig(
+            source="hub",
+            path="allenai/c4",
+            name="en",
+            tokenizer=tokenizer,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            validation_split="validation",
+            validation_every=1000,
+        ),
+        train=TrainConfig(
+            steps=steps,
+            lr=lr,
+            warmup_steps=warmup_steps,
+            decay="cosine",
+            min_lr_ratio=0.1,
+            weight_decay=0.1,
+            grad_clip=1.0,
+            log_every=10,
+            step_mode="whole_step",
+            memory_policy=memory_policy,
+            precision="bf16",
+        ),
+        checkpoint=CheckpointConfig(every=500, keep_last=2, async_save=True),
+        output=OutputConfig(),
+        target=target,
+    )
