@@ -1,4 +1,4 @@
-"""Draw the README's pictures with the real command lines: a loss curve and a diffusion sample grid.
+"""Draw the docs' pictures with the real command lines: a loss curve and a diffusion sample grid.
 
     uv run python tools/make_readme_images.py             # both; flux_debug's 1,500 steps dominate (50 minutes here)
     uv run python tools/make_readme_images.py --only loss
@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
-"""Where the README's pictures live."""
+"""Where the docs' pictures live (README.md shows the loss curve; docs/ both)."""
 
 RUNS = {
     "loss": (

@@ -1,4 +1,4 @@
-"""Every pod recipe compiled by libtpu for its own slice: the README's table of memory, flops and estimated speed.
+"""Every pod recipe compiled by libtpu for its own slice: docs/recipes.md's table of memory, flops and speed.
 
 Runs ``titanpod-pretrain --recipe NAME --compile-for target`` from ``envs/tpu`` for each recipe
 (by default extrapolated from compiles of 2 and 4 layers: ``--layers 2,4``; ``--layers all`` compiles

@@ -3,7 +3,7 @@
 titanpod-diffusion                                   # flux_debug on the built-in shapes, on this machine
 titanpod-diffusion --list-recipes
 titanpod-diffusion --recipe flux1_12b --dry-run      # memory per device and step time on its target slice
-titanpod-diffusion --recipe flux1_12b --rehearse     # run it here, small, with every setting (see README)
+titanpod-diffusion --recipe flux1_12b --rehearse     # refused for now, saying why (docs/rehearsal.md)
 titanpod-diffusion --train.steps 100 --data.batch-size 8
 titanpod-diffusion --recipe mine.toml --print-recipe  # a TOML file (base = "flux_debug" plus what differs), resolved
 titanpod-diffusion sample --checkpoint runs/flux_debug-... --prompt "a large red circle on the left"

@@ -89,7 +89,7 @@ class RunPlan:
     active_parameters: int
     """Parameters one token uses (differs from ``parameters`` for MoE)."""
     flops_per_token: float
-    """Training FLOPs per token (6N + attention; see the README's MFU section)."""
+    """Training FLOPs per token (6N + attention; see docs/training.md, Metrics and MFU)."""
     chip: ChipSpec
     """The device the plan is for."""
     chips: int
