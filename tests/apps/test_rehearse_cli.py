@@ -4,7 +4,7 @@ Each rehearsal launches its own processes (4 gloo ranks for the torch executor, 
 process with 8 host devices for the xla lane), so these tests are slow: one to five minutes
 each on 2 cores. They check the command's verdict and the report it writes.
 
-The default run rehearses every combination of settings the pod recipes make: FSDP x TP
+The slow tier (``pytest -m slow``) rehearses every combination of settings the pod recipes make: FSDP x TP
 with sequence parallelism, Splash and the Pallas loss (llama3_405b), MoE with EP, gmm and a
 capacity (qwen3_235b_a22b), each on both lanes, and the selective memory policy with q/k
 norms on the xla lane (qwen3_8b). The other recipe-lane pairs repeat those combinations at

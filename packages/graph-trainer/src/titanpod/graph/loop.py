@@ -205,7 +205,7 @@ def train(
         if reporting(step_number):
             grad_norm = float(pending[-1].grad_norm)
             window = read_back(step_number)
-            tps = meter.window(first=step_number == start_step + 1)
+            tps, elapsed = meter.window(first=step_number == start_step + 1)
             metrics = StepMetrics(
                 step=step_number,
                 loss=float(window.mean()),
@@ -215,7 +215,7 @@ def train(
                 tflops_per_second=flops_per_token * tps / devices / 1e12,
                 mfu=mfu(flops_per_token, tps, devices, peak),
                 peak_memory_gib=backend.memory_stats(local_rank).peak_gib,
-                elapsed_seconds=time.perf_counter() - meter.started,
+                elapsed_seconds=elapsed,
                 skipped_steps=len(skipped),
                 dropped_tokens=sum(dropped) if dropped else None,
                 **(_first_report_compile_fields(train_step) if not reports else {}),

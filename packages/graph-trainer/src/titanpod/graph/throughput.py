@@ -32,15 +32,16 @@ class ThroughputMeter:
         else:
             self._after_first += tokens
 
-    def window(self, first: bool) -> float:
-        """Tokens a second since the last report, and start the next window. ``first``: the report is of the
-        first step alone, so the overall measure starts after it."""
+    def window(self, first: bool) -> tuple[float, float]:
+        """Tokens a second since the last report, and the seconds since the loop began at this report (the
+        window's end, so consecutive reports' times bound their windows exactly); starts the next window.
+        ``first``: the report is of the first step alone, so the overall measure starts after it."""
         now = time.perf_counter()
         tps = self._since_report / (now - self._last_report)
         self._since_report, self._last_report = 0, now
         if first:
             self._measured_from = now
-        return tps
+        return tps, now - self.started
 
     def overall(self, end: float) -> float:
         """Tokens a second over every step but the first, up to the last report (to ``end`` when steps ran after
