@@ -11,9 +11,11 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from titanpod.device import get_backend
-from titanpod.graph import TrainConfig, compiled_steps, train
-from titanpod.graph.compiled_steps import cache_dir_of, step_key
+from titanpod.graph import TrainConfig, train
 from titanpod.graph.constant_folding import fold_constants
+from titanpod.graph.cpu_compile import compiled_steps
+from titanpod.graph.cpu_compile.compiled_steps import step_key
+from titanpod.graph.step_compiler import cache_dir_of
 from titanpod.models import DecoderArgs, Transformer
 
 TINY = DecoderArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=64, ffn_dim=64, max_seq_len=32)
@@ -23,7 +25,9 @@ BACKEND = get_backend("cpu")
 def run(cache: str, batch: int = 2):
     model = Transformer(TINY)
     model.init_weights(0)
-    config = TrainConfig(steps=3, warmup_steps=0, log_every=1, step_mode="whole_step", compile_cache_dir=cache)
+    config = TrainConfig(
+        steps=3, warmup_steps=0, log_every=1, step_mode="whole_step", step_compiler="cached", compile_cache_dir=cache
+    )
     generator = torch.Generator().manual_seed(0)
 
     def batches():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from titanpod.graph.compiled_steps import compile_step
+from titanpod.graph.cpu_compile.compiled_steps import compile_step
 
 
 def _layers(inputs):
@@ -60,7 +60,7 @@ def test_overlapping_blocks_leave_inductor_as_they_found_it():
     from torch._inductor import config
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen
 
-    from titanpod.graph.early_kernel_builds import kernels_built_as_generated
+    from titanpod.graph.cpu_compile.early_kernel_builds import kernels_built_as_generated
 
     original = PythonWrapperCodegen.define_kernel
     with config.patch({"compile_threads": 2}):

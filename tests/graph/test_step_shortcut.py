@@ -16,8 +16,9 @@ import torch
 
 from tests.conftest import run_json_script
 from titanpod.device import get_backend
-from titanpod.graph import TrainConfig, WholeStep, steps, vector_isa
-from titanpod.graph.compiled_steps import load_shortcut
+from titanpod.graph import TrainConfig, WholeStep, steps
+from titanpod.graph.cpu_compile import CachedStepCompiler, vector_isa
+from titanpod.graph.cpu_compile.compiled_steps import load_shortcut
 from titanpod.models import DecoderArgs, Transformer
 
 TINY = DecoderArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=64, ffn_dim=64, max_seq_len=32)
@@ -27,8 +28,15 @@ BACKEND = get_backend("cpu")
 def whole_step(cache: str, args: DecoderArgs = TINY, **changes) -> WholeStep:
     model = Transformer(args)
     model.init_weights(0)
-    config = TrainConfig(warmup_steps=0, step_mode="whole_step", compile_cache_dir=cache, **changes)
+    config = TrainConfig(
+        warmup_steps=0, step_mode="whole_step", step_compiler="cached", compile_cache_dir=cache, **changes
+    )
     return WholeStep(model, config, BACKEND)
+
+
+def compiler(step: WholeStep) -> CachedStepCompiler:
+    assert isinstance(step._compiler, CachedStepCompiler)
+    return step._compiler
 
 
 def batches(count: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -43,18 +51,18 @@ def train_steps(step: WholeStep) -> list[float]:
 
 def fingerprint(step: WholeStep) -> str:
     tokens, labels = batches(1)[0]
-    return step._fingerprint(step._inputs(tokens[None], labels[None], step.lr_tensor(0.0)))
+    return compiler(step).fingerprint(step._inputs(tokens[None], labels[None], step.lr_tensor(0.0)))
 
 
 def test_a_later_run_loads_the_step_without_capturing_it_and_trains_the_same(tmp_path):
     first = whole_step(str(tmp_path))
-    assert not first._shortcut_possible()  # nothing checked on this machine yet: capture while the check runs
+    assert not compiler(first).shortcut_possible()  # nothing checked on this machine yet: capture while the check runs
     first_losses = train_steps(first)
     assert first.compile_report is not None and first.compile_report.cache == "miss"
     assert len(list(tmp_path.glob("*.shortcut.json"))) == 1
 
     second = whole_step(str(tmp_path))
-    assert second._shortcut_possible()
+    assert compiler(second).shortcut_possible()
     second_losses = train_steps(second)
     assert second.compile_report is not None and second.compile_report.cache == "hit"
     assert second._graph is None, "the step was captured although its shortcut was there"

@@ -1,4 +1,4 @@
-"""The whole step's first call with empty caches (a cold compile) and in the run after it, against inductor's own way.
+"""The whole step's first call with empty caches (a cold start) and in the run after it, for each step compiler.
 
     uv run python tools/bench/compile_time.py [--model anchors|debug|100m] [--repeats 2]
 
@@ -6,19 +6,19 @@ Each measurement is a fresh process with its own empty compiled-step and inducto
 (``XDG_CACHE_HOME`` and ``TORCHINDUCTOR_CACHE_DIR`` in a new temporary folder): it builds the
 model and its whole step (``tools/bench/step_modes_alternating.py``'s shapes) and times the first
 call, which captures and compiles the step; a second process with the same folders then times
-its first call, which loads the step the first one saved. Two ways take turns, ``--repeats``
+its first call, a warm start. The two ``train.step_compiler`` choices take turns, ``--repeats``
 times each:
 
-- ``titanpod``: the step as ``titanpod.graph`` compiles it;
-- ``inductor-defaults``: the same step with what ``titanpod.graph`` adds to a cold compile undone
-  (inductor's default settings instead of ``compiled_steps.CPU_OPTIONS``, kernels built after code
-  generation, and a first process that waits for every vector-instruction check before capturing).
+- ``inductor`` (the default): ``torch.compile`` of the captured step, with inductor's own caches;
+- ``cached``: titanpod's compiled-step cache (``titanpod.graph.cpu_compile``): the step compiled by
+  ``standalone_compile`` with titanpod's CPU settings, C++ kernels built as they are generated,
+  and a warm start that loads the step under its fingerprint without capturing it.
 
 Printed per way: the first call of each run (median over repeats, seconds), the compile alone
-as the step reports it, the C++ kernels inductor generated, the median of 4 later steps, and the
-cold first call's ratio to ``inductor-defaults``. Inductor's precompiled header lives outside its
-cache folder (under the system's temporary folder), so it is built once per machine and reused
-by every measurement here.
+where the step reports it (``cached``), the C++ kernels inductor generated, the median of 4
+later steps, and each figure's ratio to ``inductor`` measured in the same run. Inductor's
+precompiled header lives outside its cache folder (under the system's temporary folder), so it
+is built once per machine and reused by every measurement here.
 """
 
 from __future__ import annotations
@@ -33,19 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-WAYS = ("titanpod", "inductor-defaults")
-
-
-def _undo_titanpod_compile_settings() -> None:
-    """Put back what a cold compile did before ``titanpod.graph``'s changes to it (the baseline way)."""
-    import contextlib
-
-    from titanpod.graph import compiled_steps, steps, vector_isa
-
-    compiled_steps.CPU_OPTIONS = {}
-    compiled_steps.kernels_built_as_generated = contextlib.nullcontext
-    vector_isa._best_candidate_builds = lambda: False
-    steps.WholeStep._shortcut_possible = lambda self: self._cache_dir is not None
+WAYS = ("inductor", "cached")
 
 
 def _one(model_name: str, way: str) -> dict:
@@ -56,10 +44,8 @@ def _one(model_name: str, way: str) -> dict:
     from step_modes import MODELS
     from step_modes_alternating import ANCHORS, _build
 
-    if way == "inductor-defaults":
-        _undo_titanpod_compile_settings()
     spec = ANCHORS if model_name == "anchors" else MODELS[model_name]
-    model, step = _build(spec, "whole_step")
+    model, step = _build(spec, "whole_step", step_compiler=way)
     generator = torch.Generator().manual_seed(0)
 
     def timed() -> float:
@@ -73,8 +59,9 @@ def _one(model_name: str, way: str) -> dict:
     later = statistics.median(timed() for _ in range(4))
     folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     kernels = None
-    if report is not None and report.cache != "hit":  # a compile wrote its module; the largest is the step's
-        module = max(folder.rglob("*.py"), key=lambda path: path.stat().st_size)
+    modules = list(folder.rglob("*.py"))
+    if modules:  # the largest module inductor wrote is the step's
+        module = max(modules, key=lambda path: path.stat().st_size)
         kernels = module.read_text().count("= async_compile.cpp_pybinding")
     return {
         "first": first,
@@ -116,27 +103,38 @@ def main() -> None:
                 cold = _measure(args.model, way, folder)
                 second = _measure(args.model, way, folder)
             results[way].append((cold, second))
+            compile_part = f" (compile {cold['compile']:.1f} s)" if cold["compile"] is not None else ""
             print(
-                f"repeat {repeat + 1}/{args.repeats} {way}: cold first call {cold['first']:.1f} s "
-                f"(compile {cold['compile']:.1f} s), second run {second['first']:.1f} s ({second['cache']})",
+                f"repeat {repeat + 1}/{args.repeats} {way}: cold first call {cold['first']:.1f} s{compile_part}, "
+                f"second run {second['first']:.1f} s",
                 file=sys.stderr,
                 flush=True,
             )
-    baseline = statistics.median(cold["first"] for cold, _ in results["inductor-defaults"])
+    medians = {way: _medians(pairs) for way, pairs in results.items()}
+    base = medians["inductor"]
     print(f"\n{args.model}: whole step, fp32, {args.repeats} repeats (medians)")
     print("| way | cold first call (s) | of it, compile (s) | C++ kernels | second run's first call (s) "
-          "| later step (s) | cold vs inductor-defaults |")  # fmt: skip
+          "| later step (s) | cold, warm, later vs inductor |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for way, pairs in results.items():
-        cold_first = statistics.median(cold["first"] for cold, _ in pairs)
-        compile_seconds = statistics.median(cold["compile"] for cold, _ in pairs)
-        second_first = statistics.median(second["first"] for _, second in pairs)
-        later = statistics.median(cold["later"] for cold, _ in pairs)
-        kernels = pairs[0][0]["kernels"]
+    for way, figures in medians.items():
+        compile_seconds = "-" if figures["compile"] is None else f"{figures['compile']:.1f}"
         print(
-            f"| {way} | {cold_first:.1f} | {compile_seconds:.1f} | {kernels} | {second_first:.1f} | {later:.3f} "
-            f"| {baseline / cold_first:.2f} |"
+            f"| {way} | {figures['cold']:.1f} | {compile_seconds} | {figures['kernels']} | {figures['warm']:.1f} "
+            f"| {figures['later']:.3f} | {base['cold'] / figures['cold']:.2f}x, {base['warm'] / figures['warm']:.2f}x, "
+            f"{base['later'] / figures['later']:.2f}x |"
         )
+
+
+def _medians(pairs: list[tuple[dict, dict]]) -> dict:
+    """A way's medians over repeats: cold and warm first calls, the cold compile, later steps, kernels."""
+    compiles = [cold["compile"] for cold, _ in pairs if cold["compile"] is not None]
+    return {
+        "cold": statistics.median(cold["first"] for cold, _ in pairs),
+        "warm": statistics.median(second["first"] for _, second in pairs),
+        "compile": statistics.median(compiles) if compiles else None,
+        "later": statistics.median(cold["later"] for cold, _ in pairs),
+        "kernels": pairs[0][0]["kernels"],
+    }
 
 
 if __name__ == "__main__":

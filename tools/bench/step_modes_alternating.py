@@ -45,8 +45,9 @@ ANCHORS = {
 }
 
 
-def _build(spec: dict, variant: str):
-    """A fresh model of ``spec`` (seed 0) and its step for ``variant`` (``mode[:policy[:precision]][+attention]``)."""
+def _build(spec: dict, variant: str, step_compiler: str = "inductor"):
+    """A fresh model of ``spec`` (seed 0) and its step for ``variant`` (``mode[:policy[:precision]][+attention]``),
+    the whole step compiled by ``step_compiler``."""
     import torch
 
     from titanpod.device import get_backend
@@ -69,7 +70,7 @@ def _build(spec: dict, variant: str):
     mode, policy, precision = parts + ["eager", "save", "fp32"][len(parts) :]
     config = TrainConfig(
         lr=8e-4, warmup_steps=0, decay="constant", weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,
-        step_mode=mode, memory_policy=policy, precision=precision,
+        step_mode=mode, memory_policy=policy, precision=precision, step_compiler=step_compiler,
     )  # fmt: skip
     return model, build_step(model, config, get_backend("cpu"))
 

@@ -26,6 +26,7 @@ HARMLESS_CHANGES: tuple[str, ...] = (
     "train.step_mode",  # how a step runs (eager, per_block, whole_step), not what it computes
     "train.memory_policy",
     "train.compiler",
+    "train.step_compiler",
     "train.compile_cache_dir",
     "train.keep_host_memory",
     "train.skip_nonfinite",

@@ -17,6 +17,8 @@ Decay = Literal["cosine", "linear", "constant"]
 """What ``TrainConfig.decay`` accepts."""
 Compiler = Literal["auto", "none"]
 """What ``TrainConfig.compiler`` accepts."""
+StepCompilerName = Literal["inductor", "cached"]
+"""What ``TrainConfig.step_compiler`` accepts."""
 
 STEP_MODES: tuple[str, ...] = get_args(StepMode)
 MEMORY_POLICIES: tuple[str, ...] = get_args(MemoryPolicy)
@@ -68,11 +70,18 @@ class TrainConfig:
     """Compiler for ``per_block`` and ``whole_step``: ``auto`` (the lane's: inductor on
     cpu/cuda, the tpu backend on tpu, ``jax.jit`` on xla) or ``none`` (run the captured
     graph as it is, op by op: for debugging and quick tests)."""
+    step_compiler: StepCompilerName = "inductor"
+    """How the whole step is compiled on the cpu and cuda lanes (``titanpod.graph.step_compiler``): ``inductor``
+    (``torch.compile`` of the captured step, with inductor's own caches) or ``cached`` (titanpod's compiled-step
+    cache, ``titanpod.graph.cpu_compile``: the step compiled once into ``compile_cache_dir`` and loaded by a later
+    run of the same recipe without capturing it; on the CPU, C++ kernels built as they are generated. It relies
+    on inductor internals and refuses a torch release it was not checked against). Other lanes ignore it."""
     compile_cache_dir: str = "default"
     """Where a compiled whole step is kept, so the next run that builds the same program loads it instead of
-    compiling again: inductor's artifacts on the cpu and cuda lanes (with a shortcut under the step's
-    fingerprint, so a later run of the same recipe loads the step without capturing it, and the outcome of the
-    CPU's vector-instruction check), JAX's persistent compilation cache (its ``xla`` subfolder) on the xla lane.
+    compiling again: with ``step_compiler='cached'``, inductor's artifacts on the cpu and cuda lanes (with a
+    shortcut under the step's fingerprint, so a later run of the same recipe loads the step without capturing
+    it, and the outcome of the CPU's vector-instruction check); JAX's persistent compilation cache (its ``xla``
+    subfolder) on the xla lane.
     ``default`` (``$XDG_CACHE_HOME/titanpod/compiled-steps``, else ``~/.cache/titanpod/compiled-steps``), a
     folder, or ``off`` (compile every run afresh). The folder holds code that is loaded and run: keep it one
     only you write."""
@@ -116,6 +125,7 @@ class TrainConfig:
         _check_choice("step_mode", self.step_mode, STEP_MODES)
         _check_choice("memory_policy", self.memory_policy, MEMORY_POLICIES)
         _check_choice("compiler", self.compiler, get_args(Compiler))
+        _check_choice("step_compiler", self.step_compiler, get_args(StepCompilerName))
         _check_choice("precision", self.precision, PRECISIONS)
         if not 0 <= self.stop_at_step <= self.steps:
             raise ValueError(f"train.stop_at_step must be in [0, steps={self.steps}], got {self.stop_at_step}.")

@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from titanpod.device import Backend
-from titanpod.graph.compiled_steps import CompileReport
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.loss_metrics import loss_and_metrics
 from titanpod.graph.optimizer import AdamWState, adamw_update_, init_adamw_state, local_tensor, weight_decays
+from titanpod.graph.step_compiler import CompileReport
 from titanpod.graph.step_state import load_optimizer_state_, optimizer_state_dict
 
 Batch = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor] | Mapping[str, torch.Tensor]

@@ -15,21 +15,17 @@ from typing import Any
 import torch
 from torch import fx, nn
 from torch.distributed.tensor import DTensor
-from torch.utils import _pytree as pytree
 
 from titanpod.device import Backend
 from titanpod.device.host_memory import keep_freed_host_memory
 from titanpod.graph.capture import ParamSpec, autocast_context, capture_step, step_function
-from titanpod.graph.compiled_steps import cache_dir_of, compile_step, load_shortcut
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.constant_folding import fold_constants
-from titanpod.graph.fused_adamw import fused_adamw_op
 from titanpod.graph.loss_metrics import add_metrics
 from titanpod.graph.memory_policy import apply_memory_policy
 from titanpod.graph.optimizer import local_tensor, total_grad_norm
 from titanpod.graph.step_base import Batch, StepOutput, TrainStep, batch_loss_and_metrics, stack_micro_batches
-from titanpod.graph.step_fingerprint import step_fingerprint
-from titanpod.graph.vector_isa import VectorIsaProbe
+from titanpod.graph.step_compiler import StepSource, choose_step_compiler
 
 
 class EagerStep(TrainStep):
@@ -64,6 +60,10 @@ class EagerStep(TrainStep):
         return StepOutput(torch.stack(losses).mean(), grad_norm, applied, metrics or {})
 
 
+Example = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+"""A batch a whole step is captured for: tokens, labels and document ids (or ``None``)."""
+
+
 class WholeStep(TrainStep):
     """The whole step as one captured graph, rewritten by the memory policy and compiled once.
 
@@ -71,9 +71,9 @@ class WholeStep(TrainStep):
     the shape stays; a new shape, or batches that start or stop carrying document ids,
     captures again. Document ids are one more graph input, [A, B, S] like the tokens.
 
-    Where inductor compiles the step (the cpu and cuda lanes) and the compiled-step cache is on, the first
-    call looks for the step under its fingerprint first (``titanpod.graph.step_fingerprint``) and, when a
-    run before this one compiled it, loads it without capturing; ``graph`` is then captured only if read.
+    The step compiler (``titanpod.graph.step_compiler``, ``train.step_compiler``) turns the graph into a
+    program. One that keeps compiled steps (``cached``) is first asked for a step a run before this one
+    compiled, which it loads without a capture; ``graph`` is then captured only if read.
     """
 
     def __init__(self, model: nn.Module, config: TrainConfig, backend: Backend) -> None:
@@ -84,13 +84,12 @@ class WholeStep(TrainStep):
         ]
         self.local_params = [local_tensor(p.detach()) for p in self.params]
         self._graph: fx.GraphModule | None = None
-        self._example: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+        self._example: Example | None = None
         self._program = None
         self._shape: tuple[Any, ...] | None = None
-        self._inductor = config.compiler == "auto" and backend.compile_backend == "inductor"
-        self._cache_dir = cache_dir_of(config.compile_cache_dir) if self._inductor else None
-        # Started now so that it overlaps whatever comes before the first call, and the capture.
-        self._vector_isa = VectorIsaProbe(self._cache_dir) if self._inductor and backend.device_type == "cpu" else None
+        builders = (capture_step, fold_constants, apply_memory_policy, step_function)
+        source = StepSource(model, config, backend.device_type, self.decays, builders)
+        self._compiler = choose_step_compiler(config, backend, source)  # made now: it may start work to overlap
 
     @property
     def graph(self) -> fx.GraphModule | None:
@@ -117,14 +116,6 @@ class WholeStep(TrainStep):
         apply_memory_policy(graph, self.config.memory_policy, self.backend.device_type)
         return graph
 
-    def _fingerprint(self, inputs: tuple) -> str:
-        """The step's key before capture: what ``_capture`` makes its graph from, and the functions it calls."""
-        isa = self._vector_isa.result() if self._vector_isa is not None else ""
-        builders = (capture_step, fold_constants, apply_memory_policy, step_function)
-        return step_fingerprint(
-            self.model, self.config, self.backend.device_type, self.decays, pytree.tree_leaves(inputs), isa, builders
-        )
-
     def prepare(
         self, tokens_ABS: torch.Tensor, labels_ABS: torch.Tensor, document_ids_ABS: torch.Tensor | None = None
     ) -> fx.GraphModule:
@@ -134,45 +125,22 @@ class WholeStep(TrainStep):
         """
         example = (tokens_ABS, labels_ABS, document_ids_ABS)
         inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), document_ids_ABS)
-        return self._prepare(example, inputs, None)
+        return self._prepare(example, inputs)
 
-    def _prepare(
-        self, example: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], inputs: tuple, fingerprint: str | None
-    ) -> fx.GraphModule:
-        """Capture and compile; the fingerprint for the shortcut, when not given, is worked out after the capture
-        (which overlaps the vector-instruction check it waits for)."""
+    def _prepare(self, example: Example, inputs: tuple) -> fx.GraphModule:
+        """Capture the step and compile it."""
         graph = self._capture(inputs)
         self._graph, self._example = graph, example
-        if self.config.compiler == "none":
+        if self._compiler is None:
             self._program = graph
-        elif self._inductor:
-            if fingerprint is None and self._cache_dir is not None:
-                fingerprint = self._fingerprint(inputs)
-            self._program, self.compile_report = compile_step(
-                graph,
-                inputs,
-                self._cache_dir,
-                vector_isa=self._vector_isa.result if self._vector_isa is not None else None,
-                fingerprint=fingerprint,
-            )
         else:
-            self._program = self.backend.compile_step(graph)
+            self._program, self.compile_report = self._compiler.compile(graph, inputs)
         self._shape = _shape_key(example[0], example[2])
         return graph
 
-    def _shortcut_possible(self) -> bool:
-        """Whether a run before this one can have left a shortcut: the cache is on and, on the CPU, this machine's
-        vector instructions were checked before (a first process on a machine captures at once, while the check
-        runs, instead of waiting seconds for a fingerprint no shortcut is saved under yet)."""
-        if self._cache_dir is None:
-            return False
-        return self._vector_isa is None or not self._vector_isa.runs_check()
-
-    def _load_shortcut(self, example: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], fingerprint: str) -> bool:
-        """Load the compiled step a run before this one saved under ``fingerprint``; False if there is none."""
-        assert self._cache_dir is not None
-        fused_adamw_op()  # the one custom op of titanpod's own a step may call, registered as its capture would
-        loaded = load_shortcut(self._cache_dir, fingerprint)
+    def _load(self, example: Example, inputs: tuple) -> bool:
+        """Load the compiled step a run before this one kept, without capturing; False if there is none."""
+        loaded = self._compiler.load(inputs) if self._compiler is not None else None
         if loaded is None:
             return False
         self._program, self.compile_report = loaded
@@ -185,9 +153,8 @@ class WholeStep(TrainStep):
         if self._program is None or self._shape != _shape_key(tokens_ABS, ids_ABS):
             example = (tokens_ABS, labels_ABS, ids_ABS)
             inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), ids_ABS)
-            fingerprint = self._fingerprint(inputs) if self._shortcut_possible() else None
-            if fingerprint is None or not self._load_shortcut(example, fingerprint):
-                self._prepare(example, inputs, fingerprint)
+            if not self._load(example, inputs):
+                self._prepare(example, inputs)
         assert self._program is not None
         inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(lr), ids_ABS)
         grad_norm, applied, metrics, *losses = self._program(*inputs)

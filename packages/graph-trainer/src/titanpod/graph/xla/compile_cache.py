@@ -1,7 +1,7 @@
 """JAX's persistent compilation cache for the xla lane's step, and a report of each compile.
 
 ``train.compile_cache_dir`` names one folder for every lane: the cpu and cuda lanes keep
-inductor's compiled steps there (``titanpod.graph.compiled_steps``), the xla lane points
+inductor's compiled steps there (``titanpod.graph.cpu_compile``), the xla lane points
 JAX's own persistent cache at its ``xla`` subfolder, so a second run of the same recipe loads
 the step's executable instead of compiling it. JAX keeps that setting per process: pointing
 it at another folder resets JAX's cache first (what its ``reset_cache`` is for), so the
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from titanpod.graph.compiled_steps import CompileReport, cache_dir_of
+from titanpod.graph.step_compiler import CompileReport, cache_dir_of
 
 HIT_EVENT = "/jax/compilation_cache/cache_hits"
 """What JAX records when an executable comes from the persistent cache instead of the compiler."""

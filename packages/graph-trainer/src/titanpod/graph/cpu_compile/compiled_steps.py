@@ -9,12 +9,12 @@ version and the machine's vector instructions. A later run that captures the sam
 it in well under a second.
 
 A later run of the same recipe need not even capture it: beside each artifact the cache keeps a
-shortcut under the step's fingerprint (``titanpod.graph.step_fingerprint``: the code, model,
+shortcut under the step's fingerprint (``titanpod.graph.cpu_compile.step_fingerprint``: the code, model,
 config and inputs the graph is made from), with what calling the artifact needs and the capture
 alone would tell (the folded constants and the outputs' structure). ``load_shortcut`` finds it.
 
 Inductor's pick of vector instructions, part of every key, comes from
-``titanpod.graph.vector_isa.VectorIsaProbe``, which works it out while the step is captured.
+``titanpod.graph.cpu_compile.vector_isa.VectorIsaProbe``, which works it out while the step is captured.
 
 The cache holds compiled code that is loaded and run, as inductor's own cache does: keep it in
 a folder only you write (the default is under your home directory).
@@ -31,7 +31,6 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,8 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from titanpod.graph.early_kernel_builds import kernels_built_as_generated
+from titanpod.graph.cpu_compile.early_kernel_builds import kernels_built_as_generated
+from titanpod.graph.step_compiler import CompileReport
 
 FORMAT = "titanpod-compiled-step-1"
 """Part of every key: a change to how artifacts are made or keyed starts a new set."""
@@ -55,30 +55,6 @@ than one buffer (inductor's default is four). The residual stream is then stored
 again, in each norm that reads it, from every earlier layer's outputs; so every layer's norm kernels are the same
 and inductor compiles each once. At the anchors' shape (6 layers) that is 17 C++ kernels instead of 26 and about
 5 s less of a cold compile on 2 cores, with steps no slower (``tools/bench/compile_time.py``)."""
-
-
-@dataclass(frozen=True)
-class CompileReport:
-    """How the step's program was obtained."""
-
-    seconds: float
-    """Wall time to compile (or load) it; the capture before it is not counted."""
-    cache: str
-    """``hit`` (loaded from the cache), ``miss`` (compiled and saved) or ``off`` (compiled, not kept: the cache is
-    off, or the folder could not be written)."""
-    path: Path | None
-    """The artifact's file when the cache is on (on the xla lane: the folder of JAX's cache)."""
-
-
-def cache_dir_of(setting: str) -> Path | None:
-    """The folder ``TrainConfig.compile_cache_dir`` names: ``default`` is ``$XDG_CACHE_HOME/titanpod/compiled-steps``
-    (``~/.cache/titanpod/compiled-steps`` without it), ``off`` is none, anything else a path (``~`` expanded)."""
-    if setting == "off":
-        return None
-    if setting == "default":
-        root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        return Path(root) / "titanpod" / "compiled-steps"
-    return Path(setting).expanduser()
 
 
 def step_key(
@@ -121,10 +97,10 @@ def compile_step(
     when an artifact of the same key is there, else compiled and saved there (``None``: no cache).
 
     ``vector_isa`` gives inductor's pick of vector instructions (``VectorIsaProbe.result`` of
-    ``titanpod.graph.vector_isa``; inductor's own check is run here when not given). With ``fingerprint``
-    (``titanpod.graph.step_fingerprint``) a shortcut to the artifact is saved under it, for ``load_shortcut``
-    to find without a capture. The returned callable takes and returns what ``graph`` does (nested lists of
-    tensors).
+    ``titanpod.graph.cpu_compile.vector_isa``; inductor's own check is run here when not given). With
+    ``fingerprint`` (``titanpod.graph.cpu_compile.step_fingerprint``) a shortcut to the artifact is saved under
+    it, for ``load_shortcut`` to find without a capture. The returned callable takes and returns what ``graph``
+    does (nested lists of tensors).
     """
     from torch._inductor import CompiledArtifact, standalone_compile
 

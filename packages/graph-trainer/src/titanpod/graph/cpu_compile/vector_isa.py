@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from titanpod.device import cpu_features
-from titanpod.graph.compiled_steps import save_atomically
+from titanpod.graph.cpu_compile.compiled_steps import save_atomically
 
 RECORD = "vector-isa.json"
 """The file in the compiled-step cache folder that remembers the check's outcome."""

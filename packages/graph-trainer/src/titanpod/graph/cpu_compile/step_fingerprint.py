@@ -1,6 +1,6 @@
 """The key of a whole step computed before it is captured, so a cached start can skip the capture.
 
-``titanpod.graph.compiled_steps`` keys a compiled step by its captured graph, which takes a
+``titanpod.graph.cpu_compile.compiled_steps`` keys a compiled step by its captured graph, which takes a
 capture (about 1.5 s at the Llama 3 debug shape on a 2-core CPU) to know. ``step_fingerprint``
 covers what that graph is made from instead, so a later run of the same recipe finds the
 compiled step without capturing it:
