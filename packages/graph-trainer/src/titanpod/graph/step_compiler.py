@@ -81,19 +81,6 @@ class BackendStepCompiler(StepCompiler):
         return self._backend.compile_step(graph), None
 
 
-def choose_step_compiler(config: Any, backend: Backend, source: StepSource) -> StepCompiler | None:
-    """The compiler ``config`` (a ``TrainConfig``) asks for on ``backend``'s lane: ``None`` with ``compiler='none'``
-    (the captured graph runs as it is), titanpod's cached compile with ``step_compiler='cached'`` where inductor
-    compiles (it checks the torch version first), else the lane's own."""
-    if config.compiler == "none":
-        return None
-    if config.step_compiler == "cached" and backend.compile_backend == "inductor":
-        from titanpod.graph.cpu_compile import CachedStepCompiler  # imported here: only the opt-in needs it
-
-        return CachedStepCompiler(source, cache_dir_of(config.compile_cache_dir))
-    return BackendStepCompiler(backend)
-
-
 def cache_dir_of(setting: str) -> Path | None:
     """The folder ``TrainConfig.compile_cache_dir`` names: ``default`` is ``$XDG_CACHE_HOME/titanpod/compiled-steps``
     (``~/.cache/titanpod/compiled-steps`` without it), ``off`` is none, anything else a path (``~`` expanded)."""

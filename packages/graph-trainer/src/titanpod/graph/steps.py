@@ -25,7 +25,8 @@ from titanpod.graph.loss_metrics import add_metrics
 from titanpod.graph.memory_policy import apply_memory_policy
 from titanpod.graph.optimizer import local_tensor, total_grad_norm
 from titanpod.graph.step_base import Batch, StepOutput, TrainStep, batch_loss_and_metrics, stack_micro_batches
-from titanpod.graph.step_compiler import StepSource, choose_step_compiler
+from titanpod.graph.step_compiler import StepSource
+from titanpod.graph.step_compiler_choice import choose_step_compiler
 
 
 class EagerStep(TrainStep):
