@@ -6,9 +6,9 @@ each on 2 cores. They check the command's verdict and the report it writes.
 
 The slow tier (``pytest -m slow``) rehearses every combination of settings the pod recipes make: FSDP x TP
 with sequence parallelism, Splash and the Pallas loss (llama3_405b), MoE with EP, gmm and a
-capacity (qwen3_235b_a22b), each on both lanes, and the selective memory policy with q/k
-norms on the xla lane (qwen3_8b). The other recipe-lane pairs repeat those combinations at
-other sizes; they are marked ``rehearsal_full`` and run with ``pytest --rehearse-all``.
+capacity (qwen3_235b_a22b), each on both lanes, and q/k norms on the xla lane (qwen3_8b). The
+other recipe-lane pairs repeat those combinations at other sizes; they are marked
+``rehearsal_full`` and run with ``pytest --rehearse-all``.
 On the xla lane a resumed run must match the uninterrupted one exactly, resuming from Orbax.
 """
 
