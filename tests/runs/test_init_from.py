@@ -10,9 +10,12 @@ import torch
 from safetensors.torch import load_file
 
 from titanpod.checkpoint import CheckpointConfig
+from titanpod.checkpoint.pretrained import open_pretrained
 from titanpod.recipes import Recipe, get_recipe
+from titanpod.recipes.families import decoder_adapters
 from titanpod.recipes.model_shape import ModelShape
 from titanpod.runs import run_pretraining
+from titanpod.runs.trainer_export import read_trainer_model
 
 
 def recipe(runs_dir, run_name: str, steps: int = 2, **model) -> Recipe:
@@ -65,10 +68,17 @@ def test_sizes_the_folder_does_not_have_or_a_folder_with_no_model_are_refused_be
 def test_the_folder_gives_the_family_the_shape_and_the_tokenizer_whatever_the_flavor(trained, tmp_path):
     folder = trained / "model"
     start = recipe(tmp_path, "other-family", steps=1, family="qwen3", flavor="8B", init_from=str(folder))
-    start = dataclasses.replace(start, model=dataclasses.replace(start.model, shape=ModelShape(max_seq_len=64)))
+    start = dataclasses.replace(
+        start,
+        model=dataclasses.replace(start.model, shape=ModelShape(max_seq_len=64)),
+        checkpoint=dataclasses.replace(start.checkpoint, at_end=True),
+    )
     result = run_pretraining(start)
     written = json.loads((result.run_dir / "recipe.json").read_text(encoding="utf-8"))
     assert written["model"]["family"] == "llama3"  # the folder's, as the run trained it
     assert written["data"]["tokenizer"] == str(folder)  # the folder's own tokenizer
     model = json.loads((result.run_dir / "model" / "model.json").read_text(encoding="utf-8"))
     assert model["args"]["n_layers"] == 6 and model["args"]["max_seq_len"] == 64  # the folder's, but the length asked
+    saved = read_trainer_model(result.run_dir / "checkpoints" / "step-000001")  # what an export reads back
+    folder_args = open_pretrained(str(folder), decoder_adapters()).args
+    assert saved.family == "llama3" and saved.model.args == dataclasses.replace(folder_args, max_seq_len=64)
