@@ -2,6 +2,7 @@
 bad starting points are refused with the fix."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -52,7 +53,14 @@ def test_starting_points_that_do_not_fit_are_refused(tmp_path):
         run_sft(dataclasses.replace(recipe, model=SFTModelConfig(init_from=str(empty))))
     done = run_sft(dataclasses.replace(recipe, train=TrainConfig(steps=2, warmup_steps=0)))
     other_family = SFTModelConfig(family="qwen3", init_from=str(done.weights_path.parent))
-    with pytest.raises(ValueError, match=r"holds a llama3 model, but model.family is 'qwen3'"):
-        run_sft(dataclasses.replace(recipe, model=other_family))
+    followed = run_sft(
+        dataclasses.replace(
+            recipe,
+            model=other_family,
+            train=TrainConfig(steps=1, warmup_steps=0),
+            output=dataclasses.replace(recipe.output, run_name="followed"),
+        )
+    )  # the folder's family, not the recipe's
+    assert json.loads((followed.run_dir / "recipe.json").read_text(encoding="utf-8"))["model"]["family"] == "llama3"
     with pytest.raises(ValueError, match="longer than the model's max_seq_len 512"):
         run_sft(dataclasses.replace(recipe, data=SFTDataConfig(seq_len=1024)))

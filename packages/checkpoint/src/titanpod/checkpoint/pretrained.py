@@ -23,14 +23,23 @@ from titanpod.models import DecoderArgs, Transformer
 from titanpod.models.adapters import DecoderAdapter, HFSlot, adapter_of_hf_config
 from titanpod.models.common.args import args_from_dict
 
+TOKENIZER_FILE = "tokenizer.json"
+"""The file a folder's tokenizer is read from (``tokenizers``' own format, what transformers saves)."""
 NOT_THE_SHAPE = frozenset({"max_seq_len", "moe.capacity_factor", "moe.aux_loss_coef"})
 """Args a run may choose whatever the weights: the planned sequence length and the routing and loss
 settings of training. Every other field fixes the parameters or the arithmetic they were trained in."""
 
 
+def in_meaning(args: DecoderArgs) -> DecoderArgs:
+    """``args`` written one way only, so that two ways of saying the same model compare equal: ``head_dim`` as the
+    width the heads have (``None`` and ``dim // n_heads`` are the same model)."""
+    return dataclasses.replace(args, head_dim=args.resolved_head_dim)
+
+
 def args_differences(found: DecoderArgs, wanted: DecoderArgs, ignore: frozenset[str] = NOT_THE_SHAPE) -> list[str]:
-    """Each field (dotted for nested ones, e.g. ``moe.n_experts``) whose value differs, with both values:
-    ``n_layers: 2 in the folder, 4 in the recipe``. Fields in ``ignore`` are skipped."""
+    """Each field (dotted for nested ones, e.g. ``moe.n_experts``) whose meaning differs, with both values:
+    ``n_layers: 2 in the folder, 4 in the recipe``. Fields in ``ignore`` are skipped; a ``head_dim`` of ``None``
+    equals one of ``dim // n_heads`` (``in_meaning``)."""
 
     def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -42,7 +51,7 @@ def args_differences(found: DecoderArgs, wanted: DecoderArgs, ignore: frozenset[
                 out[prefix + field.name] = inner
         return out
 
-    theirs, ours = flatten(found), flatten(wanted)
+    theirs, ours = flatten(in_meaning(found)), flatten(in_meaning(wanted))
     names = [name for name in dict.fromkeys([*theirs, *ours]) if name not in ignore]
     return [
         f"{name}: {theirs.get(name)!r} in the folder, {ours.get(name)!r} in the recipe"
@@ -93,6 +102,12 @@ class PretrainedFolder:
                 f"model.init_from {self.source!r} does not fit the recipe's model ({len(differences)} fields "
                 f"differ):\n  {listing}" + (f"\n{fix}" if fix else "")
             )
+
+    @property
+    def tokenizer_folder(self) -> Path | None:
+        """The folder itself when it holds a tokenizer (``tokenizer.json``, with its ``tokenizer_config.json`` and
+        chat template beside it, as ``titanpod-convert import`` and every export write them), else ``None``."""
+        return self.directory if (self.directory / TOKENIZER_FILE).is_file() else None
 
     def describe(self) -> str:
         """The folder in words, e.g. ``org/name (huggingface folder, 4 safetensors files)``."""

@@ -44,8 +44,9 @@ class DataConfig:
     """Local files: tokenize while training and pack in order per rank, not all at start (``hub`` always streams)."""
     shuffle_buffer: int = 0
     """Streamed data: documents in the shuffle buffer, 0 reads in order (only then is a resume exact)."""
-    tokenizer: str = "builtin"
-    """``builtin``, a ``tokenizer.json`` path (or its directory), or a Hub model id such as meta-llama/Llama-3.1-8B."""
+    tokenizer: str | None = None
+    """``builtin``, a ``tokenizer.json`` path (or its directory), or a Hub model id such as meta-llama/Llama-3.1-8B.
+    ``None``: the tokenizer of ``model.init_from`` when that folder has one, else ``builtin``."""
     tokenizer_revision: str | None = None
     """A Hub tokenizer's revision: a branch, tag or commit (``None``: the main branch); local paths ignore it."""
     seq_len: int = 256

@@ -30,7 +30,7 @@ from titanpod.data.sources import (
 )
 from titanpod.data.streaming import StreamingBatches
 from titanpod.data.synthetic import SyntheticBatches
-from titanpod.data.tokenizer import check_fits, end_of_text_id, resolve_tokenizer
+from titanpod.data.tokenizer import BUILTIN, check_fits, end_of_text_id, resolve_tokenizer
 
 if TYPE_CHECKING:
     from datasets import IterableDataset
@@ -97,11 +97,16 @@ def build_data(config: DataConfig, vocab_size: int, seed: int, rank: int, world_
         raise ValueError(f"rank {rank} is not one of the {world_size} data-parallel ranks.")
     if config.source == "synthetic":
         return _synthetic(config, vocab_size, seed, rank)
-    tokenizer = resolve_tokenizer(config.tokenizer, config.tokenizer_revision)
-    check_fits(tokenizer, config.tokenizer, vocab_size)
+    spec = _spec(config)
+    tokenizer = resolve_tokenizer(spec, config.tokenizer_revision)
+    check_fits(tokenizer, spec, vocab_size)
     if config.is_streaming:
         return _streamed(config, tokenizer, seed, rank, world_size)
     return _map_style(config, tokenizer, seed, rank, world_size)
+
+
+def _spec(config: DataConfig) -> str:
+    return config.tokenizer or BUILTIN  # None: a run without init_from's tokenizer has the built-in one
 
 
 def _masking(config: DataConfig) -> str:
@@ -175,7 +180,7 @@ def _map_style(config: DataConfig, tokenizer: Tokenizer, seed: int, rank: int, w
         )
     description = (
         f"data: {where}, {len(train_stream.ends_D):,} documents, {train_stream.tokens_N.numel():,} tokens "
-        f"({tokenizer.get_vocab_size():,}-token tokenizer {config.tokenizer}) -> {train.windows_WS.shape[0]:,} "
+        f"({tokenizer.get_vocab_size():,}-token tokenizer {_spec(config)}) -> {train.windows_WS.shape[0]:,} "
         f"sequences of {config.seq_len}, {train.batches_per_epoch:,} batches of {config.batch_size} per epoch on each "
         f"of {world_size} rank(s); validation: {validation.description if validation else 'none'}{_masking(config)}"
     )
@@ -246,7 +251,7 @@ def _streamed(config: DataConfig, tokenizer: Tokenizer, seed: int, rank: int, wo
     shuffle = f"shuffle buffer {config.shuffle_buffer:,}" if config.shuffle_buffer else "in order"
     description = (
         f"data: {describe_source(config, files)}, streamed {shuffle} ({tokenizer.get_vocab_size():,}-token tokenizer "
-        f"{config.tokenizer}), rank {rank} of {world_size} packs its own shard into batches of {config.batch_size} x "
+        f"{_spec(config)}), rank {rank} of {world_size} packs its own shard into batches of {config.batch_size} x "
         f"{config.seq_len}; validation: {validation.description if validation else 'none'}{_masking(config)}"
     )
     return TrainData(batches(open_train, True), validation, description)

@@ -9,6 +9,8 @@ from tokenizers import Tokenizer
 
 from titanpod.data.shipped import builtin_tokenizer_path
 
+BUILTIN = "builtin"
+"""``data.tokenizer`` value naming the shipped 1,152-token tokenizer (what ``None`` means without ``init_from``)."""
 END_OF_TEXT_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 """Names a tokenizer may give the token that separates documents."""
 
@@ -32,7 +34,7 @@ def load_tokenizer(path: Path | str) -> Tokenizer:
 def resolve_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
     """The tokenizer ``data.tokenizer`` names: ``builtin``, a local path, or a Hub model id (downloaded at
     ``revision``: a branch, tag or commit; default the main branch)."""
-    if spec == "builtin":
+    if spec == BUILTIN:
         return load_tokenizer(builtin_tokenizer_path())
     if Path(spec).exists() or not _HUB_ID.match(spec):
         return load_tokenizer(spec)
@@ -65,11 +67,15 @@ def end_of_text_id(tokenizer: Tokenizer) -> int:
     raise KeyError(f"The tokenizer has none of the end-of-text tokens {', '.join(END_OF_TEXT_CANDIDATES)}.")
 
 
-def check_fits(tokenizer: Tokenizer, spec: str, vocab_size: int) -> None:
-    """Refuse a tokenizer whose ids would not all index the model's embedding table."""
+def check_fits(tokenizer: Tokenizer, spec: str, vocab_size: int, model: str = "the model", fix: str = "") -> None:
+    """Refuse a tokenizer whose ids would not all index the embedding table of ``model`` (its words in the
+    message), naming both sizes and ``fix`` (by default: pick a larger flavor or a smaller tokenizer)."""
     size = tokenizer.get_vocab_size()
     if size > vocab_size:
+        fix = fix or (
+            f"pick a model flavor with a vocabulary of at least {size:,}, or a smaller tokenizer (--data.tokenizer)."
+        )
         raise ValueError(
-            f"The tokenizer {spec!r} has {size:,} tokens but the model's vocabulary has {vocab_size:,} rows; pick a "
-            f"model flavor with a vocabulary of at least {size:,}, or a smaller tokenizer (--data.tokenizer)."
+            f"The tokenizer {spec!r} has {size:,} tokens but {model}'s vocabulary has {vocab_size:,} rows: its ids "
+            f"past {vocab_size - 1:,} would index no embedding. {fix[:1].upper()}{fix[1:]}"
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, Self
 
 from titanpod.checkpoint import CheckpointConfig
+from titanpod.checkpoint.pretrained import args_differences
 from titanpod.data.config import DataConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import ProfileConfig, TrainConfig
@@ -19,26 +20,35 @@ from titanpod.models.field_checks import check_field_types, check_value, real_nu
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.model_shape import ModelShape
 
+INIT_FROM_SHAPE_FIX = (
+    "The folder gives the model's shape (its config.json or model.json): drop the --model.shape.<field> settings "
+    "that differ (only --model.shape.max-seq-len may differ from the folder's)."
+)
+"""What to do when ``model.shape`` asks for sizes the ``init_from`` weights do not have."""
+
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Which model to build."""
 
     family: str = "llama3"
-    """Model family, e.g. ``llama3``."""
+    """Model family, e.g. ``llama3``. With ``init_from`` the folder's family is used (its config.json names it)."""
     flavor: str = "debug"
-    """Named size within the family, e.g. ``debug`` or ``8B``."""
+    """Named size within the family, e.g. ``debug`` or ``8B``; not read with ``init_from`` (the folder gives the
+    shape)."""
     shape: ModelShape = field(default_factory=ModelShape)
-    """Sizes that replace the flavor's (all ``None``: the flavor as published); rehearsals shrink models with it."""
+    """Sizes that replace the flavor's (all ``None``: the flavor as published); rehearsals shrink models with it.
+    With ``init_from`` a size given here must be the folder's, except ``max_seq_len``, which replaces it."""
     capacity_factor: float | None = None
     """Mixture-of-experts models: rows each expert takes per batch, as a multiple of its fair share
     (``MoEArgs.capacity_factor``: choices past it are dropped and reported as ``dropped_tokens``);
     ``None`` keeps the flavor's, which for every shipped flavor is no capacity limit (nothing drops)."""
     init_from: str | None = None
     """Start from these weights instead of the seed's: a titanpod model folder (model.json + model.safetensors,
-    e.g. ``<run>/model``), a Hugging Face checkpoint folder (config.json + safetensors) or a Hub model id. Its
-    model must be this family and shape (a field that differs is an error naming it); under torchrun each
-    rank reads only the slices of the tensors it holds. ``None``: initialise from ``train.seed``."""
+    e.g. ``<run>/model``), a Hugging Face checkpoint folder (config.json + safetensors) or a Hub model id. The
+    model's family and whole shape (sizes, head width, RoPE and its scaling, tied embeddings, norms, vocabulary)
+    are the folder's; under torchrun each rank reads only the slices of the tensors it holds. ``None``:
+    initialise from ``train.seed``."""
 
     def args(self) -> DecoderArgs:
         """The decoder's shape: the flavor's with ``shape`` and ``capacity_factor`` applied; ``KeyError`` names an
@@ -46,13 +56,31 @@ class ModelConfig:
         # the specs list their recipes, which are made of this module's types: looked up when called
         from titanpod.recipes.families import get_flavor
 
-        args = self.shape.apply(get_flavor(self.family, self.flavor))
+        flavor = get_flavor(self.family, self.flavor)
+        return self._with_capacity(self.shape.apply(flavor), f"{self.family} {self.flavor}")
+
+    def checkpoint_args(self, found: DecoderArgs) -> DecoderArgs:
+        """The model a run starting from ``init_from`` trains, given the shape ``found`` of the folder's weights:
+        ``found`` itself, with what this config sets on purpose. ``shape.max_seq_len`` and ``capacity_factor``
+        replace the folder's; every other size given in ``shape`` must be the folder's, compared by meaning (a
+        ``head_dim`` of ``dim // n_heads`` is the same as none): ``ValueError`` names each that differs, with both
+        values, since weights cannot change size. ``flavor`` is not read."""
+        asked = self.shape.apply(found, "model.shape (with model.init_from)")
+        differences = args_differences(found, asked)
+        if differences:
+            listing = "\n  ".join(differences)
+            raise ValueError(
+                f"model.init_from {self.init_from!r} does not fit the recipe's model ({len(differences)} fields "
+                f"differ):\n  {listing}\n{INIT_FROM_SHAPE_FIX}"
+            )
+        return self._with_capacity(asked, f"the model of model.init_from {self.init_from!r}")
+
+    def _with_capacity(self, args: DecoderArgs, model: str) -> DecoderArgs:
         if self.capacity_factor is None:
             return args
         if args.moe is None:
             raise ValueError(
-                f"model.capacity_factor applies to mixture-of-experts models only; {self.family} {self.flavor} "
-                "is dense: leave it unset."
+                f"model.capacity_factor applies to mixture-of-experts models only; {model} is dense: leave it unset."
             )
         return dataclasses.replace(args, moe=dataclasses.replace(args.moe, capacity_factor=self.capacity_factor))
 

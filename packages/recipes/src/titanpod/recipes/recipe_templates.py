@@ -23,7 +23,7 @@ def debug_recipe(name: str, family: str, steps: int = 100) -> Recipe:
         name=name,
         model=ModelConfig(family=family, flavor="debug"),
         device=DeviceConfig(lane="auto"),
-        data=DataConfig(source="builtin", tokenizer="builtin", seq_len=256, batch_size=8),
+        data=DataConfig(source="builtin", seq_len=256, batch_size=8),  # the built-in tokenizer, or init_from's
         # warmup_steps unset: min(10, steps // 10), so --train.steps 5 needs no --train.warmup-steps
         train=TrainConfig(steps=steps, lr=3e-3, decay="cosine", min_lr_ratio=0.1, log_every=10),
         output=OutputConfig(),

@@ -1,7 +1,11 @@
-"""``--model.init-from`` for pretraining: the folder of weights a run starts from, checked against the recipe
-before anything is built, and the model created from it, sharded or whole."""
+"""``--model.init-from``: the folder of weights a run starts from, checked against the recipe before anything is
+built, the recipe made to follow it (its family, shape and tokenizer are the folder's), and the model created from
+it, sharded or whole."""
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, TypeVar
 
 from rich.console import Console
 
@@ -9,25 +13,61 @@ from titanpod.checkpoint.pretrained import PretrainedFolder, open_pretrained
 from titanpod.checkpoint.region_reader import RegionReader, read_into_model
 from titanpod.device import Backend, process_info
 from titanpod.kernels import model_ops
-from titanpod.models import Transformer
+from titanpod.models import DecoderArgs, Transformer
 from titanpod.recipes.families import build_model, decoder_adapters
 from titanpod.recipes.recipe import Recipe
 
-SHAPE_FIX = (
-    "Choose the flavor the weights were made from with --model.flavor, or give the folder's sizes with "
-    "--model.shape.<field> (e.g. --model.shape.n-layers)."
-)
+
+class _Model(Protocol):
+    family: str
+    init_from: str | None
+
+
+class _Data(Protocol):
+    tokenizer: str | None
+
+
+class StartingRecipe(Protocol):
+    """What following a folder needs of a recipe kind (pretraining, SFT): its model and data sections."""
+
+    @property
+    def model(self) -> _Model: ...
+
+    @property
+    def data(self) -> _Data: ...
+
+
+R = TypeVar("R", bound=StartingRecipe)
 
 
 def pretrained_for(recipe: Recipe) -> PretrainedFolder | None:
-    """The folder ``model.init_from`` names (``None`` when unset), after checking that it holds the recipe's
-    family and shape: ``ValueError`` names every field that differs, ``FileNotFoundError`` a folder that is
-    not a model. Reads only the folder's small files."""
+    """The folder ``model.init_from`` names (``None`` when unset), after checking that the sizes the recipe gives
+    on purpose (``model.shape``) are the folder's: ``ValueError`` names every one that differs,
+    ``FileNotFoundError`` a folder that is not a model. Reads only the folder's small files."""
     if recipe.model.init_from is None:
         return None
     folder = open_pretrained(recipe.model.init_from, decoder_adapters())
-    folder.check_fits(recipe.model.family, recipe.model.args(), SHAPE_FIX)
+    recipe.model.checkpoint_args(folder.args)
     return folder
+
+
+def model_args(recipe: Recipe, folder: PretrainedFolder | None) -> DecoderArgs:
+    """The shape of the model the run trains: the folder's (with ``model.shape.max_seq_len`` and
+    ``model.capacity_factor`` applied) when it starts from one, else the recipe's flavor and shape."""
+    return recipe.model.args() if folder is None else recipe.model.checkpoint_args(folder.args)
+
+
+def following(recipe: R, folder: PretrainedFolder | None, default_tokenizer: str) -> R:
+    """``recipe`` as the run records it: with ``folder``, its family is the folder's; ``data.tokenizer`` left
+    ``None`` becomes the folder (when it holds a tokenizer, so its chat template and special tokens go along), else
+    ``default_tokenizer`` (``builtin`` for pretraining, ``chars`` for SFT). A tokenizer the recipe names stays."""
+    model, data = recipe.model, recipe.data
+    if folder is not None:
+        model = dataclasses.replace(model, family=folder.family)  # type: ignore[type-var]
+    if data.tokenizer is None:
+        own = folder.tokenizer_folder if folder is not None else None
+        data = dataclasses.replace(data, tokenizer=str(own) if own is not None else default_tokenizer)  # type: ignore[type-var]
+    return dataclasses.replace(recipe, model=model, data=data)  # type: ignore[type-var]
 
 
 def build_pretrained_model(
@@ -42,7 +82,7 @@ def build_pretrained_model(
     ``None``. Names and shapes are checked against the files first; rank 0 prints progress on ``console``.
     """
     say = console.print if console is not None and process_info().is_main else None
-    model = build_model(recipe.model.family, recipe.model.args(), model_ops(recipe.kernels))
+    model = build_model(folder.family, model_args(recipe, folder), model_ops(recipe.kernels))
     reader = folder.reader(model, progress=say)
     if say is not None:
         say(f"reading the weights of {folder.describe()}")

@@ -9,18 +9,21 @@ from typing import TypeVar
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 
 from titanpod.checkpoint import complete_checkpoints
 from titanpod.data import TrainData, build_data, gather_data_state
+from titanpod.data.tokenizer import BUILTIN
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainConfig, TrainSummary, build_step
 from titanpod.kernels import model_ops
 from titanpod.models import RegionValues, Transformer, parameter_count, region_initializer
 from titanpod.recipes.families import build_model
 from titanpod.recipes.recipe import NamedRun, Recipe
+from titanpod.runs.checkpoint_tokenizer import check_text_tokenizer
 from titanpod.runs.final_weights import write_final_weights
 from titanpod.runs.hf_export import training_extras
-from titanpod.runs.init_from import build_pretrained_model, pretrained_for
+from titanpod.runs.init_from import build_pretrained_model, following, model_args, pretrained_for
 from titanpod.runs.pipelined import with_pipeline_microbatches
 from titanpod.runs.placement import ENTRY_MODULES, start_placement
 from titanpod.runs.session import RunSession
@@ -129,6 +132,8 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     layout = start_placement("pretrain", recipe.parallel, recipe.train, backend, recipe.data.seq_len)
     torch.manual_seed(recipe.train.seed)
     pretrained = pretrained_for(recipe)  # a folder that does not fit fails before anything is built
+    recipe = following(recipe, pretrained, BUILTIN)  # its family and tokenizer, as recipe.json records them
+    tokenizer_note = check_text_tokenizer(recipe.data, model_args(recipe, pretrained).vocab_size, pretrained)
     if pretrained is None:
         model, initial_values = build_seeded_model(recipe, backend)
     else:  # under torchrun: still on the meta device, each rank's shards read from the folder by the placement
@@ -165,11 +170,14 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
 
         session.say(
             f"lane [bold]{backend.lane}[/] on {backend.device(info.local_rank)}, "
-            f"{recipe.model.family} {recipe.model.flavor}: {parameters:,} parameters"
-            + (f" from {recipe.model.init_from}" if pretrained is not None else "")
+            + (f"{recipe.model.family} {recipe.model.flavor}" if pretrained is None else recipe.model.family)
+            + f": {parameters:,} parameters"
+            + (f" from {escape(pretrained.describe())}" if pretrained is not None else "")
             + f"; step {describe_step(recipe.train, backend)}; run directory {session.run_dir}"
         )
         session.say(data.describe())
+        if tokenizer_note is not None:
+            session.say(f"[bold yellow]note[/]: {escape(tokenizer_note)}")
         summary = session.train(
             batches,
             flops_per_token=model.flops_per_token(recipe.data.seq_len),

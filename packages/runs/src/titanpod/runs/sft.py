@@ -21,18 +21,19 @@ from titanpod.checkpoint.pretrained import PretrainedFolder, open_pretrained
 from titanpod.checkpoint.region_reader import read_into_model
 from titanpod.data.sft.batches import build_sft_data
 from titanpod.data.sft.records import check_covers
-from titanpod.data.sft.tokenizer import SFTTokenizer, load_sft_tokenizer
+from titanpod.data.sft.tokenizer import CHARS, SFTTokenizer, load_sft_tokenizer
 from titanpod.data.tasks import Task, get_task
-from titanpod.data.tokenizer import check_fits
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainSummary, build_step
 from titanpod.kernels import model_ops
 from titanpod.models import RegionValues, Transformer, parameter_count
 from titanpod.recipes.families import build_model, decoder_adapters
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
+from titanpod.runs.checkpoint_tokenizer import check_run_tokenizer
 from titanpod.runs.evaluation import Evaluation, evaluate
 from titanpod.runs.final_weights import write_final_weights
 from titanpod.runs.hf_export import post_training_tokenizer, training_extras
+from titanpod.runs.init_from import following
 from titanpod.runs.placement import LayoutStart, Placement, start_placement
 from titanpod.runs.pretrain import build_seeded_model, describe_step
 from titanpod.runs.process_exit import run_exit_code
@@ -130,7 +131,7 @@ class SFTResult:
 
 
 def build_sft_model(
-    recipe: SFTRecipe, backend: Backend
+    recipe: SFTRecipe, backend: Backend, folder: PretrainedFolder | None = None
 ) -> tuple[Transformer, str, PretrainedFolder | None, RegionValues | None]:
     """The model to fine-tune, where its weights come from, the folder to fill it from, and the seed's region
     init when the model is still to be created shard by shard.
@@ -138,18 +139,15 @@ def build_sft_model(
     Without ``model.init_from`` it is the recipe's family and flavor from ``train.seed`` (``build_seeded_model``):
     in one process initialised whole on the backend's device; under torchrun on the meta device with the
     region init of the seed, from which ``place_sft_model`` creates each rank's shards. With it, the folder's
-    model (titanpod model.json, or Hugging Face config.json) with the recipe's kernels in its slots, on the
-    meta device: ``place_sft_model`` creates it from the folder, sharded or whole.
+    model (titanpod model.json, or Hugging Face config.json: its family and shape) with the recipe's kernels in
+    its slots, on the meta device: ``place_sft_model`` creates it from the folder, sharded or whole. ``folder`` is
+    that folder when the caller has opened it already.
     """
     if recipe.model.init_from is None:
         seeded, initial_values = build_seeded_model(recipe, backend)  # type: ignore[arg-type]
         return seeded, f"seed {recipe.train.seed} ({recipe.model.flavor})", None, initial_values
-    folder = open_pretrained(recipe.model.init_from, decoder_adapters())
-    if folder.family != recipe.model.family:
-        raise ValueError(
-            f"model.init_from {recipe.model.init_from!r} holds a {folder.family} model, but model.family is "
-            f"{recipe.model.family!r}: set --model.family {folder.family}."
-        )
+    if folder is None:
+        folder = open_pretrained(recipe.model.init_from, decoder_adapters())
     return (
         build_model(folder.family, folder.args, model_ops(recipe.kernels)),
         f"{recipe.model.init_from} ({folder.family})",
@@ -202,9 +200,11 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
     backend = get_backend(recipe.device.lane)
     layout = start_placement("sft", recipe.parallel, recipe.train, backend, recipe.data.seq_len)
     torch.manual_seed(recipe.train.seed)
+    folder = None if recipe.model.init_from is None else open_pretrained(recipe.model.init_from, decoder_adapters())
+    recipe = following(recipe, folder, CHARS)  # its family and tokenizer (chat template too), as recipe.json records
     tokenizer = load_sft_tokenizer(recipe.data.tokenizer)
-    model, started_from, pretrained, seeded = build_sft_model(recipe, backend)
-    check_fits(tokenizer.tokenizer, tokenizer.spec, model.args.vocab_size)
+    model, started_from, pretrained, seeded = build_sft_model(recipe, backend, folder)
+    tokenizer_note = check_run_tokenizer(tokenizer.tokenizer, tokenizer.spec, model.args.vocab_size, pretrained)
     if recipe.data.seq_len > model.args.max_seq_len:
         raise ValueError(
             f"data.seq_len {recipe.data.seq_len} is longer than the model's max_seq_len {model.args.max_seq_len}."
@@ -224,6 +224,8 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
             f"run directory {session.run_dir}"
         )
         session.say(data.describe())
+        if tokenizer_note is not None:
+            session.say(f"[bold yellow]note[/]: {escape(tokenizer_note)}")
         evaluations: dict[str, tuple[int, Evaluation]] = {}
 
         def score(label: str, step_number: int) -> None:

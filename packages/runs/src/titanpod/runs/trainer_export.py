@@ -38,12 +38,16 @@ class TrainerModel:
 
 
 def recipe_model_args(model: dict[str, Any]) -> tuple[str, DecoderArgs]:
-    """The family and shape a recipe's ``model`` section builds."""
+    """The family and shape a recipe's ``model`` section builds: with ``init_from``, the folder's shape (and the
+    sizes a pretraining recipe changes on purpose, ``ModelConfig.checkpoint_args``), else the flavor's."""
     family = str(model["family"])
+    if model.get("init_from"):
+        found = open_pretrained(str(model["init_from"]), decoder_adapters()).args
+        if "shape" in model:
+            return family, dataclass_from_dict(ModelConfig, model, "recipe.model").checkpoint_args(found)
+        return family, found
     if "shape" in model:
         return family, dataclass_from_dict(ModelConfig, model, "recipe.model").args()
-    if model.get("init_from"):
-        return family, open_pretrained(str(model["init_from"]), decoder_adapters()).args
     return family, get_flavor(family, str(model["flavor"]))
 
 

@@ -46,9 +46,10 @@ class SFTDataConfig:
     format: PromptFormat = "plain"
     """How prompt/response records are laid out: ``plain`` (prompt text, then the response) or ``chat`` (a user
     and an assistant message through the tokenizer's chat template). Messages always use the chat template."""
-    tokenizer: str = "chars"
+    tokenizer: str | None = None
     """``chars`` (built-in character tokenizer with a ChatML template), a ``tokenizer.json`` path or its folder
-    (the folder's tokenizer_config.json / chat_template.jinja gives the chat template), or a Hub model id."""
+    (the folder's tokenizer_config.json / chat_template.jinja gives the chat template), or a Hub model id.
+    ``None``: the tokenizer (and chat template) of ``model.init_from`` when that folder has one, else ``chars``."""
     seq_len: int = 128
     """Positions per packed row; an example longer than this is a bad example."""
     batch_size: int = 16

@@ -175,10 +175,11 @@ def read_chat_template(folder: Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def load_sft_tokenizer(spec: str) -> SFTTokenizer:
-    """The tokenizer ``spec`` names: ``chars`` (built in, with the ChatML template), a ``tokenizer.json`` or a
-    folder holding one (its chat template read beside it), or a Hub model id (no chat template)."""
-    if spec == CHARS:
+def load_sft_tokenizer(spec: str | None) -> SFTTokenizer:
+    """The tokenizer ``spec`` names: ``chars`` (built in, with the ChatML template; also ``None``), a
+    ``tokenizer.json`` or a folder holding one (its chat template read beside it), or a Hub model id (no chat
+    template)."""
+    if spec is None or spec == CHARS:
         return SFTTokenizer(character_tokenizer(), CHARS, CHATML_TEMPLATE)
     tokenizer = resolve_tokenizer(spec)
     path = Path(spec)

@@ -41,7 +41,7 @@ def sft_debug() -> SFTRecipe:
         name="sft_debug",
         model=SFTModelConfig(family="llama3", flavor="debug"),
         device=DeviceConfig(lane="auto"),
-        data=SFTDataConfig(source="task", task="reverse", train_examples=20_000, tokenizer="chars", seq_len=64,
+        data=SFTDataConfig(source="task", task="reverse", train_examples=20_000, seq_len=64,
                            batch_size=16),
         train=TrainConfig(steps=300, lr=3e-3, warmup_steps=30, decay="cosine", min_lr_ratio=0.1, weight_decay=0.0,
                           log_every=20),
