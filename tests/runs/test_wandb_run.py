@@ -3,7 +3,7 @@ the environment, then the default), the run id kept for a resume, and a W&B that
 
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,14 +75,6 @@ def test_the_run_id_file_round_trips(tmp_path):
     assert [path.name for path in tmp_path.iterdir()] == [RUN_ID_FILE]  # nothing left beside it
 
 
-@pytest.fixture
-def clean_wandb_environment(monkeypatch):
-    """No W&B variable of the machine's reaches the test."""
-    for name in list(os.environ):
-        if name.startswith("WANDB_"):
-            monkeypatch.delenv(name)
-
-
 def test_offline_by_wandb_mode_keeps_the_run_and_a_resume_continues_its_id(
     tmp_path, monkeypatch, clean_wandb_environment
 ):
@@ -111,20 +103,6 @@ def test_offline_by_wandb_mode_keeps_the_run_and_a_resume_continues_its_id(
     assert history(wandb_records(second.run_dir / f"run-{run_id}.wandb"))[4]["eval/validation_loss"] == 2.0
 
 
-@pytest.fixture
-def not_logged_in(tmp_path, monkeypatch, clean_wandb_environment):
-    """Online W&B with no API key anywhere it looks, and a server address nothing answers."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("NETRC", str(home / ".netrc"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(home / "config"))
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(home / "cache"))
-    monkeypatch.setenv("WANDB_DATA_DIR", str(home / "data"))
-    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
-    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "2")
-
-
 def test_without_a_login_the_run_goes_on_without_wandb_and_says_how_to_fix_it(tmp_path, not_logged_in):
     said: list[str] = []
     assert open_wandb(OutputConfig(wandb="p"), tmp_path, {}, said.append) is None
@@ -137,4 +115,11 @@ def test_without_a_login_the_run_goes_on_without_wandb_and_says_how_to_fix_it(tm
 def test_without_a_login_a_required_wandb_stops(tmp_path, not_logged_in):
     with pytest.raises(WandbStartError, match=r"wandb login.*--output.wandb-required is on"):
         open_wandb(OutputConfig(wandb="p", wandb_required=True), tmp_path, {}, print)
+    assert read_run_id(tmp_path) is None
+
+
+def test_without_the_wandb_package_the_run_stops_with_the_install_command(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now fails as when it is not installed
+    with pytest.raises(WandbStartError, match=r"pip install 'titanpod-graph\[wandb\]'"):
+        open_wandb(OutputConfig(wandb="p", wandb_mode="offline"), tmp_path, {}, print)
     assert read_run_id(tmp_path) is None

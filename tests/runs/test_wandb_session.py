@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 
 import pytest
 from rich.console import Console
@@ -22,14 +21,6 @@ TINY = [
     "--data.seq-len", "32", "--data.batch-size", "2", "--output.save-weights", "False",
     "--output.tensorboard", "False", "--output.wandb", "titanpod-test",
 ]  # fmt: skip
-
-
-@pytest.fixture
-def clean_wandb_environment(monkeypatch):
-    """No W&B variable of the machine's reaches the test."""
-    for name in list(os.environ):
-        if name.startswith("WANDB_"):
-            monkeypatch.delenv(name)
 
 
 def tiny(tmp_path, *flags: str):
@@ -54,18 +45,6 @@ def test_a_resumed_run_continues_its_offline_wandb_run(tmp_path, monkeypatch, cl
     folders = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert {folder.name.rsplit("-", 1)[1] for folder in folders} == {run_id}
     assert sorted(history(wandb_records(folders[-1] / f"run-{run_id}.wandb"))) == [3, 4]  # where the first left off
-
-
-@pytest.fixture
-def not_logged_in(tmp_path, monkeypatch, clean_wandb_environment):
-    """Online W&B with no API key anywhere it looks, and a server address nothing answers."""
-    home = tmp_path / "home"
-    home.mkdir()
-    for name, value in {
-        "HOME": home, "NETRC": home / ".netrc", "WANDB_CONFIG_DIR": home / "config", "WANDB_CACHE_DIR": home / "cache",
-        "WANDB_DATA_DIR": home / "data", "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_INIT_TIMEOUT": "2",
-    }.items():  # fmt: skip
-        monkeypatch.setenv(name, str(value))
 
 
 def test_without_a_login_the_run_trains_without_wandb(tmp_path, not_logged_in):
