@@ -123,3 +123,12 @@ def test_without_the_wandb_package_the_run_stops_with_the_install_command(tmp_pa
     with pytest.raises(WandbStartError, match=r"pip install 'titanpod-graph\[wandb\]'"):
         open_wandb(OutputConfig(wandb="p", wandb_mode="offline"), tmp_path, {}, print)
     assert read_run_id(tmp_path) is None
+
+
+@pytest.mark.slow  # starts W&B's service process, which waits for the server it cannot reach
+def test_without_the_network_the_run_goes_on_without_wandb(tmp_path, monkeypatch, not_logged_in):
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)  # logged in, but the server does not answer
+    said: list[str] = []
+    assert open_wandb(OutputConfig(wandb="p"), tmp_path, {}, said.append) is None
+    assert "W&B could not start the online run" in said[-1] and "WANDB_MODE=offline" in said[-1]
+    assert read_run_id(tmp_path) is None
