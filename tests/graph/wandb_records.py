@@ -94,3 +94,18 @@ def offline_environment(folder: Path) -> dict[str, str]:
         "WANDB_CACHE_DIR": home,
         "WANDB_DATA_DIR": home,
     }
+
+
+def no_login_environment(folder: Path) -> dict[str, str]:
+    """Environment variables for online W&B with no API key anywhere it looks (home, netrc, settings) and a
+    server address nothing answers: a run started with them fails at once, as without ``wandb login``."""
+    home = folder / "home"
+    return {
+        "HOME": str(home),
+        "NETRC": str(home / ".netrc"),
+        "WANDB_CONFIG_DIR": str(home / "config"),
+        "WANDB_CACHE_DIR": str(home / "cache"),
+        "WANDB_DATA_DIR": str(home / "data"),
+        "WANDB_BASE_URL": "http://127.0.0.1:9",
+        "WANDB_INIT_TIMEOUT": "2",
+    }

@@ -21,7 +21,7 @@ import tyro
 from rich.console import Console
 from rich.table import Table
 
-from titanpod.recipes.command_line import PlainHelpRegistry, parse_args, recipe_argument
+from titanpod.recipes.command_line import PlainHelpRegistry, first_sentence, parse_args, recipe_argument
 from titanpod.recipes.diffusion import DiffusionRecipe
 from titanpod.recipes.diffusion.registry import DEFAULT_DIFFUSION_RECIPE, DIFFUSION_RECIPES, get_diffusion_recipe
 from titanpod.recipes.errors import print_error
@@ -103,7 +103,7 @@ def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, str] | None:
     )
     if command.list_recipes:
         for recipe_name, build in DIFFUSION_RECIPES.items():
-            print(f"{recipe_name:16s} {(build.__doc__ or '').strip()}")
+            print(f"{recipe_name:16s} {first_sentence(build.__doc__)}")
         return None
     recipe = command.recipe
     if command.chip is not None or command.chips is not None:

@@ -5,7 +5,7 @@ titanpod-posttrain --list-recipes
 titanpod-posttrain --recipe sft_debug --train.steps 50 --eval.examples 100
 titanpod-posttrain --model.init-from runs/sft_debug-.../model   # start from a finished run's weights
 titanpod-posttrain --data.source jsonl --data.path chats.jsonl --eval.task reverse
-titanpod-posttrain --output.run-name try1 --resume   # continue try1 from its newest checkpoint
+titanpod-posttrain --resume try1                     # continue the run try1 from its newest checkpoint
 titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft200/model         # GRPO from an SFT model
 titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft200/model --rollout.mode ray --rollout.workers 2
 titanpod-posttrain --recipe mine.toml --print-recipe  # a TOML file (base = "sft_debug" plus what differs), resolved
@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from titanpod.device import process_info
-from titanpod.recipes.command_line import parse_args, recipe_argument
+from titanpod.recipes.command_line import first_sentence, optional_value, parse_args, recipe_argument
 from titanpod.recipes.errors import print_error
 from titanpod.recipes.posttrain.grpo_recipe import GRPORecipe
 from titanpod.recipes.posttrain.registry import (
@@ -76,8 +76,10 @@ class Command(Generic[RecipeT]):
     """List the named recipes and exit."""
     print_recipe: tyro.conf.FlagCreatePairsOff[bool] = False
     """Print the resolved recipe as JSON (a recipe file --recipe reads back) and exit without running."""
-    resume: tyro.conf.FlagCreatePairsOff[bool] = False
-    """Continue --output.run-name (or the newest run of the recipe that has one) from its newest checkpoint."""
+    resume: Annotated[str | None, tyro.conf.arg(metavar="[NAME]")] = None
+    """Continue a run from its newest checkpoint: --resume NAME, the run directory NAME under --output.runs-dir
+    (or the run started as --output.run-name NAME); --resume alone, --output.run-name or else the newest run of
+    the recipe that has a checkpoint."""
 
     @property
     def kind(self) -> str:
@@ -108,7 +110,7 @@ def parse_command(argv: list[str]) -> Command[Any] | None:
     command = parse_args(
         Command[type(base)],  # type: ignore[misc]
         Command(recipe=base, recipe_name=name),
-        argv,
+        optional_value(argv, "--resume"),
         prog="titanpod-posttrain",
         description=(
             f"Post-train with the recipe chosen with --recipe (default {DEFAULT_POSTTRAIN_RECIPE}; see "
@@ -119,9 +121,11 @@ def parse_command(argv: list[str]) -> Command[Any] | None:
     )
     if command.list_recipes:
         for recipe_name, entry in POSTTRAIN_RECIPES.items():
-            print(f"{recipe_name:20s} {entry.kind:5s} {entry.description}")
+            print(f"{recipe_name:20s} {entry.kind:5s} {first_sentence(entry.description)}")
         return None
-    return dataclasses.replace(command, recipe=with_resume(command.recipe)) if command.resume else command
+    if command.resume is None:
+        return command
+    return dataclasses.replace(command, recipe=with_resume(command.recipe, command.resume))
 
 
 def print_summary(console: Console, result: PosttrainResult) -> None:

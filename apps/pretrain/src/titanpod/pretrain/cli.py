@@ -3,7 +3,7 @@
 titanpod-pretrain                                  # llama3_debug on this machine
 titanpod-pretrain --list-recipes
 titanpod-pretrain --recipe llama3_debug --train.steps 20 --device.lane cpu
-titanpod-pretrain --output.run-name try1 --resume   # continue try1 from its newest checkpoint
+titanpod-pretrain --resume try1                     # continue the run try1 from its newest checkpoint
 titanpod-pretrain --resume                         # continue the newest run of the recipe that has one
 titanpod-pretrain --recipe llama3_405b --dry-run   # memory per device and step time on its target slice
 titanpod-pretrain --recipe llama3_405b --dry-run --chip v5p --chips 512
@@ -30,7 +30,7 @@ from rich.table import Table
 
 from titanpod.device import process_info
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
-from titanpod.recipes.command_line import parse_args, recipe_argument
+from titanpod.recipes.command_line import first_sentence, optional_value, parse_args, recipe_argument
 from titanpod.recipes.errors import print_error
 from titanpod.recipes.planner.report import dry_run
 from titanpod.recipes.recipe_files import is_recipe_file
@@ -54,8 +54,10 @@ class Command:
     """List the named recipes and exit."""
     print_recipe: tyro.conf.FlagCreatePairsOff[bool] = False
     """Print the resolved recipe as JSON (a recipe file --recipe reads back) and exit without running."""
-    resume: tyro.conf.FlagCreatePairsOff[bool] = False
-    """Continue --output.run-name (or the newest run of the recipe that has one) from its newest checkpoint."""
+    resume: Annotated[str | None, tyro.conf.arg(metavar="[NAME]")] = None
+    """Continue a run from its newest checkpoint: --resume NAME, the run directory NAME under --output.runs-dir
+    (or the run started as --output.run-name NAME); --resume alone, --output.run-name or else the newest run of
+    the recipe that has a checkpoint."""
     dry_run: tyro.conf.FlagCreatePairsOff[bool] = False
     """Plan on the recipe's target slice instead of training: memory per device and step time."""
     rehearse: tyro.conf.FlagCreatePairsOff[bool] = False
@@ -90,7 +92,7 @@ def parse_command(argv: list[str]) -> Command | None:
     command = parse_args(
         Command,
         Command(recipe=base, recipe_name=name),
-        split_lanes(argv),
+        optional_value(split_lanes(argv), "--resume"),
         prog="titanpod-pretrain",
         description=(
             f"Train the recipe chosen with --recipe (default {DEFAULT_RECIPE}; see --list-recipes), or plan "
@@ -101,14 +103,15 @@ def parse_command(argv: list[str]) -> Command | None:
     )
     if command.list_recipes:
         for recipe_name, build in RECIPES.items():
-            print(f"{recipe_name:24s} {(build.__doc__ or '').strip().splitlines()[0]}")
+            print(f"{recipe_name:24s} {first_sentence(build.__doc__)}")
         return None
     recipe = command.recipe
     if command.chip is not None or command.chips is not None:
         chip = recipe.target.chip if command.chip is None else command.chip
         chips = recipe.target.chips if command.chips is None else command.chips
         recipe = dataclasses.replace(recipe, target=dataclasses.replace(recipe.target, chip=chip, chips=chips))
-    return dataclasses.replace(command, recipe=with_resume(recipe) if command.resume else recipe)
+    resumed = with_resume(recipe, command.resume) if command.resume is not None else recipe
+    return dataclasses.replace(command, recipe=resumed)
 
 
 def split_lanes(argv: list[str]) -> list[str]:

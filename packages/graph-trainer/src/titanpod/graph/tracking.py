@@ -45,6 +45,10 @@ def final_figures(summary: TrainSummary) -> dict[str, float]:
     return figures
 
 
+class TrackerStartError(RuntimeError):
+    """A tracker's run could not start (W&B: no login, no network); the message is the tracker's own first line."""
+
+
 class WandbWriter:
     """Logs a run to Weights & Biases: the recipe as the run's config, every report under ``train/``, other
     figures under ``eval/``, images, and the final figures as the run's summary.
@@ -60,9 +64,16 @@ class WandbWriter:
         folder: Path,
         name: str,
         config: dict[str, Any],
+        *,
+        entity: str | None = None,
+        run_id: str | None = None,
+        resume: str | None = None,
     ) -> None:
-        """Start a W&B run named ``name`` in ``project``, its files under ``folder``; ``ImportError`` says
-        how to install W&B when it is missing."""
+        """Start a W&B run named ``name`` in ``project`` (of ``entity``; ``None``: W&B's default), its files under
+        ``folder``. ``run_id`` with ``resume="allow"`` continues that W&B run when it exists (``None``: a new id).
+
+        ``ImportError`` says how to install W&B when it is missing; ``TrackerStartError`` carries W&B's reason
+        when the run cannot start (no login, the server out of reach)."""
         try:
             import wandb
         except ImportError as error:
@@ -72,16 +83,25 @@ class WandbWriter:
             ) from error
         folder.mkdir(parents=True, exist_ok=True)
         self._wandb = wandb
-        self._run = wandb.init(
-            project=project,
-            name=name,
-            config=config,
-            mode=mode,
-            dir=str(folder),
-            settings=wandb.Settings(console="off"),  # the run's console stays the run's own
-        )
+        try:
+            self._run = wandb.init(
+                project=project,
+                entity=entity,
+                name=name,
+                id=run_id,
+                resume=resume,
+                config=config,
+                mode=mode,
+                dir=str(folder),
+                settings=wandb.Settings(console="off"),  # the run's console stays the run's own
+            )
+        except wandb.errors.Error as error:
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise TrackerStartError(reason) from error
         self.run_dir = Path(self._run.dir).parent
         """This W&B run's folder (``<folder>/wandb/<run>``)."""
+        self.run_id: str = self._run.id
+        """The W&B run's id (what ``run_id`` takes to continue it)."""
 
     def write(self, record: LoggedRecord) -> None:
         """Log every figure of ``record`` but ``step`` as ``train/<name>`` at ``record.step``."""

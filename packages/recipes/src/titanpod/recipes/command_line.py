@@ -35,6 +35,41 @@ def recipe_argument(argv: Sequence[str], default: str) -> str:
     return value
 
 
+def optional_value(argv: Sequence[str], flag: str, bare: str = "") -> list[str]:
+    """``argv`` with each ``flag`` given no value (the last argument, or one followed by another flag)
+    written as ``flag bare``, so a flag whose value may be left out (``--resume``, ``--resume NAME``) parses; the
+    older boolean form is kept working: ``flag True`` is the flag alone, ``flag False`` leaves it out."""
+    out: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        following = argv[index + 1] if index + 1 < len(argv) else None
+        if arg != flag:
+            out.append(arg)
+        elif following is None or following.startswith("-"):
+            out += [flag, bare]
+        elif following.lower() in _TRUE + _FALSE:
+            out += [flag, bare] if following.lower() in _TRUE else []
+            index += 1
+        else:
+            out += [flag, following]
+            index += 1
+        index += 1
+    return out
+
+
+def first_sentence(text: str | None) -> str:
+    """The first whole sentence of ``text`` (a recipe's docstring) on one line: up to the first ``.``, ``!`` or
+    ``?`` followed by the end or by a space and a capital, digit or bracket (``e.g.``, ``i.e.``, ``etc.``, ``vs.``
+    and ``3.1`` do not end one); all of it when no sentence ends."""
+    flat = " ".join((text or "").split())
+    end = _SENTENCE_END.search(flat)
+    return flat[: end.end()] if end else flat
+
+
+_SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\betc)(?<!\bvs)[.!?](?=$| [A-Z0-9(\[`'\"])")
+
+
 def boolean_flags(kind: type, prefix: str = "") -> dict[str, str | None]:
     """``--name`` -> ``--no-name`` of every boolean field of dataclass ``kind`` and the sections in it, named as
     tyro names them (``--checkpoint.async-save`` -> ``--checkpoint.no-async-save``); ``None`` for a flag made

@@ -106,10 +106,18 @@ class OutputConfig:
     the recipe as text, its fields as hyper-parameters (the final loss as their metric) and diffusion samples."""
     wandb: str | None = None
     """Weights & Biases project to log the run to (metrics, the recipe as config, the final summary, diffusion
-    samples); ``None``: no W&B. Needs ``pip install 'titanpod-graph[wandb]'``."""
-    wandb_mode: Literal["online", "offline"] = "online"
+    samples); ``auto``: the project ``WANDB_PROJECT`` names, else ``titanpod``; ``None``: no W&B. Needs
+    ``pip install 'titanpod-graph[wandb]'``. A resumed run continues the same W&B run (its id is kept in
+    ``<run>/wandb-run-id``; ``WANDB_RUN_ID`` wins when set)."""
+    wandb_mode: Literal["online", "offline"] | None = None
     """``online`` sends to the W&B server as the run goes (``wandb login`` first); ``offline`` needs no network
-    and keeps the run under ``<run>/wandb/`` for a later ``wandb sync``."""
+    and keeps the run under ``<run>/wandb/`` for a later ``wandb sync``; ``None``: what ``WANDB_MODE`` says
+    (``disabled`` turns W&B off), else ``online``."""
+    wandb_entity: str | None = None
+    """W&B entity (user or team) the project belongs to; ``None``: ``WANDB_ENTITY``, else your default entity."""
+    wandb_required: bool = False
+    """Stop before any work when the W&B run cannot start (no login, no network), leaving no new run directory;
+    off: say why and train without W&B."""
 
     def __post_init__(self) -> None:
         if self.run_name:  # None and "" take the recipe's name and the time

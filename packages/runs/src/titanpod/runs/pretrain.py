@@ -5,13 +5,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 from rich.console import Console
 from rich.markup import escape
 
-from titanpod.checkpoint import complete_checkpoints
 from titanpod.data import TrainData, build_data, gather_data_state
 from titanpod.data.tokenizer import BUILTIN
 from titanpod.device import Backend, get_backend, process_info
@@ -19,22 +17,20 @@ from titanpod.graph import TrainConfig, TrainSummary, build_step
 from titanpod.kernels import model_ops
 from titanpod.models import RegionValues, Transformer, parameter_count, region_initializer
 from titanpod.recipes.families import build_model
-from titanpod.recipes.recipe import NamedRun, Recipe
+from titanpod.recipes.recipe import Recipe
 from titanpod.runs.checkpoint_tokenizer import check_text_tokenizer
 from titanpod.runs.final_weights import write_final_weights
 from titanpod.runs.hf_export import training_extras
 from titanpod.runs.init_from import build_pretrained_model, following, model_args, pretrained_for
 from titanpod.runs.pipelined import with_pipeline_microbatches
 from titanpod.runs.placement import ENTRY_MODULES, start_placement
+from titanpod.runs.run_lookup import with_resume as with_resume  # re-exported: the apps import it from here
 from titanpod.runs.session import RunSession
 from titanpod.runs.session import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
 from titanpod.runs.validation import validation_loss
 
 ENTRY_MODULE = ENTRY_MODULES["pretrain"]
 """The module torchrun starts for a pretraining job (``titanpod-pretrain``)."""
-
-ResumableRun = TypeVar("ResumableRun", bound=NamedRun)
-"""A recipe kind with ``name``, ``output`` and ``checkpoint`` (pretraining, SFT)."""
 
 
 @dataclass
@@ -53,42 +49,6 @@ class PretrainResult:
     """Parameter count of the model."""
     step_description: str = "eager"
     """How steps ran: the step mode, with the memory policy and compiler where they apply."""
-
-
-def latest_resumable_run(recipe: NamedRun) -> str | None:
-    """Name of the newest run directory of ``recipe`` (``<name>-<timestamp>``) holding a complete checkpoint."""
-    runs = Path(recipe.output.runs_dir)
-    candidates = [
-        run for run in runs.glob(f"{recipe.name}-*") if run.is_dir() and complete_checkpoints(run / "checkpoints")
-    ]
-    return max(candidates, key=lambda run: run.name).name if candidates else None
-
-
-def with_resume(recipe: ResumableRun) -> ResumableRun:
-    """``--resume``: the recipe set to continue its run (``--output.run-name``, else the newest
-    run of this recipe under ``--output.runs-dir`` that has a complete checkpoint). With
-    ``--checkpoint.dir`` the checkpoints are found there, so no earlier run directory is needed
-    (without one, the resumed run writes its metrics to a new run directory).
-
-    ``ValueError`` when there is no such run, saying how to name one or start afresh, and with
-    ``--output.start-over``, which asks for the opposite.
-    """
-    if recipe.output.start_over:
-        raise ValueError(
-            "--resume continues a run and --output.start-over moves its files aside to start a new one: "
-            "give one of them."
-        )
-    run_name = recipe.output.run_name or latest_resumable_run(recipe)
-    if run_name is None and not recipe.checkpoint.dir:
-        raise ValueError(
-            f"--resume: no run of recipe {recipe.name} under {recipe.output.runs_dir} has a complete checkpoint; "
-            "name the run with --output.run-name, or start a new one without --resume."
-        )
-    return dataclasses.replace(
-        recipe,
-        output=dataclasses.replace(recipe.output, run_name=run_name),
-        checkpoint=dataclasses.replace(recipe.checkpoint, resume="auto"),
-    )
 
 
 def build_run_data(recipe: Recipe, vocab_size: int, rank: int, world_size: int) -> TrainData:

@@ -12,7 +12,8 @@ the rest to a ``RunSession``::
 The session owns the run directory (rank 0 holds its lock while the session is open and refuses an earlier
 run's files unless the run resumes or starts over: ``titanpod.runs.run_folder``; rank 0 writes
 ``recipe.json``; under torchrun rank 0 picks the name and the others receive it), the console (rank 0 only),
-the metrics writers (rank 0: ``metrics.jsonl`` and ``tensorboard/``; ``loss.png`` drawn from them at the end),
+the metrics writers (rank 0: ``metrics.jsonl``, ``tensorboard/`` and the W&B run, ``titanpod.runs.wandb_run``;
+``loss.png`` drawn from them at the end),
 the trainer-state checkpoints (partial saves removed, resume, a save every ``checkpoint.every`` steps and at
 the end, a background save completed whatever happened), the final weights (a sharded model gathered one
 tensor at a time and streamed into its files by rank 0) and, on a clean exit, the process group's teardown.
@@ -24,6 +25,7 @@ stops at once, and nothing is saved (``TrainSummary.stopped_at_once``).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 import warnings
@@ -51,6 +53,7 @@ from titanpod.runs.peer_loss import report_lost_peer, say_anywhere
 from titanpod.runs.recipe_history import RECIPE_FILE, record_recipe
 from titanpod.runs.run_folder import as_recorded, claim_run_dir
 from titanpod.runs.run_lock import RunLock
+from titanpod.runs.wandb_run import WandbStartError, open_wandb
 
 Written = TypeVar("Written")
 """What a trainer's final-weights writer returns (a path, a folder)."""
@@ -114,13 +117,19 @@ def prepare_run_dir(
             if lock is not None:
                 lock.release()
             problem = error
+    raise_on_every_rank(problem)
+    return lock
+
+
+def raise_on_every_rank(problem: BaseException | None) -> None:
+    """Raise rank 0's ``problem`` on every rank (under torchrun every rank must call it), so the other ranks stop
+    too instead of waiting for rank 0; nothing when rank 0 had none."""
     if dist.is_initialized():
         shared = [problem]
-        dist.broadcast_object_list(shared, src=0)  # the other ranks stop too, instead of waiting for rank 0
+        dist.broadcast_object_list(shared, src=0)
         problem = shared[0]
     if problem is not None:
         raise problem
-    return lock
 
 
 class RunSession:
@@ -138,7 +147,8 @@ class RunSession:
         directory (``prepare_run_dir``: rank 0 holds its lock until the session ends, refuses an earlier run's
         files unless this run resumes or starts over, and writes ``recipe.json``), refuse ``checkpoint.resume
         never`` where checkpoints already are (before anything else is written), and remove checkpoints whose
-        save never completed.
+        save never completed. A start that fails here leaves no run directory it made (a W&B run that cannot start
+        with ``output.wandb_required`` on, a refused recipe).
 
         ``console`` is used on rank 0 only; pass the same on every rank or ``None`` for a quiet run.
         """
@@ -157,12 +167,15 @@ class RunSession:
         """The run directory (the same path on every rank)."""
         self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
         """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
+        new_dir = self.info.is_main and not self.run_dir.exists()
         self.lock = prepare_run_dir(asked, self.run_dir, self.checkpointer.folder, self.say)
         """Rank 0's hold on the run directory, given back when the session ends (``None`` on other ranks)."""
         try:
             self._open(recipe, backend)
         except BaseException:
             self._let_go()
+            if new_dir:  # made moments ago, it holds nothing but what this failed start wrote
+                shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
 
     def _open(self, recipe: RunRecipe, backend: Backend) -> None:
@@ -173,18 +186,16 @@ class RunSession:
         and a W&B run with ``output.wandb``."""
         self.trackers: list[TensorBoardWriter | WandbWriter] = []
         """The writers that also take the recipe, images and the final figures (TensorBoard, W&B)."""
+        wandb = self._open_wandb(recipe) if recipe.output.wandb else None  # first: it may stop the run
         if self.info.is_main:
             self.writers.append(JsonlWriter(self.run_dir / METRICS_FILE))
             if recipe.output.tensorboard:
-                self.trackers.append(TensorBoardWriter(self.run_dir / TENSORBOARD_FOLDER))
-            if recipe.output.wandb:
-                name = self.run_dir.name
-                output = recipe.output
-                self.trackers.append(WandbWriter(output.wandb, output.wandb_mode, self.run_dir, name, recipe.to_dict()))
-            self.writers.extend(self.trackers)
-            for tracker in self.trackers:
-                if isinstance(tracker, TensorBoardWriter):
-                    tracker.write_config(recipe.to_dict())
+                board = TensorBoardWriter(self.run_dir / TENSORBOARD_FOLDER)
+                board.write_config(recipe.to_dict())
+                self.trackers.append(board)
+            if wandb is not None:
+                self.trackers.append(wandb)
+        self.writers.extend(self.trackers)
         self.profiler = None
         """Traces the steps ``profile.steps`` names into ``<run>/profile`` (every rank its own file); ``None``
         when profiling is off."""
@@ -200,6 +211,19 @@ class RunSession:
         """The training step whose optimizer state the checkpoints hold (set by ``resume``)."""
         self._data_state: Callable[[], dict[str, Any]] = dict
         self._reported_error: Exception | None = None
+
+    def _open_wandb(self, recipe: RunRecipe) -> WandbWriter | None:
+        """Rank 0 starts or continues the run's W&B run (``titanpod.runs.wandb_run``); ``None`` elsewhere, when
+        W&B is off or when it cannot start. When it cannot start and ``output.wandb_required`` is on, every rank
+        raises, before any work."""
+        wandb, problem = None, None
+        if self.info.is_main:
+            try:
+                wandb = open_wandb(recipe.output, self.run_dir, recipe.to_dict(), self.say)
+            except (WandbStartError, ValueError) as error:
+                problem = error
+        raise_on_every_rank(problem)
+        return wandb
 
     @property
     def is_main(self) -> bool:
