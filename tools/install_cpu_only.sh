@@ -43,8 +43,8 @@ if ! command -v uv >/dev/null 2>&1; then
     exit 1
 fi
 
-# Every locked package, extras of every member included: torch's version, and the CUDA stack to leave out.
-locked="$(uv export --locked --all-packages --no-hashes --no-header --no-annotate --format requirements-txt)"
+# Every locked package of every member, with every extra: torch's version, and the CUDA stack to leave out.
+locked="$(uv export --locked --all-packages --all-extras --no-hashes --no-header --no-annotate --format requirements-txt)"
 torch_version="$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' <<<"$locked" | head -n 1)"
 if [[ -z "$torch_version" ]]; then
     echo "error: uv.lock holds no torch release; run 'uv lock' first" >&2
@@ -58,7 +58,7 @@ fi
 mapfile -t cuda_stack < <(grep -oE '^(nvidia-|cuda-|triton)[A-Za-z0-9._-]*' <<<"$locked" | sort -u)
 
 venv="${UV_PROJECT_ENVIRONMENT:-.venv}"
-echo "== uv sync --locked, without torch and its ${#cuda_stack[@]} CUDA packages, into $venv"
+echo "== uv sync --locked, without torch and the lock's ${#cuda_stack[@]} nvidia-*, cuda-* and triton packages, into $venv"
 leave_out=(--no-install-package torch)
 for name in "${cuda_stack[@]}"; do
     leave_out+=(--no-install-package "$name")
