@@ -31,7 +31,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from titanpod.graph import JsonlWriter, TrainSummary, build_step, mfu
+from titanpod.graph import JsonlWriter, MfuGauge, TrainSummary, build_step
 from titanpod.graph.step_driver import StepCheck, drive_steps
 from titanpod.graph.throughput import ThroughputMeter
 from titanpod.models import Transformer, parameter_count
@@ -166,7 +166,7 @@ def run_steps(
         nonlocal shown_errors
         metrics = trainer(step_number)
         setup.plan.steps_done = step_number
-        meter.step_done(tokens_per_step, first=step_number == start + 1, reporting=False)
+        meter.step_done(tokens_per_step, first=step_number == start + 1)
         for message in metrics.reward_errors:
             if shown_errors < PRINTED_REWARD_ERRORS:
                 shown_errors += 1
@@ -202,11 +202,13 @@ def run_steps(
     result.stopped_because = outcome.stopped_because
     tokens_per_second = meter.overall(end)
     backend = setup.backend
+    chip = backend.chip()
     return TrainSummary(
         steps_done=setup.plan.steps_done,
         losses=losses,
         tokens_per_second=tokens_per_second,
-        mfu=mfu(flops_per_token, tokens_per_second, session.devices, backend.chip().peak_flops),
+        mfu=MfuGauge(chip, flops_per_token, session.devices)(tokens_per_second),
+        peak_method=chip.peak_method,
         peak_memory_gib=backend.memory_stats(session.info.local_rank).peak_gib,
         wall_seconds=end - meter.started,
         interrupted=outcome.interrupted,
