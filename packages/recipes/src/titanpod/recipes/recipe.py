@@ -82,6 +82,10 @@ class OutputConfig:
     wandb_mode: Literal["online", "offline"] = "online"
     """``online`` sends to the W&B server as the run goes (``wandb login`` first); ``offline`` needs no network
     and keeps the run under ``<run>/wandb/`` for a later ``wandb sync``."""
+    license: str = "apache-2.0"
+    """The license the exported model card declares, as a Hub license id (``apache-2.0``, ``mit``, ``llama3.1``,
+    ``other``...). ``apache-2.0``, titanpod's own, by default: a fine-tune of another model should name that
+    model's license."""
 
     def __post_init__(self) -> None:
         if self.run_name:  # None and "" take the recipe's name and the time

@@ -282,6 +282,8 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
                 summary.steps_done,
                 final_loss=loss,
                 tokenizer=post_training_tokenizer(tokenizer),
+                accuracy=result.after.accuracy if result.after is not None else None,
+                accuracy_task=result.eval_task,
             )
             written = write_final_weights(
                 placement,

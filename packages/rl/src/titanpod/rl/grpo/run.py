@@ -31,6 +31,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from titanpod.checkpoint.model_card import public_name
 from titanpod.graph import JsonlWriter, MfuGauge, TrainSummary, build_step
 from titanpod.graph.step_driver import StepCheck, drive_steps
 from titanpod.graph.throughput import ThroughputMeter
@@ -231,7 +232,9 @@ def write_model(setup: GRPOSetup, placement: Placement, result: GRPOResult, say:
         parameter_count(setup.model),
         steps,
         tokenizer=post_training_tokenizer(setup.tokenizer),
-        notes=[f"Post-trained with GRPO from {recipe.model.init_from}."],
+        notes=[f"Post-trained with GRPO from {public_name(recipe.model.init_from)}."],
+        accuracy=result.after.accuracy if result.after is not None else None,
+        accuracy_task=result.eval_task,
     )
     written = write_final_weights(
         placement, setup.family, result.run_dir, steps, recipe.to_json(), extras, recipe.checkpoint.export_hf, say
