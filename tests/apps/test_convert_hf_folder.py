@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
+from huggingface_hub import ModelCard
 
 from titanpod.checkpoint.hf_files import iter_hf_tensors
 from titanpod.pretrain.cli import main as pretrain_main
@@ -97,7 +99,10 @@ def test_import_then_export_keeps_tokenizer_ids_and_generation(tmp_path):
     assert generated[0].tolist() == [BOS, 5, 17, 202]  # stopped at the second eos id, not after 8 tokens
 
     card = (back / "README.md").read_text(encoding="utf-8")
-    assert f"| imported from | {source} |" in card and "| family | llama3 |" in card
+    assert f"| imported from | a local folder ({source.name}) |" in card and "| family | llama3 |" in card
+    assert str(tmp_path) not in card  # a folder of this machine is never named
+    metadata = ModelCard.load(back / "README.md").data
+    assert metadata.license == "unknown" and metadata.base_model is None  # imported weights keep their own
 
 
 def test_trainer_checkpoint_exports_the_same_tensors_as_the_run_model(tmp_path, monkeypatch):
@@ -125,6 +130,11 @@ def test_trainer_checkpoint_exports_the_same_tensors_as_the_run_model(tmp_path, 
         card = (tmp_path / folder / "README.md").read_text(encoding="utf-8")
         assert "| training steps | 2 |" in card and f"| final training loss (last logged) | {last_loss:.4f} |" in card
         assert '"flavor": "debug"' in card  # the recipe, as JSON
+        assert str(tmp_path) not in card and "PATH_OR_REPO" not in card
+        metadata = ModelCard.load(tmp_path / folder / "README.md").data
+        assert (metadata.license, metadata.datasets, metadata.base_model) == ("apache-2.0", ["titanpod-builtin"], None)
+        assert metadata.tags == ["titanpod", "llama3", "pretraining"]
+        assert metadata.eval_results[0].metric_value == pytest.approx(last_loss, abs=1e-6)
     assert "| training tokens | 64 |" in (tmp_path / "from-run" / "README.md").read_text()  # 2 steps x 2 x 16
 
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 
 from titanpod.checkpoint import push, save_model
 from titanpod.checkpoint.hub_errors import HubUnreachableError
@@ -62,7 +63,7 @@ def test_overwrite_replaces_only_what_export_writes(tmp_path, checkpoint):
     assert {"USAGE.md", "notes", "config.json", "model.safetensors"} <= names
     assert not names & {*shards, "model.safetensors.index.json"}
     assert (out / "USAGE.md").read_text() == "my notes"
-    assert (out / "README.md").read_text().startswith("---\nlibrary_name: transformers")
+    assert ModelCard.load(out / "README.md").data.library_name == "transformers"
     assert json.loads((out / "config.json").read_text())["hidden_size"] == ARGS.dim
 
 

@@ -1,5 +1,5 @@
-"""Throughput and MFU are measured one way: the summary's figure is the reports' figure over the same steps,
-and neither counts the first step (it compiles and warms up)."""
+"""Throughput and MFU are one running figure (``titanpod.graph.throughput``): every report gives the tokens of the
+steps after the first over the time since the first step ended, and the summary is the last report's figure."""
 
 import itertools
 
@@ -13,6 +13,7 @@ from titanpod.models import DecoderArgs, Transformer
 TINY = DecoderArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=16, ffn_dim=48, max_seq_len=32)
 BATCH, SEQUENCE = 4, 16
 STEP_TOKENS = BATCH * SEQUENCE
+FLOPS = Transformer(TINY).flops_per_token(SEQUENCE)
 
 
 def tiny_model() -> Transformer:
@@ -31,35 +32,41 @@ def batches():
 
 def run(steps: int, log_every: int):
     reports = []
-    config = TrainConfig(steps=steps, lr=1e-2, warmup_steps=1, log_every=log_every)
-    summary = train(tiny_model(), batches(), config, get_backend("cpu"), flops_per_token=1e6, on_report=reports.append)
+    config = TrainConfig(steps=steps, lr=1e-2, warmup_steps=min(1, steps - 1), log_every=log_every)
+    backend = get_backend("cpu")
+    summary = train(tiny_model(), batches(), config, backend, flops_per_token=FLOPS, on_report=reports.append)
     return summary, reports
 
 
-def test_with_a_report_every_step_the_summary_is_the_reports_after_the_first_weighted_by_their_time():
+def first_step_end(report, step_tokens: int = STEP_TOKENS) -> float:
+    """When the first step ended (seconds from the loop's start), as a report's own figures place it."""
+    return report.elapsed_seconds - (report.step - 1) * step_tokens / report.tokens_per_second
+
+
+def test_every_later_report_counts_from_the_first_step_s_end_and_the_summary_is_the_last():
     summary, reports = run(steps=6, log_every=1)
     assert [report.step for report in reports] == [1, 2, 3, 4, 5, 6]
-    # each later report's window runs from the previous report to its own
-    windows = [later.elapsed_seconds - earlier.elapsed_seconds for earlier, later in itertools.pairwise(reports)]
-    tokens = [report.tokens_per_second * seconds for report, seconds in zip(reports[1:], windows, strict=True)]
-    assert tokens == pytest.approx([STEP_TOKENS] * 5, rel=1e-6)  # one step each, the first step in none of them
-    assert summary.tokens_per_second == pytest.approx(sum(tokens) / sum(windows), rel=1e-9)
-    mfu_over_time = sum(report.mfu * seconds for report, seconds in zip(reports[1:], windows, strict=True))
-    assert summary.mfu == pytest.approx(mfu_over_time / sum(windows), rel=1e-9)
+    ends = [first_step_end(report) for report in reports[1:]]
+    assert ends == pytest.approx([ends[0]] * 5, rel=1e-6)  # one starting point for every report
+    assert 0 < ends[0] < reports[0].elapsed_seconds  # ...the first step's end, before the report of it
+    # the report of step 1 alone: its tokens over its own time, as nothing else has run yet
+    assert reports[0].tokens_per_second == pytest.approx(STEP_TOKENS / reports[0].elapsed_seconds, rel=0.05)
+    assert summary.tokens_per_second == reports[-1].tokens_per_second
+    assert summary.mfu == reports[-1].mfu
+    per_token = reports[0].mfu / reports[0].tokens_per_second  # MFU follows the same figure
+    assert [report.mfu for report in reports] == pytest.approx([r.tokens_per_second * per_token for r in reports])
 
 
-def test_the_first_window_starts_after_the_first_step_as_the_summary_does():
+def test_with_reports_every_few_steps_the_first_step_is_still_left_out():
     summary, reports = run(steps=7, log_every=3)
     assert [report.step for report in reports] == [3, 6, 7]
-    steps_counted = [2, 3, 1]  # steps 2-3 (step 1 left out), 4-6, 7
-    first_window = steps_counted[0] * STEP_TOKENS / reports[0].tokens_per_second
-    later_windows = [later.elapsed_seconds - earlier.elapsed_seconds for earlier, later in itertools.pairwise(reports)]
-    later_tokens = [
-        report.tokens_per_second * seconds for report, seconds in zip(reports[1:], later_windows, strict=True)
-    ]
-    assert later_tokens == pytest.approx([count * STEP_TOKENS for count in steps_counted[1:]], rel=1e-6)
-    assert first_window < reports[0].elapsed_seconds  # step 1's time is not in the first window
-    windows = [first_window, *later_windows]
-    assert summary.tokens_per_second == pytest.approx(sum(steps_counted) * STEP_TOKENS / sum(windows), rel=1e-9)
-    mfu_over_time = sum(report.mfu * seconds for report, seconds in zip(reports, windows, strict=True))
-    assert summary.mfu == pytest.approx(mfu_over_time / sum(windows), rel=1e-9)
+    ends = [first_step_end(report) for report in reports]
+    assert ends == pytest.approx([ends[0]] * 3, rel=1e-6)
+    assert 0 < ends[0] < reports[0].elapsed_seconds
+    assert summary.tokens_per_second == reports[-1].tokens_per_second
+
+
+def test_a_one_step_run_reports_that_step_in_the_report_and_the_summary_alike():
+    summary, reports = run(steps=1, log_every=1)
+    assert len(reports) == 1 and reports[0].tokens_per_second > 0
+    assert summary.tokens_per_second == reports[0].tokens_per_second

@@ -28,6 +28,7 @@ from titanpod.recipes.errors import print_error
 from titanpod.recipes.recipe_files import is_recipe_file, load_recipe_file
 from titanpod.runs.diffusion.run import DiffusionResult, run_diffusion
 from titanpod.runs.process_exit import exit_rank, run_exit_code
+from titanpod.runs.summary_rows import loss_rows, mfu_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,16 +148,13 @@ def sample_command(argv: list[str], console: Console) -> int:
 
 def print_summary(console: Console, result: DiffusionResult) -> None:
     """What the run did and where it wrote."""
-    losses = result.summary.losses
-    window = min(10, len(losses))
     table = Table(title="titanpod-diffusion summary", show_header=False)
     table.add_row("parameters", f"{result.parameters:,}")
     table.add_row("steps", str(result.summary.steps_done) + (" (interrupted)" if result.summary.interrupted else ""))
-    if losses:
-        table.add_row(f"loss, first {window} steps (mean)", f"{sum(losses[:window]) / window:.4f}")
-        table.add_row(f"loss, last {window} steps (mean)", f"{sum(losses[-window:]) / window:.4f}")
+    for label, value in loss_rows(result.summary.losses):
+        table.add_row(label, value)
     table.add_row("samples/s (after step 1)", f"{result.samples_per_second:,.1f}")
-    table.add_row("MFU", f"{result.summary.mfu:.1%}")
+    table.add_row("MFU", mfu_text(result.summary))
     table.add_row("wall time", f"{result.summary.wall_seconds:.1f} s")
     console.print(table)
     console.print(f"run directory: {result.run_dir}", soft_wrap=True)

@@ -18,7 +18,6 @@ titanpod-pretrain --help                           # every flag, and every field
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from titanpod.runs import PretrainResult, run_pretraining
 from titanpod.runs.pretrain import with_resume
 from titanpod.runs.process_exit import exit_rank, run_exit_code
 from titanpod.runs.rehearsal import rehearse
+from titanpod.runs.summary_rows import loss_rows, mfu_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,8 +137,6 @@ def parse_recipe(argv: list[str]) -> Recipe | None:
 def print_summary(console: Console, result: PretrainResult) -> None:
     """A short table of what the run did and where it wrote."""
     summary = result.summary
-    losses = summary.losses
-    window = min(10, len(losses))
     table = Table(title="titanpod-pretrain summary", show_header=False)
     table.add_row("lane", result.lane)
     table.add_row("parameters", f"{result.parameters:,}")
@@ -146,11 +144,10 @@ def print_summary(console: Console, result: PretrainResult) -> None:
     table.add_row("step mode", result.step_description)
     if summary.skipped_steps:
         table.add_row("skipped (NaN/Inf gradients)", ", ".join(map(str, summary.skipped_steps)))
-    if losses:
-        table.add_row(f"loss, first {window} steps (mean)", f"{statistics.fmean(losses[:window]):.4f}")
-        table.add_row(f"loss, last {window} steps (mean)", f"{statistics.fmean(losses[-window:]):.4f}")
+    for label, value in loss_rows(summary.losses):
+        table.add_row(label, value)
     table.add_row("tokens/s (after step 1)", f"{summary.tokens_per_second:,.0f}")
-    table.add_row("MFU", f"{summary.mfu:.1%}")
+    table.add_row("MFU", mfu_text(summary))
     if summary.compile_seconds is not None:
         how = {"hit": "loaded from the compiled-step cache", "miss": "compiled, then cached", "off": "compiled"}
         table.add_row("whole-step compile", f"{summary.compile_seconds:.1f} s ({how[summary.compile_cache or 'off']})")

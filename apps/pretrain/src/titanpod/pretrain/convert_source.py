@@ -17,12 +17,12 @@ from typing import Any
 
 from titanpod.checkpoint import load_model
 from titanpod.checkpoint.companion_files import read_companions
-from titanpod.checkpoint.model_card import ModelCard
+from titanpod.checkpoint.model_card import DEFAULT_LICENSE, ModelCard
 from titanpod.checkpoint.model_files import MODEL_FILE, read_model_file
 from titanpod.checkpoint.special_tokens import SpecialTokens
 from titanpod.checkpoint.trainer_weights import is_trainer_checkpoint, newest_trainer_checkpoint
 from titanpod.models import Transformer, parameter_count
-from titanpod.runs.hf_export import describe_data, run_tokenizer
+from titanpod.runs.hf_export import data_names, describe_data, hub_id, run_tokenizer, training_kind
 from titanpod.runs.trainer_export import read_trainer_model
 
 RECIPE_FILE = "recipe.json"
@@ -84,6 +84,7 @@ def _model_folder(folder: Path) -> ExportSource:
     source = about.get("source")
     if source and about.get("revision"):
         source = f"{source} (revision {about['revision']})"
+    data = recipe.get("data") if recipe else None
     card = ModelCard(
         family=family,
         parameters=parameter_count(model),
@@ -91,11 +92,23 @@ def _model_folder(folder: Path) -> ExportSource:
         source=source,
         steps=about.get("steps"),
         tokens=about.get("tokens"),
-        data=describe_data(recipe["data"]) if recipe and "data" in recipe else None,
+        data=describe_data(data) if data else None,
         final_loss=about.get("final_loss"),
         recipe=recipe,
+        license=about.get("license") or (recipe or {}).get("output", {}).get("license") or _default_license(source),
+        base_model=hub_id(about.get("base_model")) or hub_id(about.get("source")),
+        datasets=about.get("datasets") or (data_names(data) if data else []),
+        task=about.get("task") or (training_kind(recipe) if recipe else None),
+        accuracy=about.get("accuracy"),
+        accuracy_task=about.get("accuracy_task"),
     )
     return ExportSource(family, model, special_tokens, files, card, folder)
+
+
+def _default_license(source: str | None) -> str:
+    """A trained model's default license; ``unknown`` for weights imported from elsewhere (their own license
+    applies, which the card cannot know)."""
+    return "unknown" if source else DEFAULT_LICENSE
 
 
 def _recipe_beside(folder: Path) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from titanpod.device.host_launch import HostLaunch
 from titanpod.device.lanes import LANE_ENV_VAR, LANES, resolve_lane
 from titanpod.device.memory import MemoryStats
 from titanpod.device.mesh import check_mesh_axes
+from titanpod.device.peak_cache import cached_cpu_peak
 from titanpod.device.registry import LANE_REGISTRY, LaneRegistry, backend_class
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "MeshError",
     "ProcessInfo",
     "backend_class",
+    "cached_cpu_peak",
     "check_mesh_axes",
     "chip_by_name",
     "cpu_features",

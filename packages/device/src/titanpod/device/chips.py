@@ -14,8 +14,9 @@ known the field is ``None``, and the planner says it cannot check host memory ra
 A GPU's host is whatever server it is in, so the GPUs have none.
 
 A CPU has no published peak that means anything for PyTorch, so the cpu lane measures
-one with a short matmul probe (``measure_cpu_peak``); the cuda lane does the same with bf16
-matmuls (``measure_gpu_peak``) for a GPU model the table does not list.
+one with a short matmul probe (``measure_cpu_peak``), once per machine: ``titanpod.device.peak_cache`` keeps
+the figure in the user's cache folder. The cuda lane measures bf16 matmuls (``measure_gpu_peak``) for a GPU
+model the table does not list.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
+CPU_PEAK_METHOD = "fp32 matmul measured on this machine"
+"""How a CPU's peak is found, as MFU's summary names it."""
 
 GiB = 1024**3
 GB = 1000**3
@@ -56,6 +60,8 @@ class ChipSpec:
     """Chips one worker VM (host) of a multi-host slice holds; ``None`` when no published figure is known."""
     host_vm_bytes: int | None = None
     """Memory (RAM) of that worker VM in bytes; ``None`` when no published figure is known."""
+    peak_method: str = "the vendor's published dense bf16 peak"
+    """Where ``peak_flops`` comes from, in words, shown beside MFU (``fp32 matmul measured on this machine``)."""
 
 
 def _per_device(
@@ -216,7 +222,7 @@ def measure_cpu_peak(size: int = 1024, seconds: float = 0.5) -> ChipSpec:
     import torch
 
     best = matmul_peak_flops("cpu", torch.float32, lambda: None, size, seconds)
-    return ChipSpec("cpu", best, host_memory_bytes(), measured=True)
+    return ChipSpec("cpu", best, host_memory_bytes(), measured=True, peak_method=CPU_PEAK_METHOD)
 
 
 def measure_gpu_peak(index: int | None = None, size: int = 8192, seconds: float = 0.5) -> ChipSpec:
@@ -236,4 +242,11 @@ def measure_gpu_peak(index: int | None = None, size: int = 8192, seconds: float 
     dtype = torch.bfloat16 if properties.major >= 8 else torch.float16  # bf16 tensor cores came with Ampere
     with torch.cuda.device(index):
         best = matmul_peak_flops(torch.device("cuda", index), dtype, torch.cuda.synchronize, size, seconds)
-    return ChipSpec(torch.cuda.get_device_name(index), best, properties.total_memory, measured=True, auto_lane="cuda")
+    return ChipSpec(
+        torch.cuda.get_device_name(index),
+        best,
+        properties.total_memory,
+        measured=True,
+        auto_lane="cuda",
+        peak_method=f"{str(dtype).removeprefix('torch.')} matmul measured on this GPU",
+    )

@@ -2,8 +2,9 @@
 
 from titanpod.graph.config import MEMORY_POLICIES, STEP_MODES, TrainConfig
 from titanpod.graph.loop import LossModel, TrainSummary, train
+from titanpod.graph.loss_windows import FirstLastMeans, first_last_means
 from titanpod.graph.memory_policy import ActivationPlan, apply_memory_policy
-from titanpod.graph.metrics import JsonlWriter, StepMetrics, TensorBoardWriter, mfu
+from titanpod.graph.metrics import JsonlWriter, MfuGauge, PeakTooLowWarning, StepMetrics, TensorBoardWriter, mfu
 from titanpod.graph.optimizer import AdamWState, adamw_update_, init_adamw_state, total_grad_norm
 from titanpod.graph.profiling import ProfileConfig, StepProfiler
 from titanpod.graph.schedule import lr_multiplier
@@ -17,8 +18,11 @@ __all__ = [
     "AdamWState",
     "Batch",
     "EagerStep",
+    "FirstLastMeans",
     "JsonlWriter",
     "LossModel",
+    "MfuGauge",
+    "PeakTooLowWarning",
     "ProfileConfig",
     "StepMetrics",
     "StepOutput",
@@ -31,7 +35,9 @@ __all__ = [
     "adamw_update_",
     "apply_memory_policy",
     "build_step",
+    "first_last_means",
     "init_adamw_state",
+    "loss_rows",
     "lr_multiplier",
     "mfu",
     "total_grad_norm",

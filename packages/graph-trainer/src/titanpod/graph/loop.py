@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import nn
 
-from titanpod.device import Backend, process_info
+from titanpod.device import Backend, ChipSpec, process_info
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.loss_metrics import DROPPED_TOKENS
-from titanpod.graph.metrics import StepMetrics, mfu
+from titanpod.graph.metrics import MfuGauge, StepMetrics
 from titanpod.graph.profiling import StepProfiler
 from titanpod.graph.schedule import lr_multiplier
 from titanpod.graph.step_base import Batch, StepOutput, TrainStep
@@ -49,8 +49,8 @@ class TrainSummary:
     """Training loss of every step this call ran, in order."""
     tokens_per_second: float
     """Whole-job throughput over every step of this call but the first (which compiles and warms up): their tokens
-    over the time from the first step's end to the last report (to the loop's end when steps ran after it). It is
-    the reports' own figure over the same steps: their windows after the first step, weighted by time."""
+    over the time from the first step's end to the last report (to the loop's end when steps ran after it); the
+    last report's and the progress bar's figure (``titanpod.graph.throughput`` defines it)."""
     mfu: float
     """Model FLOPs utilisation over the same steps (``titanpod.graph.mfu`` of ``tokens_per_second``)."""
     peak_memory_gib: float | None
@@ -78,6 +78,8 @@ class TrainSummary:
     compiled-step cache (``compile_cache`` says which); ``None`` for steps that compile no whole program."""
     compile_cache: str | None = None
     """``hit``, ``miss`` or ``off``, with ``compile_seconds``."""
+    peak_method: str = ""
+    """Where the peak MFU divides by comes from (``ChipSpec.peak_method``), to be shown beside MFU."""
 
 
 def _to_device(batch: Batch, backend: Backend, local_rank: int) -> Batch:
@@ -160,7 +162,8 @@ def train(
         torch.manual_seed(config.seed)  # a resumed run keeps the random state its checkpoint restored
     train_step = step if step is not None else build_step(model, config, backend)
     local_rank = process_info().local_rank
-    peak = backend.chip().peak_flops
+    chip = backend.chip()
+    gauge = MfuGauge(chip, flops_per_token, devices)
     pending: list[StepOutput] = []
     losses: list[float] = []
     reports: list[StepMetrics] = []
@@ -195,7 +198,7 @@ def train(
         first = step_number == start_step + 1
         if first:
             backend.synchronize(local_rank)
-        meter.step_done(sum(count(batch) for batch in micro_batches) * data_parallel, first, reporting(step_number))
+        meter.step_done(sum(count(batch) for batch in micro_batches) * data_parallel, first)
         return lambda: StepCheck(bool(out.applied), float(out.loss), float(out.grad_norm))
 
     def reporting(step_number: int) -> bool:
@@ -205,7 +208,7 @@ def train(
         if reporting(step_number):
             grad_norm = float(pending[-1].grad_norm)
             window = read_back(step_number)
-            tps, elapsed = meter.window(first=step_number == start_step + 1)
+            tps, elapsed = meter.report()
             metrics = StepMetrics(
                 step=step_number,
                 loss=float(window.mean()),
@@ -213,12 +216,12 @@ def train(
                 lr=config.lr * lr_multiplier(step_number, config),
                 tokens_per_second=tps,
                 tflops_per_second=flops_per_token * tps / devices / 1e12,
-                mfu=mfu(flops_per_token, tps, devices, peak),
+                mfu=gauge(tps),
                 peak_memory_gib=backend.memory_stats(local_rank).peak_gib,
                 elapsed_seconds=elapsed,
                 skipped_steps=len(skipped),
                 dropped_tokens=sum(dropped) if dropped else None,
-                **(_first_report_compile_fields(train_step) if not reports else {}),
+                **(_first_report_fields(train_step, chip) if not reports else {}),
             )
             dropped.clear()
             reports.append(metrics)
@@ -251,7 +254,8 @@ def train(
         steps_done=start_step + len(losses),
         losses=losses,
         tokens_per_second=tps_all,
-        mfu=mfu(flops_per_token, tps_all, devices, peak),
+        mfu=gauge(tps_all),
+        peak_method=chip.peak_method,
         peak_memory_gib=backend.memory_stats(local_rank).peak_gib,
         wall_seconds=end - meter.started,
         interrupted=outcome.interrupted,
@@ -273,9 +277,12 @@ def _compile_fields(train_step: Any) -> dict[str, Any]:
     return {"compile_seconds": report.seconds, "compile_cache": report.cache}
 
 
-def _first_report_compile_fields(train_step: Any) -> dict[str, Any]:
-    """``compile_seconds`` and ``compile_cache_hit`` for a run's first report, where the step compiled."""
+def _first_report_fields(train_step: Any, chip: ChipSpec) -> dict[str, Any]:
+    """What only a run's first report holds: the peak MFU divides by, and ``compile_seconds`` and
+    ``compile_cache_hit`` where the step compiled."""
+    peak = {"mfu_peak": f"{chip.peak_flops / 1e12:.4g} TFLOP/s per device: {chip.peak_method}"}
     fields = _compile_fields(train_step)
     if not fields:
-        return {}
-    return {"compile_seconds": fields["compile_seconds"], "compile_cache_hit": fields["compile_cache"] == "hit"}
+        return peak
+    compiled = fields["compile_cache"] == "hit"
+    return {**peak, "compile_seconds": fields["compile_seconds"], "compile_cache_hit": compiled}

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import struct
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from titanpod.device import ChipSpec
 from titanpod.graph.metrics_rows import encode_row, set_aside_rows_after
 
 
@@ -19,6 +21,47 @@ def mfu(flops_per_token: float, tokens_per_second: float, devices: int, peak_flo
     ``titanpod.models.decoder_flops_per_token`` for what the FLOPs count.
     """
     return flops_per_token * tokens_per_second / (devices * peak_flops_per_device)
+
+
+class PeakTooLowWarning(RuntimeWarning):
+    """An MFU above 100%: the peak it divides by is too low (or the FLOPs counted per token too many)."""
+
+
+class MfuGauge:
+    """MFU of one loop against ``chip``'s peak, with one warning the first time a figure passes 100%."""
+
+    def __init__(self, chip: ChipSpec, flops_per_token: float, devices: int) -> None:
+        self.chip = chip
+        """The device whose ``peak_flops`` (and ``peak_method``) MFU is measured against."""
+        self.flops_per_token = flops_per_token
+        """Model FLOPs per token (every token of the job)."""
+        self.devices = devices
+        """Devices the job's tokens run on."""
+        self.warned = False
+        """True once the warning was given."""
+
+    def __call__(self, tokens_per_second: float) -> float:
+        """``mfu`` of ``tokens_per_second``; a ``PeakTooLowWarning`` the first time it is above 1."""
+        value = mfu(self.flops_per_token, tokens_per_second, self.devices, self.chip.peak_flops)
+        if value > 1 and not self.warned:
+            self.warned = True
+            warnings.warn(above_peak_message(value, self.chip), PeakTooLowWarning, stacklevel=2)
+        return value
+
+
+def above_peak_message(value: float, chip: ChipSpec) -> str:
+    """What an MFU of ``value`` (above 1) against ``chip`` means, and how to put it right."""
+    if chip.measured:
+        fix = (
+            "It was likely measured while the machine was busy, or on other hardware: measure it again on an idle "
+            "machine (delete the cached figure named above, then start a run)."
+        )
+    else:
+        fix = "Check the chip's entry in titanpod.device.CHIPS and the model's FLOPs per token."
+    return (
+        f"MFU {value:.0%} is above 100%, so the peak it divides by, {chip.peak_flops / 1e12:.4g} TFLOP/s per "
+        f"device, is too low. The peak: {chip.peak_method}. {fix}"
+    )
 
 
 @dataclass(frozen=True)
@@ -34,14 +77,12 @@ class StepMetrics:
     lr: float
     """Learning rate used at ``step``."""
     tokens_per_second: float
-    """Tokens trained per second, whole job, over the report's window: the steps since the previous report, timed
-    from it to this one. The first step of a run (or of a resumed run), which compiles and warms up, is left out of
-    the first window (timed from that step's end), as it is from ``TrainSummary.tokens_per_second``; only a report
-    at that very step (``log_every`` 1) covers it, alone."""
+    """Tokens trained per second, whole job, as of this report: the tokens of every step after the first over the
+    time from the first step's end (``titanpod.graph.throughput``; the progress bar's and the summary's figure)."""
     tflops_per_second: float
-    """Model TFLOP/s per device over the report's window (as ``tokens_per_second``)."""
+    """Model TFLOP/s per device (as ``tokens_per_second``)."""
     mfu: float
-    """Model FLOPs utilisation over the report's window (as ``tokens_per_second``; 0..1)."""
+    """Model FLOPs utilisation (as ``tokens_per_second``; 0..1 against a right peak)."""
     peak_memory_gib: float | None
     """Peak memory of this process's device so far (host RSS on a CPU); ``None`` (left out of the
     logs) where the device does not report it."""
@@ -59,6 +100,8 @@ class StepMetrics:
     the first report of a run whose step inductor compiles (``None`` and left out of the logs otherwise)."""
     compile_cache_hit: bool | None = None
     """With ``compile_seconds``: whether the step was loaded from ``train.compile_cache_dir`` (False: compiled)."""
+    mfu_peak: str | None = None
+    """What MFU divides by, in words (``ChipSpec.peak_method`` with the figure); only in a run's first report."""
 
     def logged(self) -> dict[str, Any]:
         """The fields as a dict, without those that do not apply (``None``)."""
@@ -136,7 +179,7 @@ class TensorBoardWriter:
     def write(self, record: StepMetrics) -> None:
         """Add every field of ``record`` but ``step`` as a scalar at ``record.step``, and flush."""
         for name, value in record.logged().items():
-            if name != "step":
+            if name != "step" and isinstance(value, int | float):  # figures, not words (``mfu_peak``)
                 self._writer.add_scalar(f"train/{name}", value, record.step)
         self._writer.flush()
 

@@ -1,5 +1,15 @@
-"""Tokens a second of a training loop, in report windows and over the whole call, leaving out the first step
-(it compiles and warms up)."""
+"""Tokens a second of a training loop: the one figure the progress bar, every report (``metrics.jsonl``,
+TensorBoard, W&B) and the summary show.
+
+tokens/s = the tokens of every step after the first / the seconds from the first step's end to now.
+
+The first step of a call (a run, or a resumed run) compiles and warms up, so it is left out, and the figure is
+a running one: each report gives it as of that report, and the summary as of the last report (as of the loop's
+end when steps ran after it, which only a stop by a signal does), so the summary is the last report's figure and
+the bar's last figure. Before any later step has run (a report at step 1, with ``log_every`` 1) there is nothing
+to count but the first step: the figure is then its tokens over its own time, compile included. Tokens are
+every data rank's. The rate of the steps between two reports follows from their ``elapsed_seconds``.
+"""
 
 from __future__ import annotations
 
@@ -7,45 +17,47 @@ import time
 
 
 class ThroughputMeter:
-    """Counts a loop's tokens and times them.
+    """Counts a loop's tokens and times them (see the module docstring for what it measures).
 
-    Call ``step_done`` after every step (after the first step the device has been waited for, so the window
-    starts from a finished step), ``window`` at every report, and ``overall`` at the end.
+    Call ``step_done`` after every step (after the first step the device has been waited for, so the measure
+    starts from a finished step), ``report`` at every report, and ``overall`` at the end.
     """
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
         """When the loop began."""
-        self._since_report = 0
+        self._first_tokens = 0
+        self._first_end: float | None = None
         self._after_first = 0
-        self._last_report = self.started
-        self._measured_from = self.started
+        self._last_report: float | None = None
+        self._since_report = False
 
-    def step_done(self, tokens: int, first: bool, reporting: bool) -> None:
-        """Count a finished step's ``tokens`` (every data rank's). ``first``: this call's first step, whose end
-        starts the overall measure and, unless it is reported alone, the first report's window."""
-        self._since_report += tokens
+    def step_done(self, tokens: int, first: bool) -> None:
+        """Count a finished step's ``tokens`` (every data rank's); ``first``: this call's first step, whose end
+        starts the measure."""
+        self._since_report = True
         if first:
-            self._measured_from = time.perf_counter()
-            if not reporting:
-                self._since_report, self._last_report = 0, self._measured_from
+            self._first_tokens, self._first_end = tokens, time.perf_counter()
         else:
             self._after_first += tokens
 
-    def window(self, first: bool) -> tuple[float, float]:
-        """Tokens a second since the last report, and the seconds since the loop began at this report (the
-        window's end, so consecutive reports' times bound their windows exactly); starts the next window.
-        ``first``: the report is of the first step alone, so the overall measure starts after it."""
+    def rate(self, at: float) -> float:
+        """Tokens a second as of ``at`` (a ``time.perf_counter()`` reading); 0 before any step finished."""
+        if self._first_end is None:
+            return 0.0
+        if self._after_first:
+            timed = at - self._first_end
+            return self._after_first / timed if timed > 0 else 0.0
+        timed = self._first_end - self.started
+        return self._first_tokens / timed if timed > 0 else 0.0
+
+    def report(self) -> tuple[float, float]:
+        """Tokens a second now, and the seconds since the loop began; marks a report."""
         now = time.perf_counter()
-        tps = self._since_report / (now - self._last_report)
-        self._since_report, self._last_report = 0, now
-        if first:
-            self._measured_from = now
-        return tps, now - self.started
+        self._last_report, self._since_report = now, False
+        return self.rate(now), now - self.started
 
     def overall(self, end: float) -> float:
-        """Tokens a second over every step but the first, up to the last report (to ``end`` when steps ran after
-        it); 0 when there were none."""
-        until = end if self._since_report else self._last_report
-        timed = until - self._measured_from
-        return self._after_first / timed if self._after_first and timed > 0 else 0.0
+        """The figure of the last report, or as of ``end`` when steps ran after it (or there was none)."""
+        until = end if self._since_report or self._last_report is None else self._last_report
+        return self.rate(until)

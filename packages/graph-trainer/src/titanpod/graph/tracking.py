@@ -104,8 +104,10 @@ class WandbWriter:
         """The W&B run's id (what ``run_id`` takes to continue it)."""
 
     def write(self, record: LoggedRecord) -> None:
-        """Log every figure of ``record`` but ``step`` as ``train/<name>`` at ``record.step``."""
-        values = {f"train/{name}": value for name, value in record.logged().items() if name != "step"}
+        """Log every figure of ``record`` but ``step`` as ``train/<name>`` at ``record.step`` (words, such as
+        ``mfu_peak``, are not figures)."""
+        logged = record.logged().items()
+        values = {f"train/{name}": value for name, value in logged if name != "step" and isinstance(value, int | float)}
         self._run.log(values, step=record.step)
 
     def write_scalars(self, step: int, values: dict[str, float]) -> None:

@@ -118,6 +118,10 @@ class OutputConfig:
     wandb_required: bool = False
     """Stop before any work when the W&B run cannot start (no login, no network), leaving no new run directory;
     off: say why and train without W&B."""
+    license: str = "apache-2.0"
+    """The license the exported model card declares, as a Hub license id (``apache-2.0``, ``mit``, ``llama3.1``,
+    ``other``...). ``apache-2.0``, titanpod's own, by default: a fine-tune of another model should name that
+    model's license."""
 
     def __post_init__(self) -> None:
         if self.run_name:  # None and "" take the recipe's name and the time

@@ -38,6 +38,7 @@ from titanpod.runs.placement import LayoutStart, Placement, start_placement
 from titanpod.runs.pretrain import build_seeded_model, describe_step
 from titanpod.runs.process_exit import run_exit_code
 from titanpod.runs.session import RunSession
+from titanpod.runs.summary_rows import loss_rows, mfu_text
 
 EVAL_FILE = "eval.json"
 """Held-out accuracy before and after training, with the completions."""
@@ -102,8 +103,6 @@ class SFTResult:
     def summary_rows(self) -> list[tuple[str, str]]:
         """The run's summary as (label, value) rows."""
         summary = self.summary
-        losses = summary.losses
-        window = min(10, len(losses))
         rows = [
             ("lane", self.lane),
             ("parameters", f"{self.parameters:,}"),
@@ -111,15 +110,14 @@ class SFTResult:
             ("steps", f"{summary.steps_done}" + (" (interrupted)" if summary.interrupted else "")),
             ("step mode", self.step_description),
         ]
-        if losses:
-            rows.append((f"loss, first {window} steps (mean)", f"{sum(losses[:window]) / window:.4f}"))
-            rows.append((f"loss, last {window} steps (mean)", f"{sum(losses[-window:]) / window:.4f}"))
+        rows += loss_rows(summary.losses)
         if self.skipped_examples:
             rows.append(("bad records skipped", str(self.skipped_examples)))
         for label, score in (("before", self.before), ("after", self.after)):
             if score is not None:
                 rows.append(score.summary_row(label, self.eval_examples, self.eval_task))
         rows.append(("tokens/s (after step 1)", f"{summary.tokens_per_second:,.0f}"))
+        rows.append(("MFU", mfu_text(summary)))
         rows.append(("wall time", f"{summary.wall_seconds:.1f} s"))
         rows.append(("run directory", str(self.run_dir)))
         rows.append(("weights", str(self.weights_path or "not saved")))
@@ -286,6 +284,8 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
                 summary.steps_done,
                 final_loss=loss,
                 tokenizer=post_training_tokenizer(tokenizer),
+                accuracy=result.after.accuracy if result.after is not None else None,
+                accuracy_task=result.eval_task,
             )
             written = write_final_weights(
                 placement,

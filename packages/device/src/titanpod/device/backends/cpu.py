@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from titanpod.device.backend import Backend
-from titanpod.device.chips import ChipSpec, measure_cpu_peak
+from titanpod.device.chips import ChipSpec
 from titanpod.device.host_launch import HostLaunch
 from titanpod.device.memory import MemoryStats, host_memory_stats, reset_host_peak
+from titanpod.device.peak_cache import cached_cpu_peak
 
 
 class CpuBackend(Backend):
@@ -44,7 +45,7 @@ class CpuBackend(Backend):
         reset_host_peak()
 
     def chip(self) -> ChipSpec:
-        """The measured fp32 matmul peak of this CPU (measured once per backend)."""
+        """The fp32 matmul peak of this CPU, measured once per machine (``titanpod.device.peak_cache``)."""
         if self._chip is None:
-            self._chip = measure_cpu_peak()
+            self._chip = cached_cpu_peak()
         return self._chip

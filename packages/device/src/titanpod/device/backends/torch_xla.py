@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from titanpod.device.backend import Backend
-from titanpod.device.chips import ChipSpec, chip_by_name, measure_cpu_peak
+from titanpod.device.chips import ChipSpec, chip_by_name
 from titanpod.device.memory import MemoryStats, host_memory_stats, unavailable_memory_stats
+from titanpod.device.peak_cache import cached_cpu_peak
 from titanpod.device.probes import module_installed, tpu_attached
 
 
@@ -120,7 +121,7 @@ class TorchXlaBackend(Backend):
         """The chip: the host's measured peak under ``PJRT_DEVICE=CPU``, else the TPU generation PJRT names."""
         if self._chip is None:
             if self.on_host:
-                self._chip = measure_cpu_peak()
+                self._chip = cached_cpu_peak()
             else:
                 kind = self._xm.xla_device_hw(self.device())  # "TPU"; the generation is in the device kind
                 attributes = self._xr.runtime_device_attributes(str(self.device()))

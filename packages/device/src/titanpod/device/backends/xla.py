@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from titanpod.device.backend import Backend
-from titanpod.device.chips import ChipSpec, chip_by_name, measure_cpu_peak
+from titanpod.device.chips import ChipSpec, chip_by_name
 from titanpod.device.memory import MemoryStats, host_memory_stats
+from titanpod.device.peak_cache import cached_cpu_peak
 from titanpod.device.probes import module_installed
 
 
@@ -85,7 +86,7 @@ class XlaBackend(Backend):
         """The chip from JAX's device kind; measured when JAX runs on the CPU."""
         if self._chip is None:
             device = self._jax.local_devices()[0]
-            self._chip = measure_cpu_peak() if device.platform == "cpu" else chip_by_name(device.device_kind)
+            self._chip = cached_cpu_peak() if device.platform == "cpu" else chip_by_name(device.device_kind)
         return self._chip
 
     def build_mesh(self, axes: Mapping[str, int]) -> Any:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from titanpod.device import ChipSpec, backend_class, chip_by_name, measure_cpu_peak
+from titanpod.device import ChipSpec, backend_class, cached_cpu_peak, chip_by_name
 from titanpod.parallel import PlanError
 from titanpod.recipes.planner.host_table import add_host_row, print_host
 from titanpod.recipes.planner.plan import FIT_FRACTION, RunPlan, plan_run, with_changes
@@ -138,7 +138,7 @@ def _gib(size: int) -> str:
 def target_chip(name: str) -> ChipSpec:
     """The ``ChipSpec`` a dry run plans for: a named accelerator, or ``cpu`` (this machine, measured)."""
     if name.lower() == "cpu":
-        return measure_cpu_peak()
+        return cached_cpu_peak()
     return chip_by_name(name)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from titanpod.graph import TrainSummary
+from titanpod.graph import TrainSummary, first_last_means
 from titanpod.rl.grpo.metrics import GRPOStepMetrics
 from titanpod.runs.process_exit import run_exit_code
 from titanpod.runs.sft import Score
@@ -88,11 +88,13 @@ class GRPOResult:
         ]  # fmt: skip
         if self.stopped_because:
             rows.append(("stopped", self.stopped_because))
-        if self.history:
-            window = min(5, len(self.history))
-            for label, part in (("first", self.history[:window]), ("last", self.history[-window:])):
-                reward = sum(row.reward_mean for row in part) / window
-                rows.append((f"mean reward, {label} {window} steps", f"{reward:.3f}"))
+        rewards = first_last_means([row.reward_mean for row in self.history], window=5)  # windows never overlap
+        if rewards is not None and rewards.last is None:
+            rows.append(("mean reward (only one step)", f"{rewards.first:.3f}"))
+        elif rewards is not None:
+            steps = "step" if rewards.size == 1 else f"{rewards.size} steps"
+            rows.append((f"mean reward, first {steps}", f"{rewards.first:.3f}"))
+            rows.append((f"mean reward, last {steps}", f"{rewards.last:.3f}"))
         rows.append(("samples skipped (reward raised)", str(self.skipped_samples)))
         for label, score in (("before", self.before), ("after", self.after)):
             if score is not None:

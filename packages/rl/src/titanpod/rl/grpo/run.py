@@ -31,7 +31,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from titanpod.graph import JsonlWriter, TrainSummary, build_step, mfu
+from titanpod.checkpoint.model_card import public_name
+from titanpod.graph import JsonlWriter, MfuGauge, TrainSummary, build_step
 from titanpod.graph.step_driver import StepCheck, drive_steps
 from titanpod.graph.throughput import ThroughputMeter
 from titanpod.models import Transformer, parameter_count
@@ -166,7 +167,7 @@ def run_steps(
         nonlocal shown_errors
         metrics = trainer(step_number)
         setup.plan.steps_done = step_number
-        meter.step_done(tokens_per_step, first=step_number == start + 1, reporting=False)
+        meter.step_done(tokens_per_step, first=step_number == start + 1)
         for message in metrics.reward_errors:
             if shown_errors < PRINTED_REWARD_ERRORS:
                 shown_errors += 1
@@ -202,11 +203,13 @@ def run_steps(
     result.stopped_because = outcome.stopped_because
     tokens_per_second = meter.overall(end)
     backend = setup.backend
+    chip = backend.chip()
     return TrainSummary(
         steps_done=setup.plan.steps_done,
         losses=losses,
         tokens_per_second=tokens_per_second,
-        mfu=mfu(flops_per_token, tokens_per_second, session.devices, backend.chip().peak_flops),
+        mfu=MfuGauge(chip, flops_per_token, session.devices)(tokens_per_second),
+        peak_method=chip.peak_method,
         peak_memory_gib=backend.memory_stats(session.info.local_rank).peak_gib,
         wall_seconds=end - meter.started,
         interrupted=outcome.interrupted,
@@ -229,7 +232,9 @@ def write_model(setup: GRPOSetup, placement: Placement, result: GRPOResult, say:
         parameter_count(setup.model),
         steps,
         tokenizer=post_training_tokenizer(setup.tokenizer),
-        notes=[f"Post-trained with GRPO from {recipe.model.init_from}."],
+        notes=[f"Post-trained with GRPO from {public_name(recipe.model.init_from)}."],
+        accuracy=result.after.accuracy if result.after is not None else None,
+        accuracy_task=result.eval_task,
     )
     written = write_final_weights(
         placement, setup.family, result.run_dir, steps, recipe.to_json(), extras, recipe.checkpoint.export_hf, say

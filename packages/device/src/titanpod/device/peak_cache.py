@@ -1,0 +1,116 @@
+"""This machine's CPU peak, measured once and kept: MFU on a CPU divides by a figure that does not move with
+how busy the machine was when a run started.
+
+The figure lives in ``cpu-peak.json`` under ``$XDG_CACHE_HOME/titanpod`` (``~/.cache/titanpod`` without it),
+one entry per machine key: the CPU model, its core count, the threads PyTorch uses and the torch version, since
+each changes what a matmul gets. The file is written whole or not at all (a temporary file renamed over it), a
+file that cannot be read is measured again and replaced, and a folder that cannot be written to costs only the
+cache: the run gets the figure it measured. Delete the file to measure again (on an idle machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from titanpod.device.chips import CPU_PEAK_METHOD, ChipSpec, host_memory_bytes, measure_cpu_peak
+
+PEAK_FILE = "cpu-peak.json"
+"""The cache file's name inside the cache folder."""
+
+PEAK_SECONDS = 1.0
+"""How long the one measurement of a machine runs its matmuls (the best single call is kept)."""
+
+
+def peak_cache_path() -> Path:
+    """``$XDG_CACHE_HOME/titanpod/cpu-peak.json``, else ``~/.cache/titanpod/cpu-peak.json``."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "titanpod" / PEAK_FILE
+
+
+def cpu_model() -> str:
+    """The CPU's model name as ``/proc/cpuinfo`` gives it (``model name``, or ``Model`` on some Arm boards);
+    elsewhere ``platform.processor()``, else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith(("model name", "Model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key() -> str:
+    """What a cached peak is valid for: CPU model, cores, PyTorch's threads and the torch version."""
+    import torch
+
+    return f"{cpu_model()}; {os.cpu_count()} cores; {torch.get_num_threads()} threads; torch {torch.__version__}"
+
+
+def cached_cpu_peak(
+    measure: Callable[[], ChipSpec] | None = None,
+    path: Path | None = None,
+    key: str | None = None,
+) -> ChipSpec:
+    """This CPU as a ``ChipSpec`` whose peak was measured once for this machine and kept in ``path``.
+
+    ``measure`` makes the measurement when ``path`` (default ``peak_cache_path()``) holds none for ``key``
+    (default ``machine_key()``), or holds one that cannot be read; default ``measure_cpu_peak`` for
+    ``PEAK_SECONDS``. The spec's ``peak_method`` names the method and the file, so the figure can be traced and
+    measured again.
+    """
+    path = peak_cache_path() if path is None else path
+    key = machine_key() if key is None else key
+    entries = _read_entries(path)
+    entry = entries.get(key)
+    if isinstance(entry, dict) and _positive(entry.get("peak_flops")):
+        return _spec(float(entry["peak_flops"]), f"{CPU_PEAK_METHOD} on {entry.get('measured_on', '?')}", path)
+    measured = (measure or (lambda: measure_cpu_peak(seconds=PEAK_SECONDS)))()
+    day = time.strftime("%Y-%m-%d")
+    entries[key] = {"peak_flops": measured.peak_flops, "measured_on": day}
+    kept = _write_entries(path, entries)
+    where = path if kept else None
+    return _spec(measured.peak_flops, f"{CPU_PEAK_METHOD} on {day}", where)
+
+
+def _spec(peak_flops: float, method: str, path: Path | None) -> ChipSpec:
+    kept = f"kept in {path}; delete it to measure again" if path is not None else "not kept: the cache is unwritable"
+    return ChipSpec("cpu", peak_flops, host_memory_bytes(), measured=True, peak_method=f"{method} ({kept})")
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0 and value != float("inf")
+
+
+def _read_entries(path: Path) -> dict[str, Any]:
+    """The file's entries by machine key; empty when there is no file or it is not what this module writes."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    machines = data.get("machines") if isinstance(data, dict) else None
+    return dict(machines) if isinstance(machines, dict) else {}
+
+
+def _write_entries(path: Path, entries: dict[str, Any]) -> bool:
+    """Write ``entries`` to ``path`` through a temporary file renamed over it; False when that fails."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            json.dump({"machines": entries}, file, indent=2)
+        os.replace(staging, path)
+    except OSError:
+        Path(staging).unlink(missing_ok=True)
+        return False
+    return True
