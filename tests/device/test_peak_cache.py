@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from titanpod.device import ChipSpec, cached_cpu_peak
 from titanpod.device.peak_cache import machine_key
 
@@ -69,3 +71,21 @@ def test_the_default_file_is_under_the_user_cache_folder(tmp_path, monkeypatch):
     cached_cpu_peak(measure)
     assert (tmp_path / "titanpod" / "cpu-peak.json").is_file()
     assert machine_key() in json.loads((tmp_path / "titanpod" / "cpu-peak.json").read_text())["machines"]
+
+
+def test_the_cpu_time_rate_counts_the_seconds_the_process_ran_times_its_threads(monkeypatch):
+    import itertools
+
+    from titanpod.device import chips
+
+    # Each matmul is given 0.01 s of CPU time by the clock below, however long it took on the wall.
+    ticks = itertools.count()
+    monkeypatch.setattr(chips.time, "process_time", lambda: next(ticks) * 0.01)
+    rate = chips.cpu_time_matmul_flops(size=64, seconds=0.0, threads=2)
+    assert rate == pytest.approx(2 * 64**3 / 0.01 * 2)
+
+
+def test_a_figure_measured_another_way_is_not_read(tmp_path):
+    from titanpod.device.peak_cache import PEAK_MEASURE_VERSION, machine_key
+
+    assert machine_key().endswith(PEAK_MEASURE_VERSION)

@@ -24,6 +24,10 @@ from titanpod.device.chips import CPU_PEAK_METHOD, ChipSpec, host_memory_bytes, 
 PEAK_FILE = "cpu-peak.json"
 """The cache file's name inside the cache folder."""
 
+PEAK_MEASURE_VERSION = "measure 2"
+"""Names the way the peak is measured, in every key: figures measured an older way (by wall clock alone, too
+low when the machine was busy) are not read."""
+
 PEAK_SECONDS = 1.0
 """How long the one measurement of a machine runs its matmuls (the best single call is kept)."""
 
@@ -48,10 +52,14 @@ def cpu_model() -> str:
 
 
 def machine_key() -> str:
-    """What a cached peak is valid for: CPU model, cores, PyTorch's threads and the torch version."""
+    """What a cached peak is valid for: CPU model, cores, PyTorch's threads, the torch version and the way it
+    was measured (``PEAK_MEASURE_VERSION``)."""
     import torch
 
-    return f"{cpu_model()}; {os.cpu_count()} cores; {torch.get_num_threads()} threads; torch {torch.__version__}"
+    return (
+        f"{cpu_model()}; {os.cpu_count()} cores; {torch.get_num_threads()} threads; torch {torch.__version__}; "
+        f"{PEAK_MEASURE_VERSION}"
+    )
 
 
 def cached_cpu_peak(
