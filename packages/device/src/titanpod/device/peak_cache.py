@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from titanpod.device.chips import CPU_PEAK_METHOD, ChipSpec, host_memory_bytes, measure_cpu_peak
+from titanpod.device.cpu_features import cpu_model
 
 PEAK_FILE = "cpu-peak.json"
 """The cache file's name inside the cache folder."""
@@ -36,19 +36,6 @@ def peak_cache_path() -> Path:
     """``$XDG_CACHE_HOME/titanpod/cpu-peak.json``, else ``~/.cache/titanpod/cpu-peak.json``."""
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root) / "titanpod" / PEAK_FILE
-
-
-def cpu_model() -> str:
-    """The CPU's model name as ``/proc/cpuinfo`` gives it (``model name``, or ``Model`` on some Arm boards);
-    elsewhere ``platform.processor()``, else the machine type."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith(("model name", "Model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_key() -> str:
