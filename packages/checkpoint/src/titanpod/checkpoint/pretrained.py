@@ -87,22 +87,6 @@ class PretrainedFolder:
             model = Transformer(self.args)
         return identity_layout([name for name, _ in model.named_parameters()])
 
-    def check_fits(self, family: str, args: DecoderArgs, fix: str = "") -> None:
-        """``ValueError`` unless the folder holds a ``family`` model of shape ``args``, naming every field that
-        differs (and ``fix``, what to do about it)."""
-        if family != self.family:
-            raise ValueError(
-                f"model.init_from {self.source!r} holds a {self.family} model, but model.family is {family!r}: "
-                f"set --model.family {self.family}."
-            )
-        differences = args_differences(self.args, args)
-        if differences:
-            listing = "\n  ".join(differences)
-            raise ValueError(
-                f"model.init_from {self.source!r} does not fit the recipe's model ({len(differences)} fields "
-                f"differ):\n  {listing}" + (f"\n{fix}" if fix else "")
-            )
-
     @property
     def tokenizer_folder(self) -> Path | None:
         """The folder itself when it holds a tokenizer (``tokenizer.json``, with its ``tokenizer_config.json`` and
