@@ -136,6 +136,12 @@ def is_local_path(value: str) -> bool:
     return value.startswith(("/", "~", "./", "../", "\\")) or value in (".", "..") or value[1:3] in (":\\", ":/")
 
 
+def local_name(value: str) -> str:
+    """``value`` by its last part when it names a local path (``/data/train.jsonl`` -> ``train.jsonl``), else as
+    it is."""
+    return (PurePath(value).name or value) if is_local_path(value) else value
+
+
 def public_name(source: str | None) -> str | None:
     """``source`` as a card may show it: a local folder by its last part, anything else as it is."""
     if source is None or not is_local_path(source):

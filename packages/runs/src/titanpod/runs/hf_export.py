@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
-from titanpod.checkpoint.model_card import CARD_FILE, DEFAULT_LICENSE, ModelCard, is_local_path
+from titanpod.checkpoint.model_card import CARD_FILE, DEFAULT_LICENSE, ModelCard, is_local_path, local_name
 from titanpod.checkpoint.model_files import MODEL_FILE, read_model_file
 from titanpod.checkpoint.special_tokens import SpecialTokens
 from titanpod.data.sft.tokenizer import SFTTokenizer
@@ -40,12 +40,12 @@ def describe_data(data: Mapping[str, Any]) -> str:
     part (a card never names a folder of this machine)."""
     source = str(data.get("source", "?"))
     where = data.get("path") or data.get("name") or data.get("task")
-    if isinstance(where, str) and is_local_path(where):
-        where = PurePath(where).name or where
+    if isinstance(where, str):
+        where = local_name(where)
     words = f"{source} {where}" if where else source
     tokenizer = data.get("tokenizer")
-    if isinstance(tokenizer, str) and is_local_path(tokenizer):
-        tokenizer = PurePath(tokenizer).name or tokenizer
+    if isinstance(tokenizer, str):
+        tokenizer = local_name(tokenizer)
     return f"{words}, tokenizer {tokenizer}" if tokenizer else words
 
 
