@@ -34,10 +34,11 @@ def greedy_by_hand(model: Transformer, prompt: list[int], steps: int) -> list[in
 
 
 @torch.no_grad()
-def full_forward_logprobs(model: Transformer, completion: Completion) -> torch.Tensor:
+def full_forward_logprobs(model: Transformer, completion: Completion, temperature: float = 1.0) -> torch.Tensor:
     sequence = torch.tensor([completion.prompt_ids + completion.token_ids])
     start = len(completion.prompt_ids) - 1
-    logprobs = F.log_softmax(model(sequence)[0].float(), dim=-1)[start : start + len(completion.token_ids)]
+    logprobs = F.log_softmax(model(sequence)[0].float() / temperature, dim=-1)
+    logprobs = logprobs[start : start + len(completion.token_ids)]
     return logprobs.gather(-1, torch.tensor(completion.token_ids)[:, None])[:, 0]
 
 
@@ -122,14 +123,15 @@ def test_n_completions_per_prompt_are_grouped_by_prompt():
 
 
 @pytest.mark.parametrize("args", [TINY, TINY_QWEN_MOE], ids=["llama", "qwen_moe"])
-def test_logprobs_equal_full_forward_log_softmax_at_the_sampled_tokens(args):
+def test_logprobs_equal_full_forward_log_softmax_at_the_temperature_at_the_sampled_tokens(args):
     model = tiny_model(args)
     engine = BuiltinEngine(model, max_batch=3)
     params = SamplingParams(max_new_tokens=10, temperature=1.3, top_p=0.9, seed=11, n=2)
     for completion in engine.generate(PROMPTS, params):
         assert completion.logprobs.dtype == torch.float32
         assert completion.logprobs.shape == (len(completion.token_ids),)
-        torch.testing.assert_close(completion.logprobs, full_forward_logprobs(model, completion), atol=1e-5, rtol=0)
+        want = full_forward_logprobs(model, completion, temperature=1.3)
+        torch.testing.assert_close(completion.logprobs, want, atol=1e-5, rtol=0)
 
 
 def test_prompt_errors_name_the_prompt_and_lengths():

@@ -12,6 +12,11 @@ A GRPO batch is the graph's two-tensor batch ``(tokens_NL, targets_NLF)``, so ev
   step), its sequence's advantage, its logprob under the weights that sampled it, and its
   logprob under the reference model (read only when ``kl_beta`` > 0).
 
+Every logprob is of softmax(logits / temperature) at the rollouts' sampling temperature, over the whole
+vocabulary: the distribution the completions were drawn from, before top-p cut its tail (as TRL's GRPO
+trainer and VeRL's actor compute them). The importance ratio is then 1 at the first update of a step and the
+gradient is that of the sampled policy.
+
 The loss is ``sum(weight x (surrogate + kl_beta x k3 KL))`` over every token, with the
 per-token terms of ``titanpod.rl.grpo.loss``. Beside it the objective reports ``clip_fraction``
 and (with a KL term) ``kl`` as the same weighted sums, so they too add up over micro-batches
@@ -34,10 +39,13 @@ CLIP_FRACTION, KL = "clip_fraction", "kl"
 """The names of the figures the objective reports beside its loss."""
 
 
-def token_logprobs(policy: Transformer, tokens_NL: torch.Tensor) -> torch.Tensor:
-    """fp32 [N, L]: the logprob of each token given the tokens before it (one causal forward); 0 at position 0,
-    which has nothing before it. Right padding changes no earlier position."""
-    logits_NLV = policy(tokens_NL)[:, :-1].float()
+def token_logprobs(policy: Transformer, tokens_NL: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """fp32 [N, L]: the logprob of each token given the tokens before it (one causal forward) under
+    softmax(logits / ``temperature``) over the whole vocabulary; 0 at position 0, which has nothing before it.
+    Right padding changes no earlier position."""
+    if temperature <= 0:
+        raise ValueError(f"token_logprobs needs a temperature > 0, got {temperature}.")
+    logits_NLV = policy(tokens_NL)[:, :-1].float() / temperature
     targets_NL = tokens_NL[:, 1:]
     logprobs_NL = logits_NLV.gather(-1, targets_NL[:, :, None])[:, :, 0] - logits_NLV.logsumexp(dim=-1)
     return torch.nn.functional.pad(logprobs_NL, (1, 0))
@@ -50,14 +58,19 @@ class GRPOObjective(nn.Module):
     updates the policy and a checkpoint of the policy holds the step's optimizer state in order.
     """
 
-    def __init__(self, policy: Transformer, clip_eps: float, kl_beta: float) -> None:
-        """Wrap ``policy``; ``clip_eps`` is the PPO clip range of the ratio, ``kl_beta`` the KL weight (0: none)."""
+    def __init__(self, policy: Transformer, clip_eps: float, kl_beta: float, temperature: float = 1.0) -> None:
+        """Wrap ``policy``; ``clip_eps`` is the PPO clip range of the ratio, ``kl_beta`` the KL weight (0: none),
+        ``temperature`` the rollouts' sampling temperature: the policy trained is softmax(logits / temperature),
+        the distribution the completions were drawn from."""
         super().__init__()
         if clip_eps < 0 or kl_beta < 0:
             raise ValueError(f"clip_eps and kl_beta must be >= 0, got {clip_eps} and {kl_beta}.")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}.")
         self.policy = policy
         self.clip_eps = clip_eps
         self.kl_beta = kl_beta
+        self.temperature = temperature
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -76,7 +89,7 @@ class GRPOObjective(nn.Module):
             )
         targets_NLF = targets_NLF.float()
         weight_NL = targets_NLF[..., WEIGHT]
-        new_NL = token_logprobs(self.policy, tokens_NL)
+        new_NL = token_logprobs(self.policy, tokens_NL, self.temperature)
         surrogate_NL, took_clip_NL = clipped_surrogate_terms(
             new_NL, targets_NLF[..., OLD_LOGPROB], targets_NLF[..., ADVANTAGE], self.clip_eps
         )

@@ -115,7 +115,8 @@ def train_grpo(
         checksum=engine.checksum(),
     )
     sharding, placement = shard_policy(policy, setup.family, setup.layout)
-    step = build_step(GRPOObjective(policy, recipe.grpo.clip_eps, recipe.grpo.kl_beta), train, setup.backend)
+    objective = GRPOObjective(policy, recipe.grpo.clip_eps, recipe.grpo.kl_beta, recipe.grpo.temperature)
+    step = build_step(objective, train, setup.backend)
     start = session.resume(policy, step, setup.plan)
     if start > 0:  # the engine holds the starting weights: give it the resumed ones
         report = sync_engine(policy, engine, start)

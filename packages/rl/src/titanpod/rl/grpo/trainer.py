@@ -76,10 +76,11 @@ class GRPOTrainer:
         device = self.setup.device
         reference = self.reference
         reference_logprobs = None
+        temperature = recipe.grpo.temperature
         if reference is not None:
 
             def reference_logprobs(tokens_NL: torch.Tensor) -> torch.Tensor:
-                return token_logprobs(reference, tokens_NL.to(device))
+                return token_logprobs(reference, tokens_NL.to(device), temperature)
 
         batch = build_batch(
             scored, self.setup.plan.sequence_length, self.setup.tokenizer.pad_id, weight, reference_logprobs

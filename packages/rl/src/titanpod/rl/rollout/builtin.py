@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from titanpod.models import DecoderArgs, ModelOps, Transformer
 from titanpod.models.common.kv_cache import KVCache
-from titanpod.rl.rollout.sampling import choose_tokens, completion_generator
+from titanpod.rl.rollout.sampling import choose_tokens, completion_generator, sampled_logprobs
 from titanpod.rl.rollout.sync import (
     check_state_matches,
     check_version,
@@ -222,7 +222,7 @@ class BuiltinEngine:
         stopped_B = torch.zeros(B, dtype=torch.bool, device=self.device)
         for step in range(params.max_new_tokens):
             next_B = choose_tokens(logits_BV, params.temperature, params.top_p, generators)
-            logprobs.append(F.log_softmax(logits_BV, dim=-1).gather(-1, next_B[:, None])[:, 0])
+            logprobs.append(sampled_logprobs(logits_BV, next_B, params.temperature))
             generated.append(next_B)
             hit_B = torch.isin(next_B, stop_ids) & ~done_B
             stopped_B |= hit_B

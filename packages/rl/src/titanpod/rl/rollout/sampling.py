@@ -54,3 +54,14 @@ def choose_tokens(
     kept_count_B1 = (kept_BV > 0).sum(dim=-1, keepdim=True)
     rank_B1 = torch.minimum(rank_B1, kept_count_B1 - 1)
     return order_BV.gather(-1, rank_B1)[:, 0]
+
+
+def sampled_logprobs(logits_BV: torch.Tensor, tokens_B: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 [B]: each row's token's logprob under softmax(logits / ``temperature``) over the whole vocabulary
+    (the raw softmax when ``temperature`` is 0, i.e. greedy).
+
+    Top-p does not renormalise it: it is the logprob the trainer computes from its own forward at the same
+    temperature, so the two agree and the importance ratio of an update on fresh rollouts is 1.
+    """
+    scaled_BV = logits_BV.float() / temperature if temperature > 0 else logits_BV.float()
+    return torch.log_softmax(scaled_BV, dim=-1).gather(-1, tokens_B[:, None])[:, 0]

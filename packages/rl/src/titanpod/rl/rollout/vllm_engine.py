@@ -17,7 +17,9 @@ Differences from ``BuiltinEngine``, stated plainly:
 - ``checksum()`` is ``weights_checksum`` of the Hugging Face-named weights in the engine's dtype (not of
   titanpod's names), read back from the workers;
 - logprobs are vLLM's raw logprobs of the sampled tokens (``logprobs_mode="raw_logprobs"``: the model's
-  log-softmax before temperature and top-p), in the engine's dtype;
+  log-softmax before temperature and top-p), in the engine's dtype. vLLM offers no mode that applies the
+  temperature without top-p, so unlike ``BuiltinEngine``'s they are the sampling policy's only at
+  temperature 1 (GRPO's trainer computes its own at the rollout temperature);
 - one vLLM engine on one GPU (tensor parallel size 1): the checksum reads whole tensors from each worker.
 """
 
