@@ -102,7 +102,7 @@ def test_an_unknown_task_or_missing_init_folder_fails_before_training_with_the_f
         main(["--data.task", "revers", "--output.runs-dir", str(tmp_path)])
     assert exited.value.code == 2
     err = " ".join(capsys.readouterr().err.replace("│", " ").split())  # tyro's message, out of its box
-    assert "invalid choice 'revers' for argument '--data.task'. Expected one of ('reverse', 'add')" in err
+    assert "invalid choice 'revers' for argument '--data.task'. Expected one of ('reverse', 'add', 'arith')" in err
     assert main(["--model.init-from", str(tmp_path / "nowhere"), "--output.runs-dir", str(tmp_path)]) == 1
     assert "neither a local folder nor a Hub id" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())

@@ -8,7 +8,8 @@ example's split is fixed by a hash of its prompt, so any number of examples draw
 stay disjoint.
 
 ``reverse`` (``reverse: abcde\\n`` -> ``edcba``) is learnt by the llama3 debug model on a CPU in a few
-minutes; ``add`` (``add: 23+45\\n`` -> ``68``) is harder for it.
+minutes; ``add`` (``add: 23+45\\n`` -> ``68``) is harder for it. ``arith`` (multi-step word problems,
+``titanpod.data.word_problems``) has more structure and is scored by the last number of a completion.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import hashlib
 import random
 import string
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from titanpod.models.choice import choose
 
@@ -39,6 +40,12 @@ class Example:
     """What the model is given, e.g. ``reverse: abcde\\n``."""
     answer: str
     """The exact completion that is right, e.g. ``edcba`` (without any end token)."""
+    row: Mapping[str, Any] | None = field(default=None, compare=False)
+    """The whole record the example came from (a user's file row), or ``None`` for a generated example."""
+
+    def fields(self) -> Mapping[str, Any]:
+        """The example's record: ``row`` when it came from one, else its prompt and answer."""
+        return self.row if self.row is not None else {"prompt": self.prompt, "answer": self.answer}
 
 
 @runtime_checkable
@@ -173,7 +180,14 @@ class AddTask(ExactMatchTask):
         return Example(f"add: {a}+{b}\n", str(a + b))
 
 
-TASKS: Mapping[str, Callable[[], Task]] = {"reverse": ReverseTask, "add": AddTask}
+def word_problems() -> Task:
+    """The ``arith`` task (``titanpod.data.word_problems``, which builds on this module's classes)."""
+    from titanpod.data.word_problems import WordProblemTask
+
+    return WordProblemTask()
+
+
+TASKS: Mapping[str, Callable[[], Task]] = {"reverse": ReverseTask, "add": AddTask, "arith": word_problems}
 """Every built-in task by name."""
 
 

@@ -14,7 +14,7 @@ PromptFormat = Literal["plain", "chat"]
 """How prompt/response records are laid out (``SFTDataConfig.format``, ``GRPOConfig.format``)."""
 BadExamples = Literal["error", "skip"]
 """What ``SFTDataConfig.bad_examples`` accepts."""
-TaskName = Literal["reverse", "add"]
+TaskName = Literal["reverse", "add", "arith"]
 """A built-in task (``titanpod.data.tasks.TASKS``)."""
 
 SFT_SOURCES: tuple[str, ...] = get_args(SFTSource)
@@ -38,7 +38,7 @@ class SFTDataConfig:
     source: SFTSource = "task"
     """``task`` (a built-in task's generated train split) or ``jsonl`` (local JSON lines records)."""
     task: TaskName = "reverse"
-    """``source task``: the built-in task (``reverse``, ``add``)."""
+    """``source task``: the built-in task (``reverse``, ``add``, ``arith``)."""
     train_examples: int = 20_000
     """``source task``: distinct training examples generated (with ``train.seed``)."""
     path: str | None = None
