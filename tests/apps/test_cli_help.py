@@ -49,8 +49,11 @@ def test_help_shows_the_defaults_of_the_recipe_chosen(capsys, monkeypatch):
 def test_posttrain_and_diffusion_help_list_their_flags_and_choices(capsys, monkeypatch):
     posttrain = help_text(posttrain_main, ["--recipe", "grpo_debug"], capsys, monkeypatch)
     for flag in ("--recipe", "--list-recipes", "--print-recipe", "--resume", "--rollout.mode {local,ray,vllm}",
-                 "--grpo.reward {exact,partial}", "--grpo.task {reverse,add,arith}"):  # fmt: skip
+                 "--grpo.reward {exact,partial,number}", "--grpo.task {reverse,add,arith}", "--grpo.data-path",
+                 "--grpo.eval-path", "--grpo.prompt-column", "--grpo.answer-column", "--grpo.reward-function",
+                 "--grpo.data-split", "--grpo.eval-split"):  # fmt: skip
         assert flag in posttrain, flag
+    assert "module:function" in posttrain and "hub:owner/name" in posttrain  # the new fields' docstrings
     diffusion = help_text(diffusion_main, [], capsys, monkeypatch)
     for flag in ("--recipe", "--list-recipes", "--print-recipe", "--dry-run", "--rehearse", "--chips ",
                  "--data.source {shapes,imagefolder,hub}", "--model.flavor {debug,schnell,dev}",

@@ -237,6 +237,14 @@ def test_a_run_stopped_at_step_2_resumes_to_the_same_losses(tmp_path, sft_folder
     assert second.checksum == straight.checksum
 
 
+def test_grpo_config_names_a_reward_path_without_a_colon_and_held_out_rows_without_a_task_file():
+    with pytest.raises(ValueError, match=r"reward_function 'rewards.score' is not an import path: write module"):
+        GRPOConfig(reward_function="rewards.score")
+    with pytest.raises(ValueError, match=r"eval_path holds held-out rows of a data_path task: set data_path too"):
+        GRPOConfig(eval_path="held_out.jsonl")
+    assert GRPOConfig(data_path="rows.jsonl", eval_path="held_out.jsonl", reward_function="rewards:score")
+
+
 def test_rollout_config_names_bad_settings():
     with pytest.raises(ValueError, match=r"--rollout\.mode ray for several workers"):
         RolloutConfig(mode="local", workers=2)

@@ -6,8 +6,11 @@ titanpod-posttrain --recipe sft_debug --train.steps 50 --eval.examples 100
 titanpod-posttrain --model.init-from runs/sft_debug-.../model   # start from a finished run's weights
 titanpod-posttrain --data.source jsonl --data.path chats.jsonl --eval.task reverse
 titanpod-posttrain --resume try1                     # continue the run try1 from its newest checkpoint
-titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft200/model         # GRPO from an SFT model
-titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft200/model --rollout.mode ray --rollout.workers 2
+titanpod-posttrain --recipe sft_arith --output.run-name sft_arith                   # SFT on the word problems
+titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft_arith/model       # GRPO from that SFT model
+titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft_arith/model --rollout.mode ray --rollout.workers 2
+titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft/model --grpo.data-path mine.jsonl
+    --grpo.reward-function my_rewards:score        # your prompts and answers (one command), your reward
 titanpod-posttrain --recipe mine.toml --print-recipe  # a TOML file (base = "sft_debug" plus what differs), resolved
 titanpod-posttrain --help                            # every flag, and every field of the recipe"""
 

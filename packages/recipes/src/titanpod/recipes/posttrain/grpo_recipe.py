@@ -14,16 +14,17 @@ from titanpod.recipes.posttrain.sft_recipe import EvalConfig
 from titanpod.recipes.recipe import RunRecipe
 
 MISSING_INIT_FROM = (
-    "GRPO starts from a fine-tuned model, and model.init_from is not set. Run SFT first, e.g. "
-    "`uv run titanpod-posttrain --recipe sft_debug --train.steps 200 --output.run-name sft200` "
-    "(partly trained, so GRPO has room to gain), then pass its model folder: `--model.init-from runs/sft200/model`."
+    "GRPO starts from a fine-tuned model, and model.init_from is not set. Run SFT first on the same task, e.g. "
+    "`uv run titanpod-posttrain --recipe sft_arith --output.run-name sft_arith` for grpo_debug's word problems "
+    "(sft_debug for --grpo.task reverse; partly trained, so GRPO has room to gain), then pass its model folder: "
+    "`--model.init-from runs/sft_arith/model`."
 )
 
 
-Reward = Literal["exact", "partial"]
+Reward = Literal["exact", "partial", "number"]
 """What ``GRPOConfig.reward`` accepts."""
 REWARDS: tuple[str, ...] = get_args(Reward)
-"""The reward functions a built-in task offers (``grpo.reward``)."""
+"""The built-in rewards (``grpo.reward``)."""
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,32 @@ class GRPOConfig:
     """Rollouts and the GRPO objective."""
 
     task: TaskName = "reverse"
-    """The built-in task whose train split gives prompts and whose reward scores completions."""
+    """The built-in task whose train split gives prompts and whose reward scores completions (``reverse``,
+    ``add``, ``arith``: multi-step word problems); ``data_path`` replaces it."""
+    data_path: str | None = None
+    """Your own prompts and reference answers: a ``.jsonl`` or ``.parquet`` file with one row per prompt, or
+    ``hub:owner/name`` for a Hugging Face Hub dataset. Replaces ``task``."""
+    data_split: str = "train"
+    """The split of a ``hub:`` dataset that ``data_path`` names."""
+    eval_path: str | None = None
+    """Held-out rows for accuracy (a file or ``hub:owner/name``, columns as ``data_path``); ``None``: one in 8
+    of ``data_path``'s rows, chosen by a hash of the prompt, is held out and never trained on."""
+    eval_split: str = "test"
+    """The split of a ``hub:`` dataset that ``eval_path`` names."""
+    prompt_column: str = "prompt"
+    """The column of ``data_path`` (and ``eval_path``) that holds each prompt."""
+    answer_column: str = "answer"
+    """The column of ``data_path`` (and ``eval_path``) that holds each reference answer."""
     reward: Reward = "exact"
     """``exact``: 1 for the exact answer, else 0. ``partial``: 1 for the exact answer, else up to 0.5 for the share
-    of characters in the right place (a denser signal; accuracy still counts exact answers only)."""
+    of characters in the right place (a denser signal; accuracy still counts exact answers only). ``number``: 1
+    when the last number in the completion equals the reference's (last) number, else 0; accuracy on a
+    ``data_path`` task then counts that too."""
+    reward_function: str | None = None
+    """Your own reward, by import path: ``module:function`` (importable from the current directory or
+    PYTHONPATH) or ``file.py:function``, called as ``function(prompt, completion, row)`` with the prompt's whole
+    row (a dict of its columns) and returning a number. Replaces ``reward`` for training; accuracy still uses
+    ``reward``'s check."""
     format: PromptFormat = "plain"
     """How a prompt is laid out (``plain`` or ``chat``), as the SFT run that made the model laid it out."""
     group_size: int = 8
@@ -53,7 +76,8 @@ class GRPOConfig:
     prompts_per_step: int = 8
     """Prompts per step; a step trains on ``prompts_per_step * group_size`` completions."""
     temperature: float = 1.0
-    """Sampling temperature of the rollouts."""
+    """Sampling temperature of the rollouts. Every logprob of the objective (sampling, trained and reference) is
+    taken from the logits divided by it, so the policy trained is the one that sampled."""
     top_p: float = 1.0
     """Nucleus sampling of the rollouts (1 keeps the whole vocabulary)."""
     max_new_tokens: int = 12
@@ -73,6 +97,13 @@ class GRPOConfig:
         choice("grpo.format", self.format, FORMATS)
         choice("grpo.reward", self.reward, REWARDS)
         problems = []
+        if self.reward_function is not None and ":" not in self.reward_function:
+            problems.append(
+                f"reward_function {self.reward_function!r} is not an import path: write module:function or "
+                "file.py:function"
+            )
+        if self.eval_path is not None and self.data_path is None:
+            problems.append("eval_path holds held-out rows of a data_path task: set data_path too, or drop eval_path")
         if self.group_size < 1 or self.prompts_per_step < 1 or self.max_new_tokens < 1 or self.updates_per_step < 1:
             problems.append("group_size, prompts_per_step, max_new_tokens and updates_per_step must be at least 1")
         if self.eval_samples < 0:
@@ -122,8 +153,3 @@ class GRPORecipe(RunRecipe):
     """Where rollouts are sampled (this process, Ray workers, or a vLLM engine)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Held-out greedy accuracy before and after (``eval.task`` ``None``: the GRPO task)."""
-
-    @property
-    def eval_task(self) -> str:
-        """The task scored for accuracy: ``eval.task``, else the GRPO task."""
-        return self.eval.task or self.grpo.task

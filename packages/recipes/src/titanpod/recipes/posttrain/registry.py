@@ -51,17 +51,33 @@ def sft_debug() -> SFTRecipe:
     )  # fmt: skip
 
 
+def sft_arith() -> SFTRecipe:
+    """SFT of the llama3 debug model on 'arith' word problems: the start grpo_debug expects."""
+    return SFTRecipe(
+        name="sft_arith",
+        model=SFTModelConfig(family="llama3", flavor="debug"),
+        device=DeviceConfig(lane="auto"),
+        data=SFTDataConfig(source="task", task="arith", train_examples=20_000, seq_len=128, batch_size=16),
+        train=TrainConfig(steps=300, lr=3e-3, warmup_steps=30, decay="cosine", min_lr_ratio=0.1, weight_decay=0.0,
+                          log_every=20),
+        eval=EvalConfig(examples=200, max_new_tokens=6),
+        checkpoint=CheckpointConfig(at_end=True, export_hf=True),
+        output=OutputConfig(),
+    )  # fmt: skip
+
+
 def grpo_debug() -> GRPORecipe:
-    """GRPO on 'reverse' from an SFT model (--model.init-from runs/<sft run>/model, required): 60 steps of 64 x 8."""
+    """GRPO on 'arith' word problems from an SFT model (--model.init-from runs/<sft_arith run>/model, required):
+    60 steps of 64 x 8."""
     return GRPORecipe(
         name="grpo_debug",
         model=GRPOModelConfig(),
         device=DeviceConfig(lane="auto"),
-        grpo=GRPOConfig(task="reverse", reward="partial", group_size=8, prompts_per_step=64, temperature=0.7,
-                        max_new_tokens=12, clip_eps=0.2, kl_beta=0.0, updates_per_step=1, eval_samples=4),
+        grpo=GRPOConfig(task="arith", reward="number", group_size=8, prompts_per_step=64, temperature=0.7,
+                        max_new_tokens=6, clip_eps=0.2, kl_beta=0.0, updates_per_step=1, eval_samples=4),
         train=TrainConfig(steps=60, lr=5e-4, warmup_steps=10, decay="constant", weight_decay=0.0, beta2=0.99,
                           grad_clip=1.0, log_every=5),
-        eval=EvalConfig(examples=400, max_new_tokens=12),
+        eval=EvalConfig(examples=400, max_new_tokens=6),
         checkpoint=CheckpointConfig(at_end=True, export_hf=True),
         output=OutputConfig(),
     )  # fmt: skip
@@ -69,6 +85,7 @@ def grpo_debug() -> GRPORecipe:
 
 POSTTRAIN_RECIPES: Mapping[str, PosttrainRecipe] = {
     "sft_debug": PosttrainRecipe("sft", sft_debug),
+    "sft_arith": PosttrainRecipe("sft", sft_arith),
     "grpo_debug": PosttrainRecipe("grpo", grpo_debug),
 }
 """Every named post-training recipe."""

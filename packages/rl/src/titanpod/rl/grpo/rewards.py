@@ -1,7 +1,7 @@
 """Scoring a step's completions and turning rewards into group-relative advantages.
 
-A reward that raises (or is not finite) is logged and its sample left out of the update and
-counted, never scored 0. A prompt's group is the rewards of its samples that were scored.
+A reward that raises (or returns a non-number, or one that is not finite) is logged and its sample left out
+of the update and counted, never scored 0. A prompt's group is the rewards of its samples that were scored.
 """
 
 from __future__ import annotations
@@ -12,10 +12,20 @@ from dataclasses import dataclass
 
 from titanpod.data.tasks import Example
 from titanpod.rl.grpo.loss import group_advantages
+from titanpod.rl.grpo.reward_import import RowReward, reward_number
 from titanpod.rl.rollout import Completion
 
 Reward = Callable[[str, str, str], float]
 """A reward function: (prompt, completion text, answer) -> reward."""
+AnyReward = Reward | RowReward
+"""What scores a completion: a ``Reward``, or a user's ``RowReward`` that also reads the prompt's row."""
+
+
+def reward_of(score_fn: AnyReward, example: Example, completion: str) -> float:
+    """``score_fn``'s value on ``example`` and ``completion``; ``TypeError`` when it is not a number."""
+    if isinstance(score_fn, RowReward):
+        return score_fn.score(example, completion)
+    return reward_number(score_fn(example.prompt, completion, example.answer), "")
 
 
 @dataclass(frozen=True)
@@ -45,7 +55,7 @@ class ScoredRollouts:
 
 
 def score_completions(
-    examples: list[Example], completions: list[Completion], texts: list[str], score_fn: Reward, first_prompt: int = 0
+    examples: list[Example], completions: list[Completion], texts: list[str], score_fn: AnyReward, first_prompt: int = 0
 ) -> tuple[list[float | None], list[str]]:
     """Each completion's reward, or ``None`` when the reward function raised or gave a non-finite value;
     and a message for each such failure (the sample is skipped, never scored 0).
@@ -57,7 +67,7 @@ def score_completions(
     for completion, text in zip(completions, texts, strict=True):
         example = examples[completion.prompt_index - first_prompt]
         try:
-            value = float(score_fn(example.prompt, text, example.answer))
+            value = reward_of(score_fn, example, text)
             if not math.isfinite(value):
                 raise ValueError(f"the reward is {value}")
         except Exception as error:  # any failure of the reward code skips the sample, and says so
@@ -72,7 +82,11 @@ def score_completions(
 
 
 def score_rollouts(
-    examples: list[Example], completions: list[Completion], texts: list[str], score_fn: Reward, first_prompt: int = 0
+    examples: list[Example],
+    completions: list[Completion],
+    texts: list[str],
+    score_fn: AnyReward,
+    first_prompt: int = 0,
 ) -> ScoredRollouts:
     """Score ``completions`` (decoded as ``texts``) and give each kept one its advantage within its prompt's group.
 

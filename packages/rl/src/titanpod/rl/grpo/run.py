@@ -60,8 +60,9 @@ PRINTED_REWARD_ERRORS = 5
 def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Reward | None = None) -> GRPOResult:
     """GRPO from the SFT model of ``model.init_from``; held-out accuracy before and after; write the run.
 
-    ``reward`` (prompt, completion text, answer) -> float replaces the task's reward that ``grpo.reward``
-    picks (exact or partial). Everything is loaded and checked before the run directory is written.
+    ``reward`` (prompt, completion text, answer) -> float replaces the reward the recipe picks
+    (``grpo.reward_function``, else ``grpo.reward``). Everything is loaded and checked before the run directory
+    is written.
     """
     setup = prepare_grpo(recipe, reward)
     with RunSession(recipe, setup.backend, console) as session:

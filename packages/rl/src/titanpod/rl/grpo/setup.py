@@ -10,17 +10,20 @@ import torch
 
 from titanpod.checkpoint import load_model
 from titanpod.checkpoint.model_files import MODEL_FILE
+from titanpod.data.answers import number_reward
 from titanpod.data.sft.records import check_covers
 from titanpod.data.sft.tokenizer import TOKENIZER_FILE, SFTTokenizer, load_sft_tokenizer
+from titanpod.data.task_files import TaskSource, load_file_task
 from titanpod.data.tasks import Example, Task, get_task
 from titanpod.data.tokenizer import check_fits
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.models import Transformer
 from titanpod.parallel import DATA_AXES
-from titanpod.recipes.posttrain.grpo_recipe import MISSING_INIT_FROM, GRPORecipe
+from titanpod.recipes.posttrain.grpo_recipe import MISSING_INIT_FROM, GRPOConfig, GRPORecipe
 from titanpod.rl.grpo.batches import GRPOBatch
 from titanpod.rl.grpo.prompts import PromptPlan, PromptShare, prompt_share
-from titanpod.rl.grpo.rewards import Reward
+from titanpod.rl.grpo.reward_import import check_reward, import_reward
+from titanpod.rl.grpo.rewards import AnyReward, Reward
 from titanpod.runs.placement import LayoutStart, start_placement
 
 
@@ -47,6 +50,30 @@ def load_policy(recipe: GRPORecipe, device: torch.device) -> tuple[str, Transfor
     family, model = load_model(folder, "cpu")
     model = model.float().to(device)
     return family, model, load_sft_tokenizer(spec)
+
+
+def load_task(config: GRPOConfig) -> Task:
+    """The task ``config`` names: a user's rows (``data_path``, held out by ``eval_path``) or a built-in task."""
+    if config.data_path is None:
+        return get_task(config.task)
+    columns = {"prompt_column": config.prompt_column, "answer_column": config.answer_column}
+    train = TaskSource(config.data_path, split=config.data_split, field="grpo.data_path", **columns)
+    test = None
+    if config.eval_path is not None:
+        test = TaskSource(config.eval_path, split=config.eval_split, field="grpo.eval_path", **columns)
+    return load_file_task(train, test, numeric=config.reward == "number")
+
+
+def choose_reward(config: GRPOConfig, task: Task) -> AnyReward:
+    """The reward rollouts are scored with: ``reward_function`` (imported and tried on the first training prompt),
+    else the built-in ``reward``."""
+    if config.reward_function is not None:
+        reward = import_reward(config.reward_function)
+        check_reward(reward, task.examples("train", 1, 0)[0])
+        return reward
+    if config.reward == "number":
+        return number_reward
+    return task.partial_reward if config.reward == "partial" else task.reward
 
 
 def check_launch(recipe: GRPORecipe, backend: Backend, world_size: int) -> LayoutStart:
@@ -89,7 +116,7 @@ class GRPOSetup:
     """The SFT run's tokenizer."""
     task: Task
     """The task whose train prompts are rolled out."""
-    reward: Reward
+    reward: AnyReward
     """The reward function rollouts are scored with."""
     plan: PromptPlan
     """Every step's prompts, each checked to fit the context."""
@@ -106,8 +133,9 @@ class GRPOSetup:
 def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
     """Load the SFT model and its tokenizer, and draw and check every step's prompts, before any work.
 
-    ``ValueError`` names what does not fit: the launch, the lane, ``init_from``, the tokenizer, a prompt, how
-    the prompts split over data ranks and micro-batches.
+    ``ValueError`` names what does not fit: the launch, the lane, the task's file or columns, the reward
+    function, ``init_from``, the tokenizer, a prompt, how the prompts split over data ranks and micro-batches.
+    ``reward``, when given, replaces the recipe's.
     """
     info = process_info()
     backend = get_backend(recipe.device.lane)
@@ -116,11 +144,12 @@ def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
     config = recipe.grpo
     share = prompt_share(config.prompts_per_step, 0, ranks)
     GRPOBatch.check_split((share.stop - share.start) * config.group_size, recipe.train.grad_accum_steps)
+    task = load_task(config)
+    chosen = reward or choose_reward(config, task)
     device = backend.device(info.local_rank)
     torch.manual_seed(recipe.train.seed)
     family, model, tokenizer = load_policy(recipe, device)
     check_fits(tokenizer.tokenizer, tokenizer.spec, model.args.vocab_size)
-    task = get_task(config.task)
     check_covers(tokenizer, task)
     plan = PromptPlan(
         task,
@@ -132,7 +161,7 @@ def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
         max_new_tokens=config.max_new_tokens,
         max_seq_len=model.args.max_seq_len,
     )
-    eval_task = get_task(recipe.eval_task)
+    eval_task = get_task(recipe.eval.task) if recipe.eval.task is not None else task
     check_covers(tokenizer, eval_task)
     test_examples = eval_task.examples("test", recipe.eval.examples, recipe.eval.seed) if recipe.eval.enabled else []
     return GRPOSetup(
@@ -143,7 +172,7 @@ def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
         model,
         tokenizer,
         task,
-        reward or (task.partial_reward if config.reward == "partial" else task.reward),
+        chosen,
         plan,
         eval_task,
         test_examples,
