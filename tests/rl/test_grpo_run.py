@@ -24,10 +24,11 @@ from titanpod.recipes.posttrain.rollout_config import RolloutConfig
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig
 from titanpod.recipes.recipe import OutputConfig
 from titanpod.rl.grpo import trainer as grpo_trainer
+from titanpod.rl.grpo.batches import with_policy_logprobs
 from titanpod.rl.grpo.held_out import sampled_accuracy
 from titanpod.rl.grpo.run import run_grpo
 from titanpod.rl.grpo.setup import check_launch
-from titanpod.rl.rollout import Completion, trainer_state, weights_checksum
+from titanpod.rl.rollout import BuiltinEngine, Completion, trainer_state, weights_checksum
 from titanpod.rl.rollout.ray_rollout import import_ray
 
 TINY = DecoderArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=64, max_seq_len=48)
@@ -111,6 +112,24 @@ def test_engine_checksum_equals_trainer_after_each_step(tmp_path, sft_folder, mo
     run_grpo(tiny(tmp_path, sft_folder, "sync"), reward=lambda p, c, a: float(len(c) % 2))
     assert [(v, ev) for v, ev, _, _ in seen] == [(1, 1), (2, 2)]
     assert all(engine == trainer for _, _, engine, trainer in seen)
+
+
+@pytest.mark.parametrize("engine_logprobs_follow_temperature", [True, False])
+def test_the_trainer_recomputes_only_the_logprobs_an_engine_does_not_record_at_temperature(
+    tmp_path, sft_folder, monkeypatch, engine_logprobs_follow_temperature
+):
+    calls = []
+
+    def spy(batch, policy_logprobs):
+        calls.append(batch.tokens_NL.shape)
+        return with_policy_logprobs(batch, policy_logprobs)
+
+    monkeypatch.setattr(grpo_trainer, "with_policy_logprobs", spy)
+    monkeypatch.setattr(BuiltinEngine, "logprobs_follow_temperature", engine_logprobs_follow_temperature, raising=False)
+    recipe = tiny(tmp_path, sft_folder, f"recompute{engine_logprobs_follow_temperature}", steps=2, temperature=0.7)
+    result = run_grpo(recipe, reward=lambda p, c, a: float(len(c) % 3))
+    assert len(result.history) == 2
+    assert len(calls) == (0 if engine_logprobs_follow_temperature else 2)
 
 
 def test_a_raising_reward_is_counted_as_skipped(tmp_path, sft_folder):

@@ -10,10 +10,11 @@ import torch
 
 from titanpod.models import DecoderArgs
 from titanpod.recipes.families import build_model
-from titanpod.rl.grpo.batches import build_batch, token_weight
+from titanpod.rl.grpo.batches import build_batch, token_weight, with_policy_logprobs
 from titanpod.rl.grpo.objective import ADVANTAGE, OLD_LOGPROB, WEIGHT, GRPOObjective, token_logprobs
 from titanpod.rl.grpo.rewards import score_rollouts
 from titanpod.rl.rollout import BuiltinEngine, SamplingParams
+from titanpod.rl.rollout.vllm_engine import VLLMEngine
 
 TINY = DecoderArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_dim=64, max_seq_len=32)
 TEMPERATURE = 0.7
@@ -92,3 +93,33 @@ def test_the_first_update_has_ratio_one_and_the_sampled_policys_gradient():
     want_grads = torch.autograd.grad(likelihood, list(model.parameters()))
     for got, want in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_logprobs_recorded_at_temperature_one_are_recomputed_at_the_sampling_temperature():
+    model = policy()
+    # What an engine recording raw (temperature 1) logprobs, as vLLM does, would have sent.
+    raw = []
+    for completion in sampled(model, top_p=0.9):
+        tokens = torch.tensor([completion.prompt_ids + completion.token_ids])
+        start = len(completion.prompt_ids)
+        with torch.no_grad():
+            logits = model(tokens)[0, start - 1 : -1].float()
+        logprobs = logits.log_softmax(-1).gather(-1, tokens[0, start:, None])[:, 0]
+        raw.append(dataclasses.replace(completion, logprobs=logprobs))
+    rollout = scored(raw)
+    batch = build_batch(rollout, LENGTH, PAD, token_weight(rollout.completion_tokens, 1, 1))
+    fixed = with_policy_logprobs(batch, lambda tokens_NL: token_logprobs(model, tokens_NL, TEMPERATURE))
+    mask_NL = batch.targets_NLF[..., WEIGHT] > 0
+    for row, completion in enumerate(raw):
+        start = len(completion.prompt_ids)
+        with torch.no_grad():
+            want = sampled_policy_logprobs(model, completion)
+        got = fixed.targets_NLF[row, start : start + len(completion.token_ids), OLD_LOGPROB]
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+    recorded, recomputed = batch.targets_NLF[..., OLD_LOGPROB], fixed.targets_NLF[..., OLD_LOGPROB]
+    assert not torch.allclose(recorded[mask_NL], recomputed[mask_NL])  # temperature 1 and 0.7 differ here
+    others = [field for field in range(batch.targets_NLF.shape[-1]) if field != OLD_LOGPROB]
+    assert torch.equal(fixed.targets_NLF[..., others], batch.targets_NLF[..., others])
+    assert torch.equal(fixed.targets_NLF[~mask_NL], batch.targets_NLF[~mask_NL])
+    assert VLLMEngine.logprobs_follow_temperature is False
+    assert getattr(BuiltinEngine(model), "logprobs_follow_temperature", True)

@@ -96,3 +96,18 @@ def build_batch(
         with torch.no_grad():
             targets_NLF[..., REFERENCE_LOGPROB] = reference_logprobs(tokens_NL).float().cpu()
     return GRPOBatch(tokens_NL, targets_NLF)
+
+
+def with_policy_logprobs(batch: GRPOBatch, policy_logprobs: Callable[[torch.Tensor], torch.Tensor]) -> GRPOBatch:
+    """``batch`` with the sampling logprob of every weighted token replaced by ``policy_logprobs(tokens_NL)``
+    (the policy's ``token_logprobs`` at the rollout temperature, before any update of the step).
+
+    For an engine whose recorded logprobs are not those of the distribution it sampled from (vLLM's raw
+    logprobs are at temperature 1): the ratio of the step's first update is then 1, as with the built-in engine.
+    """
+    targets_NLF = batch.targets_NLF.clone()
+    with torch.no_grad():
+        fresh_NL = policy_logprobs(batch.tokens_NL).float().cpu()
+    weighted_NL = targets_NLF[..., WEIGHT] > 0
+    targets_NLF[..., OLD_LOGPROB] = torch.where(weighted_NL, fresh_NL, targets_NLF[..., OLD_LOGPROB])
+    return GRPOBatch(batch.tokens_NL, targets_NLF)

@@ -9,7 +9,7 @@ import torch
 
 from titanpod.graph import StepOutput, TrainStep, lr_multiplier
 from titanpod.models import Transformer
-from titanpod.rl.grpo.batches import build_batch, token_weight
+from titanpod.rl.grpo.batches import build_batch, token_weight, with_policy_logprobs
 from titanpod.rl.grpo.metrics import GRPOStepMetrics, RolloutTotals, UpdateFigures
 from titanpod.rl.grpo.objective import CLIP_FRACTION, KL, token_logprobs
 from titanpod.rl.grpo.prompts import PromptShare
@@ -85,6 +85,13 @@ class GRPOTrainer:
         batch = build_batch(
             scored, self.setup.plan.sequence_length, self.setup.tokenizer.pad_id, weight, reference_logprobs
         )
+        if not getattr(self.engine, "logprobs_follow_temperature", True):
+            policy = self.setup.model
+
+            def policy_logprobs(tokens_NL: torch.Tensor) -> torch.Tensor:
+                return token_logprobs(policy, tokens_NL.to(device), temperature)
+
+            batch = with_policy_logprobs(batch, policy_logprobs)
         micro_batches = batch.to(device).micro_batches(micro)
         outputs: list[StepOutput] = [self.step(micro_batches, lr) for _ in range(recipe.grpo.updates_per_step)]
         clip = [float(self.sharding.mean(out.metrics[CLIP_FRACTION])) / micro for out in outputs]

@@ -17,9 +17,9 @@ Differences from ``BuiltinEngine``, stated plainly:
 - ``checksum()`` is ``weights_checksum`` of the Hugging Face-named weights in the engine's dtype (not of
   titanpod's names), read back from the workers;
 - logprobs are vLLM's raw logprobs of the sampled tokens (``logprobs_mode="raw_logprobs"``: the model's
-  log-softmax before temperature and top-p), in the engine's dtype. vLLM offers no mode that applies the
-  temperature without top-p, so unlike ``BuiltinEngine``'s they are the sampling policy's only at
-  temperature 1 (GRPO's trainer computes its own at the rollout temperature);
+  log-softmax before temperature and top-p), in the engine's dtype. Unlike ``BuiltinEngine``'s they are not
+  the sampling policy's (``logprobs_follow_temperature`` is False), and GRPO's trainer recomputes them at the
+  rollout temperature;
 - one vLLM engine on one GPU (tensor parallel size 1): the checksum reads whole tensors from each worker.
 """
 
@@ -92,6 +92,10 @@ class VLLMEngine:
     the GPU vLLM may take (weights, activations, KV cache); ``enforce_eager`` turns off CUDA graphs;
     ``max_batch`` bounds the sequences decoded together. ``close`` removes the config folder.
     """
+
+    logprobs_follow_temperature = False
+    """Its completions' logprobs are vLLM's raw ones (temperature 1, in the engine's dtype), not those of the
+    distribution it sampled from: a trainer recomputes them (an engine without this attribute records them)."""
 
     def __init__(
         self,
