@@ -242,7 +242,8 @@ def compile_for_slice(
         compiled_step = step.compile(shape, folder, COST_MODEL_OPTIONS)
         figures = program_figures(compiled_step.compiled, optimised_hlo(compiled_step.compiled, folder))
     tokens = shape.micro_batches * shape.batch * shape.seq_len
-    planned = plan_run(pod, chip, tpu.total_chips, pod.target.mfu)
+    on_xla = dataclasses.replace(pod, device=dataclasses.replace(pod.device, lane="xla"))  # the step compiled here
+    planned = plan_run(on_xla, chip, tpu.total_chips, pod.target.mfu)
     report = SliceCompileReport(
         recipe=recipe.name,
         slice=tpu.name,
