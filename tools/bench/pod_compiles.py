@@ -61,11 +61,12 @@ def table_row(report: dict) -> str:
     step = report["estimated_step_seconds"]
     timing = "no estimate" if step is None else f"{step:.3f} s, {report['estimated_mfu']:.1%}"
     fits = "fits" if report["fits"] else "**does not fit**"
+    cost_compile = f" (+ {report['cost_compile_seconds']:.0f} s for the cost)" if report.get("cost_from") else ""
     return (
         f"| {report['recipe']} | {report['slice']} ({report['chips']} chips), {depth} layers | "
         f"{total / GiB:.1f} of {report['chip_hbm'] / GiB:.0f} GiB, {fits} | "
         f"{report['planner_bytes'] / GiB:.1f} GiB ({report['planner_difference']:+.0%}) | "
-        f"{report['flops_ratio']:.2f} | {timing} | {report['compile_seconds']:.0f} s |"
+        f"{report['flops_ratio']:.2f} | {timing} | {report['compile_seconds']:.0f} s{cost_compile} |"
     )
 
 
