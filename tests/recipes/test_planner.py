@@ -78,6 +78,18 @@ def test_context_parallelism_splits_activations_and_counts_the_key_value_traffic
     assert split.context_parallel_bytes == 3 * 126 * kv_bytes // 2
 
 
+def test_the_xla_lane_keeps_block_inputs_whole_over_tp():
+    """Sequence parallelism splits what recompute keeps of a block (its input) over tp on the torch lanes; the xla
+    lane's step keeps it as the batch is laid out, whole over tp: 126 x 2 x 8192 x 16384 bf16 = 63 GiB for 405B."""
+    recipe = get_recipe("llama3_405b")
+    assert recipe.parallel.sequence_parallel
+    torch_lanes = plan_run(with_changes(recipe, device={"lane": "tpu"}), chip_by_name("v5p"), 512, 0.4)
+    xla = plan_run(with_changes(recipe, device={"lane": "xla"}), chip_by_name("v5p"), 512, 0.4)
+    block_inputs = 126 * 2 * 8192 * 16384 * 2
+    assert xla.memory.activations - torch_lanes.memory.activations == pytest.approx(block_inputs * 7 / 8, rel=1e-6)
+    assert xla.memory.parameters == torch_lanes.memory.parameters
+
+
 def test_memory_policies_order_activation_memory():
     recipe = get_recipe("llama3_8b")
     chip = chip_by_name("v6e")

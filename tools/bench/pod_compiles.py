@@ -2,13 +2,16 @@
 
 Runs ``titanpod-pretrain --recipe NAME --compile-for target`` from ``envs/tpu`` for each recipe
 (by default extrapolated from compiles of 2 and 4 layers: ``--layers 2,4``; ``--layers all`` compiles
-the whole depth) and prints one Markdown row each: the slice, HBM a chip from the compiler and from
+the whole depth; ``--layers scan`` compiles the whole depth with the blocks as one loop,
+``--train.scan-layers true``, for the memory, and unrolled copies of 2 and 4 layers for flops and time)
+and prints one Markdown row each: the slice, HBM a chip from the compiler and from
 the planner, the compiler's flops over the model's, its estimated step time and the MFU at that time
 (the compiler's cost model, not a measurement), and the compile's wall time. ``--reports DIR`` prints
 the table from reports written before (``DIR/<recipe>/report.json``) without compiling.
 
     uv run python tools/bench/pod_compiles.py
     uv run python tools/bench/pod_compiles.py --recipes llama3_8b,qwen3_8b --keep /tmp/pods
+    uv run python tools/bench/pod_compiles.py --recipes llama3_70b,llama3_405b --layers scan
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ POD_RECIPES = ("llama3_8b", "llama3_70b", "llama3_405b", "qwen3_8b", "qwen3_32b"
 def compile_recipe(recipe: str, layers: str, folder: Path) -> dict:
     """Compile one recipe for its slice; its report (with ``exit`` and ``wall_seconds`` added), or the failure."""
     command = ["uv", "run", "titanpod-pretrain", "--recipe", recipe, "--compile-for", "target"]
-    if layers != "all":
+    if layers == "scan":
+        command += ["--train.scan-layers", "true"]
+    elif layers != "all":
         command += ["--compile-layers", *layers.split(",")]
     command += ["--compile-output", str(folder)]
     started = time.perf_counter()
@@ -51,14 +56,17 @@ def table_row(report: dict) -> str:
     total = report["program"]["memory"]["total"]
     depth = f"{report['layers']}" + (" (from {} and {})".format(*report["extrapolated_from"])
                                      if report["extrapolated_from"] else "")  # fmt: skip
+    if report.get("cost_from"):
+        depth += ", as one loop (flops and time from {} and {})".format(*report["cost_from"])
     step = report["estimated_step_seconds"]
     timing = "no estimate" if step is None else f"{step:.3f} s, {report['estimated_mfu']:.1%}"
     fits = "fits" if report["fits"] else "**does not fit**"
+    cost_compile = f" (+ {report['cost_compile_seconds']:.0f} s for the cost)" if report.get("cost_from") else ""
     return (
         f"| {report['recipe']} | {report['slice']} ({report['chips']} chips), {depth} layers | "
         f"{total / GiB:.1f} of {report['chip_hbm'] / GiB:.0f} GiB, {fits} | "
         f"{report['planner_bytes'] / GiB:.1f} GiB ({report['planner_difference']:+.0%}) | "
-        f"{report['flops_ratio']:.2f} | {timing} | {report['compile_seconds']:.0f} s |"
+        f"{report['flops_ratio']:.2f} | {timing} | {report['compile_seconds']:.0f} s{cost_compile} |"
     )
 
 
@@ -71,7 +79,7 @@ HEADER = (
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipes", default=",".join(POD_RECIPES), help="comma-separated recipe names")
-    parser.add_argument("--layers", default="2,4", help="two depths to extrapolate from, or 'all'")
+    parser.add_argument("--layers", default="2,4", help="two depths to extrapolate from, 'all', or 'scan'")
     parser.add_argument("--keep", type=Path, help="write each report under this folder")
     parser.add_argument("--reports", type=Path, help="print the table from reports already in this folder")
     args = parser.parse_args(argv)

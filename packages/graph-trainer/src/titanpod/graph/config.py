@@ -89,6 +89,13 @@ class TrainConfig:
     """On the cpu lane, keep freed host memory in the process (glibc: no ``mmap`` per allocation, no trimming) so
     a step's buffers are reused instead of faulted in anew each step; the process then stays at its peak size.
     See ``titanpod.device.host_memory``."""
+    scan_layers: bool = False
+    """On the xla lane, run the model's transformer blocks as one ``jax.lax.scan`` over their parameters stacked
+    [layers, ...] (``titanpod.graph.xla.scan``), instead of one copy of each block in the program: the program
+    and its compile time stop growing with depth. Each trip runs one block as the unrolled step does (its memory
+    policy, its FSDP gather inside), so the losses and updates are the same. The step holds the blocks'
+    parameters and AdamW moments stacked; ``state_dict()`` and checkpoints still name them per layer. Every block
+    must hold the same parameters. Other lanes ignore it."""
     grad_accum_steps: int = 1
     """Micro-batches whose gradients are averaged into one optimizer step."""
     precision: Precision = "fp32"

@@ -46,9 +46,11 @@ def pod_recipe(
     warmup_steps: int,
     memory_policy: str = "recompute",
     capacity_factor: float | None = None,
+    scan_layers: bool = False,
 ) -> Recipe:
     """``family``'s ``flavor`` on ``target``: C4 through ``tokenizer``, whole-step compiled, bf16, Pallas kernels,
-    validation every 1,000 steps and an async checkpoint every 500."""
+    validation every 1,000 steps and an async checkpoint every 500. ``scan_layers``: see
+    ``TrainConfig.scan_layers`` (the xla lane's blocks as one loop)."""
     return Recipe(
         name=name,
         model=ModelConfig(family=family, flavor=flavor, capacity_factor=capacity_factor),
@@ -77,6 +79,7 @@ def pod_recipe(
             step_mode="whole_step",
             memory_policy=memory_policy,
             precision="bf16",
+            scan_layers=scan_layers,
         ),
         checkpoint=CheckpointConfig(every=500, keep_last=2, async_save=True),
         output=OutputConfig(),

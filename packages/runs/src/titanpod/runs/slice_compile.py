@@ -6,6 +6,12 @@ kernels compiled for the TPU (Pallas through Mosaic, never interpret mode), memo
 precision, micro-batches and the AdamW update, all in one ``jax.jit`` program compiled by
 libtpu for the slice's abstract devices (``titanpod.device.tpu_slices``). The report sets the
 compiler's figures (memory a chip, flops, estimated step time) beside the dry-run planner's.
+
+A recipe with ``train.scan_layers`` compiles its full depth with the blocks as one loop, quickly at any
+depth; that compile gives the memory a chip. The compiler's cost analysis counts a loop's body once, so
+its flops, bytes, estimated time and collectives come instead from compiles of shallow unrolled copies
+(``COST_DEPTHS`` layers), extrapolated by depth (``with_costs_from``); the report names which compile gave
+which figure (``SliceCompileReport.sources``).
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ buffer into VMEM in slices joined by a ``ConcatBitcast``, which libtpu 0.0.52's 
 (on v6e a whole step's estimate came out negative); whole copies instead raise the estimate by 0.1% (Llama 3 8B
 on v6e-256) to 5% (the debug model), and change nothing on v5p."""
 
+COST_DEPTHS = (2, 4)
+"""The depths of the unrolled copies whose compiles give a scanned program's flops, time and collectives."""
+
 
 @dataclass(frozen=True)
 class SliceCompileReport:
@@ -91,6 +100,28 @@ class SliceCompileReport:
     extrapolated_from: tuple[int, ...] = ()
     """The depths compiled when the figures are extrapolated to ``layers`` (linear in depth); empty when the
     program of ``layers`` layers itself was compiled."""
+    scanned: bool = False
+    """Whether the compiled program ran its blocks as one loop (``train.scan_layers``)."""
+    cost_from: tuple[int, ...] = ()
+    """When the memory comes from a scanned compile of ``layers`` layers: the depths of the unrolled compiles
+    whose flops, bytes, estimated time and collectives are extrapolated to ``layers`` instead (a loop's body
+    counts once in the compiler's cost analysis); empty otherwise."""
+    cost_compile_seconds: float = 0.0
+    """Wall time of the compiles behind ``cost_from`` (0 without them)."""
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """Which compile gave which figure: ``memory`` and ``cost`` (flops, bytes, time, collectives)."""
+        if self.extrapolated_from:
+            depths = " and ".join(map(str, self.extrapolated_from))
+            both = f"extrapolated by depth from unrolled compiles of {depths} layers"
+            return {"memory": both, "cost": both}
+        program = f"a compile of {self.layers} layers" + (" (blocks as one loop)" if self.scanned else "")
+        if self.cost_from:
+            depths = " and ".join(map(str, self.cost_from))
+            return {"memory": program, "cost": f"extrapolated by depth from unrolled compiles of {depths} layers"}
+        cost = program + (": each loop body counted once, so low" if self.scanned else "")
+        return {"memory": program, "cost": cost}
 
     @property
     def fits(self) -> bool:
@@ -137,6 +168,7 @@ class SliceCompileReport:
             "estimated_step_seconds": self.step_seconds,
             "estimated_tokens_per_second_per_chip": self.tokens_per_second_per_chip,
             "estimated_mfu": self.estimated_mfu,
+            "sources": self.sources,
         }
         return data
 
@@ -150,7 +182,8 @@ def target_slice(recipe: Recipe, name: str) -> TpuSlice:
 
 def for_tpu(recipe: Recipe, layers: int | None = None) -> Recipe:
     """The recipe as the pod runs it: its Pallas kernels compiled (never interpret mode), no step cache, and
-    the model cut to ``layers`` transformer layers when given."""
+    the model cut to ``layers`` transformer layers when given (then unrolled: those compiles are for the
+    cost analysis, which counts a loop's body once)."""
     kernels = recipe.kernels
     kernels = dataclasses.replace(
         kernels,
@@ -162,6 +195,8 @@ def for_tpu(recipe: Recipe, layers: int | None = None) -> Recipe:
     if layers is not None:
         model = dataclasses.replace(model, shape=dataclasses.replace(model.shape, n_layers=layers))
     train = dataclasses.replace(recipe.train, compile_cache_dir="off")
+    if layers is not None:
+        train = dataclasses.replace(train, scan_layers=False)
     return dataclasses.replace(recipe, kernels=kernels, model=model, train=train)
 
 
@@ -207,7 +242,8 @@ def compile_for_slice(
         compiled_step = step.compile(shape, folder, COST_MODEL_OPTIONS)
         figures = program_figures(compiled_step.compiled, optimised_hlo(compiled_step.compiled, folder))
     tokens = shape.micro_batches * shape.batch * shape.seq_len
-    planned = plan_run(pod, chip, tpu.total_chips, pod.target.mfu)
+    on_xla = dataclasses.replace(pod, device=dataclasses.replace(pod.device, lane="xla"))  # the step compiled here
+    planned = plan_run(on_xla, chip, tpu.total_chips, pod.target.mfu)
     report = SliceCompileReport(
         recipe=recipe.name,
         slice=tpu.name,
@@ -226,8 +262,31 @@ def compile_for_slice(
         trace_seconds=compiled_step.trace_seconds,
         compile_seconds=compiled_step.compile_seconds,
         peak_host_bytes=host_memory_stats().peak_bytes or 0,
+        scanned=step.layer_stack.stacks_any,
     )
     return report, compiled_step.compiled
+
+
+def with_costs_from(
+    full: SliceCompileReport, shallow: SliceCompileReport, deeper: SliceCompileReport
+) -> SliceCompileReport:
+    """``full`` (a scanned compile of the whole depth) with its flops, bytes, estimated time and collectives
+    replaced by those ``extrapolated`` from two unrolled compiles of shallow copies; memory, loops and compile
+    time stay ``full``'s own."""
+    cost = extrapolated(shallow, deeper).program
+    program = dataclasses.replace(
+        cost, memory=full.program.memory, while_loops=full.program.while_loops, loop_sources=full.program.loop_sources
+    )
+    return dataclasses.replace(
+        full,
+        program=program,
+        cost_from=(shallow.layers, deeper.layers),
+        cost_compile_seconds=shallow.compile_seconds
+        + shallow.trace_seconds
+        + deeper.compile_seconds
+        + deeper.trace_seconds,
+        peak_host_bytes=max(full.peak_host_bytes, shallow.peak_host_bytes, deeper.peak_host_bytes),
+    )
 
 
 def extrapolated(shallow: SliceCompileReport, deeper: SliceCompileReport) -> SliceCompileReport:

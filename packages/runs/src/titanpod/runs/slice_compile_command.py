@@ -12,11 +12,13 @@ from rich.table import Table
 
 from titanpod.recipes.recipe import Recipe
 from titanpod.runs.slice_compile import (
+    COST_DEPTHS,
     SliceCompileReport,
     compile_for_slice,
     extrapolated,
     save_executable,
     target_slice,
+    with_costs_from,
     write_report,
 )
 
@@ -36,8 +38,10 @@ def compile_for_command(
     the report; 0 when it fits a chip, 1 when not (saying what dominates), 2 for a request that cannot be met.
 
     ``layers``: one depth compiles the model cut to that many layers; two (``2,4``) compile both and report the
-    whole model's figures extrapolated by depth. ``keep_program`` also writes the optimised HLO and the
-    serialised executable beside the report.
+    whole model's figures extrapolated by depth. Without ``layers``, a recipe with ``train.scan_layers`` is
+    compiled at full depth with its blocks as one loop (memory a chip, compile time) and as unrolled copies of
+    ``COST_DEPTHS`` layers (flops, time, collectives, extrapolated). ``keep_program`` also writes the optimised
+    HLO and the serialised executable beside the report.
     """
     tpu = target_slice(recipe, slice_name)
     folder = output_dir or Path(recipe.output.runs_dir) / f"compile-{recipe.name}-{tpu.name.replace(' ', '')}"
@@ -50,7 +54,8 @@ def compile_for_command(
     started = time.perf_counter()
     reports: list[SliceCompileReport] = []
     compiled = None
-    for depth in layers or (None,):
+    costed = not layers and recipe.train.scan_layers
+    for depth in layers or ((None, *COST_DEPTHS) if costed else (None,)):
         hlo = folder / (f"hlo-{depth}-layers" if depth else "hlo") if keep_program else None
         with console.status(f"compiling {recipe.name} for {tpu.name} ({depth or 'all'} layers) with libtpu ..."):
             try:
@@ -60,11 +65,14 @@ def compile_for_command(
                     raise
                 return refused_for_memory(recipe, tpu.name, str(error), folder, console)
         console.print(
-            f"compiled {report.layers} layers in {report.compile_seconds:.1f} s "
-            f"(traced and lowered in {report.trace_seconds:.1f} s)"
+            f"compiled {report.layers} layers{' as one loop' if report.scanned else ''} in "
+            f"{report.compile_seconds:.1f} s (traced and lowered in {report.trace_seconds:.1f} s)"
         )
         reports.append(report)
-    report = extrapolated(*reports) if len(reports) == 2 else reports[0]
+    if len(reports) == 3:
+        report = with_costs_from(*reports)
+    else:
+        report = extrapolated(*reports) if len(reports) == 2 else reports[0]
     path = write_report(report, folder / "report.json")
     if keep_program and compiled is not None:
         save_executable(compiled, folder / "executable.bin")
@@ -110,9 +118,13 @@ def slice_table(report: SliceCompileReport) -> Table:
         depth += f" (extrapolated from compiles of {' and '.join(map(str, report.extrapolated_from))})"
     elif report.layers != report.model_layers:
         depth += f" of {report.model_layers} (a shallow copy)"
+    if report.scanned:
+        depth += ", blocks as one loop"
     table = Table(title=f"{report.recipe} compiled for {report.slice} by libtpu", show_header=False)
     table.add_row("program", f"{depth}; mesh " + " x ".join(f"{a} {n}" for a, n in report.mesh.items()))
     batch = report.batch
+    table.add_row("memory from", report.sources["memory"])
+    table.add_row("flops, time, collectives from", report.sources["cost"])
     table.add_row(
         "batch", f"{batch.micro_batches} x {batch.batch} x {batch.seq_len} tokens ({report.tokens_per_step:,} a step)"
     )
@@ -142,7 +154,10 @@ def slice_table(report: SliceCompileReport) -> Table:
         table.add_row(f"  {kind}", f"{collective.count} ops, {collective.bytes / GiB:,.2f} GiB a step")
     if report.program.while_loops:
         table.add_row("while loops", f"{report.program.while_loops} (each body counted once in flops and time)")
-    table.add_row("compile", f"{report.compile_seconds:.1f} s; peak host memory {_gib(report.peak_host_bytes)}")
+    compile_time = f"{report.compile_seconds:.1f} s"
+    if report.cost_from:
+        compile_time += f" (+ {report.cost_compile_seconds:.1f} s traced and compiled for the cost)"
+    table.add_row("compile", f"{compile_time}; peak host memory {_gib(report.peak_host_bytes)}")
     return table
 
 

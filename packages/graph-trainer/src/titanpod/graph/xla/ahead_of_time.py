@@ -88,10 +88,13 @@ class AbstractXlaStep(XlaStep):
                 return whole
             return NamedSharding(self.mesh, param_partition_spec(self._plan, name, ndim, self.axes))
 
-        self.param_shardings = [sharding(name, p.ndim) for name, p in zip(self.names, self.params, strict=True)]
+        self.name_shardings = {name: sharding(name, p.ndim) for name, p in zip(self.names, self.params, strict=True)}
+        self.param_shardings = self._entry_shardings()
+        stack = self.layer_stack
+        shapes = stack.per_entry({name: tuple(p.shape) for name, p in zip(self.names, self.params, strict=True)})
         self.jax_params = [
-            jax.ShapeDtypeStruct(tuple(p.shape), jnp.float32, sharding=s)
-            for p, s in zip(self.params, self.param_shardings, strict=True)
+            jax.ShapeDtypeStruct(stack.entry_shape(i, shape), jnp.float32, sharding=s)
+            for i, (shape, s) in enumerate(zip(shapes, self.param_shardings, strict=True))
         ]
         moments = [jax.ShapeDtypeStruct(p.shape, jnp.float32, sharding=p.sharding) for p in self.jax_params]
         return AdamWState(jax.ShapeDtypeStruct((), jnp.float32, sharding=whole), moments, list(moments))  # type: ignore[arg-type]

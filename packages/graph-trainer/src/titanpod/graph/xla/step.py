@@ -30,9 +30,11 @@ from titanpod.graph.loss_metrics import loss_and_metrics
 from titanpod.graph.optimizer import AdamWState, adamw_update_, state_tree, total_grad_norm
 from titanpod.graph.step_base import Batch, StateFormat, StepOutput, TrainStep, stack_micro_batches
 from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
+from titanpod.graph.xla.layer_stack import LayerStack
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
 from titanpod.graph.xla.precision import bf16_autocast
 from titanpod.graph.xla.remat import has_blocks, remat_policy, rematerialised_blocks
+from titanpod.graph.xla.scan import scanned_layers
 from titanpod.graph.xla.state import RegionValues, load_state_tree, place_params, zero_adamw_state
 
 
@@ -51,6 +53,10 @@ class XlaStep(TrainStep):
     A model left on the meta device is never made whole on the host to start: each device's shard of
     each parameter is created from ``initial_values(name, region)`` (e.g.
     ``titanpod.models.region_initializer(model, seed)``); ``finish()`` then materialises the torch model.
+
+    With ``config.scan_layers`` the blocks run as one ``lax.scan`` (``titanpod.graph.xla.scan``) and the step
+    holds their parameters and moments stacked (``layer_stack``: ``jax_params`` and ``state`` are per entry);
+    ``state_dict()``, ``load_state_dict`` and ``finish()`` speak of the model's own per-layer parameters.
     """
 
     state_format: ClassVar[StateFormat] = "jax"
@@ -76,20 +82,57 @@ class XlaStep(TrainStep):
         # Before the first compile of this step, which places the parameters.
         self._cache_folder = use_xla_cache(xla_cache_dir(config.compile_cache_dir))
         self._compiled: dict[tuple, Any] = {}  # batch arrays' (shape, dtype)s -> the program compiled for them
+        named = list(model.named_parameters())
+        self.layer_stack = (
+            LayerStack.of([n for n, _ in named], [tuple(p.shape) for _, p in named], _block_count(model))
+            if config.scan_layers
+            else LayerStack.flat([n for n, _ in named])
+        )
+        """The step's arrays (``jax_params``, the moments) and the model's parameters each holds."""
         super().__init__(model, config, backend)  # calls initial_state: parameters and moments on the mesh
         self.program = self.jitted_step()
         """The ``jax.jit`` of the step: lowered and compiled once per batch shape (``_compiled_program``), never
         called itself, so that each compile is timed and its cache hit or miss reported."""
 
     def initial_state(self) -> AdamWState:
-        """Place the parameters on the mesh (``jax_params``) and make zero moments sharded like them."""
+        """Place the parameters on the mesh (``jax_params``) and make zero moments sharded like them.
+
+        With stacked blocks each block's parameters are placed as the plan says, then stacked once (for a
+        moment the blocks' parameters are on the devices twice)."""
         with self.backend.runtime():
             self.mesh = self._mesh if self._mesh is not None else default_mesh(self.backend, self.axes)
             named = list(zip(self.names, self.params, strict=True))
-            self.jax_params = place_params(named, self._plan, self.mesh, self.axes, self._initial_values)
+            placed = place_params(named, self._plan, self.mesh, self.axes, self._initial_values)
             self._initial_values = None  # used once: the step's own arrays hold the parameters from here on
-            self.param_shardings = [array.sharding for array in self.jax_params]
+            self.name_shardings = {name: array.sharding for name, array in zip(self.names, placed, strict=True)}
+            """Each model parameter's sharding (a block's own, inside a stack)."""
+            self.param_shardings = self._entry_shardings()
+            self.jax_params = self._stacked(placed) if self.layer_stack.stacks_any else placed
             return zero_adamw_state(self.jax_params, self.mesh)
+
+    def _entry_shardings(self) -> list[Any]:
+        """The sharding of each of the step's arrays, from ``name_shardings``."""
+        stack = self.layer_stack
+        return [stack.entry_sharding(i, s) for i, s in enumerate(stack.per_entry(self.name_shardings))]
+
+    def _stacked(self, per_name: list[Any]) -> list[Any]:
+        """The step's arrays from the model's parameters' (one jitted copy, laid out as ``param_shardings``)."""
+        import jax
+
+        stack = self.layer_stack
+        arrays = dict(zip(self.names, per_name, strict=True))
+        return jax.jit(stack.stack, out_shardings=self.param_shardings)(arrays)
+
+    def _unstacked(self, entries: list[Any]) -> list[Any]:
+        """The model's parameters' arrays (in ``names`` order) from the step's; copies when any entry is stacked."""
+        import jax
+
+        stack = self.layer_stack
+        if not stack.stacks_any:
+            return list(entries)
+        shardings = {name: self.name_shardings[name] for name in self.names}
+        per_name = jax.jit(stack.unstack, out_shardings=shardings)(list(entries))
+        return [per_name[name] for name in self.names]
 
     def batch_sharding(self) -> Any:
         """The sharding of a step's tokens [A, B, S]: B split over the mesh's data axes."""
@@ -102,13 +145,16 @@ class XlaStep(TrainStep):
         Runs ``model.loss`` through ``jax_view`` of ``torch.func.functional_call``, under
         torchax's bf16 autocast when ``config.precision`` is bf16 (matmuls in bf16;
         parameters and gradients stay fp32), with each transformer block rematerialised
-        by the memory policy.
+        by the memory policy; with ``scan_layers``, the blocks run as one scan over their stacked parameters.
         """
         from torchax.interop import jax_view, torch_view
 
         model, names, config = self.model, self.names, self.config
         wrapper = _LossModule(model)
         gather, layout_input = self.gather_rule(), self.hidden_layout()
+        layer_stack = self.layer_stack
+        names = list(layer_stack.entries)
+        stacked = [layer_stack.is_stacked(i) for i in range(len(names))]
         # Blocks gather their own parameters; the rest (embeddings, final norm, head) are gathered up front.
         outside = [gather is not None and not (has_blocks(model) and name.startswith("layers.")) for name in names]
 
@@ -123,13 +169,16 @@ class XlaStep(TrainStep):
                     torch_view(gather(name, jax_view(param))) if up_front else param
                     for name, param, up_front in zip(names, params, outside, strict=True)
                 ]
-            bound = {"inner." + name: param for name, param in zip(names, params, strict=True)}
+            bound = {"inner." + n: p for n, p, s in zip(names, params, stacked, strict=True) if not s}
             inputs = (tokens_BS, labels_BS) if document_ids_BS is None else (tokens_BS, labels_BS, document_ids_BS)
             with contextlib.ExitStack() as stack:
                 if config.precision == "bf16":
                     stack.enter_context(bf16_autocast())
                 if self.policy is not None or gather is not None:
                     stack.enter_context(rematerialised_blocks(model, wrapper, self.policy, gather, layout_input))
+                if any(stacked):
+                    blocks = [jax_view(p) for p, s in zip(params, stacked, strict=True) if s]
+                    stack.enter_context(scanned_layers(model, blocks))
                 return torch.func.functional_call(wrapper, bound, inputs)
 
         return jax_view(torch_loss)
@@ -152,11 +201,10 @@ class XlaStep(TrainStep):
             name: NamedSharding(self.mesh, gathered_partition_spec(self._plan, name, ndim, self.axes))
             for name, ndim in shapes.items()
         }
-        if all(target.spec == sharding.spec for target, sharding in zip(targets.values(), self.param_shardings,
-                                                                          strict=True)):  # fmt: skip
+        homes = self.name_shardings
+        if all(target.spec == homes[name].spec for name, target in targets.items()):
             return None
         dtype = None if self.gather_dtype is None else jnp.dtype(str(self.gather_dtype).removeprefix("torch."))
-        homes = dict(zip(self.names, self.param_shardings, strict=True))
 
         def gather(name: str, array: Any) -> Any:
             cast = dtype if dtype is not None and jnp.issubdtype(array.dtype, jnp.floating) else array.dtype
@@ -205,7 +253,7 @@ class XlaStep(TrainStep):
         (params, exp_avg, exp_avg_sq, step, grad_norm, applied), running ``adamw_update_``."""
         from torchax.interop import jax_view
 
-        decays, config = self.decays, self.config
+        decays, config = self.layer_stack.per_entry(dict(zip(self.names, self.decays, strict=True))), self.config
 
         def torch_update(params, grads, exp_avg, exp_avg_sq, step, lr):
             grad_norm = total_grad_norm(grads, foreach=False)  # torchax tensors have no foreach kernels
@@ -313,7 +361,11 @@ class XlaStep(TrainStep):
         The arrays are the step's own, sharded on its mesh; the next step donates them, so save
         them (or copy them) before stepping again. The xla step uses no random state: no "rng" key.
         """
-        return state_tree(self.names, self.jax_params, self.state)
+        if not self.layer_stack.stacks_any:
+            return state_tree(self.names, self.jax_params, self.state)
+        state = self.state
+        moments = AdamWState(state.step, self._unstacked(state.exp_avg), self._unstacked(state.exp_avg_sq))
+        return state_tree(self.names, self._unstacked(self.jax_params), moments)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Put a ``state_dict``-layout tree of arrays (jax or numpy) into the step, each on the step's own sharding.
@@ -323,7 +375,11 @@ class XlaStep(TrainStep):
         ``ValueError`` naming it. The step gets its own copies: ``state`` stays valid after the next step.
         """
         with self.backend.runtime():
-            self.jax_params, self.state = load_state_tree(self.names, self.state_dict(), state)
+            params, loaded = load_state_tree(self.names, self.state_dict(), state)
+            if self.layer_stack.stacks_any:
+                params = self._stacked(params)
+                loaded = AdamWState(loaded.step, self._stacked(loaded.exp_avg), self._stacked(loaded.exp_avg_sq))
+            self.jax_params, self.state = params, loaded
 
     def finish(self) -> None:
         """Copy the trained parameters from the JAX devices into the torch model (waits for the device); a model
@@ -331,9 +387,14 @@ class XlaStep(TrainStep):
         if any(param.is_meta for param in self.params):
             self.model.to_empty(device="cpu")  # new parameter objects: read them again
             self.params = [param for _, param in self.model.named_parameters()]
-        with torch.no_grad():
-            for param, array in zip(self.params, self.jax_params, strict=True):
+        with torch.no_grad(), self.backend.runtime():
+            for param, array in zip(self.params, self._unstacked(self.jax_params), strict=True):
                 param.data.copy_(torch.from_numpy(np.array(array)))  # np.array: a writable host copy
+
+
+def _block_count(model: nn.Module) -> int:
+    """How many transformer blocks ``model`` holds in ``model.layers`` (0 without them)."""
+    return len(model.layers) if has_blocks(model) else 0  # type: ignore[arg-type]
 
 
 class _LossModule(nn.Module):

@@ -145,6 +145,20 @@ class Transformer(nn.Module):
             document_ids_BS = self.ops.sequence.local(document_ids_BS)
         h_BSM = self.tok_embeddings(tokens_BS)
         cos_SD, sin_SD = self.rotary_tables(self.args, positions_S, h_BSM.dtype)
+        h_BSM, router_logits, dropped = self.run_layers(h_BSM, cos_SD, sin_SD, document_ids_BS)
+        return self.norm(h_BSM), router_logits, dropped
+
+    def run_layers(
+        self,
+        h_BSM: torch.Tensor,
+        cos_SD: torch.Tensor,
+        sin_SD: torch.Tensor,
+        document_ids_BS: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """The transformer blocks in order over the embedded tokens: the last block's output [B, S, M], and
+        each MoE block's router logits [N, E] and dropped-choice count (0-d), one entry a block (empty lists
+        for a dense model). A step may run the same blocks another way (e.g. as one loop over stacked
+        parameters) by giving the model its own ``run_layers`` with this signature."""
         router_logits: list[torch.Tensor] = []
         dropped: list[torch.Tensor] = []
         for layer in self.layers:
@@ -155,7 +169,7 @@ class Transformer(nn.Module):
             if routing is not None:
                 router_logits.append(routing[0])
                 dropped.append(routing[1])
-        return self.norm(h_BSM), router_logits, dropped
+        return h_BSM, router_logits, dropped
 
     def hidden_states(self, tokens_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None) -> torch.Tensor:
         """Final-norm hidden states, shape [B, S, M] (``document_ids_BS``: see ``hidden_states_and_router_logits``)."""

@@ -171,9 +171,9 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     train, data = recipe.train, recipe.data
     dtype = torch.bfloat16 if train.precision == "bf16" else torch.float32
     local_seq = data.seq_len // mesh["cp"]  # each cp rank runs its share of every row through the blocks
-    block = block_saved_bytes(
-        model.args, data.batch_size, local_seq, dtype, mesh["tp"], recipe.parallel.sequence_parallel
-    )
+    # The xla lane's step keeps the hidden states between blocks whole over tp (titanpod.graph.xla's hidden_layout).
+    sequence_parallel = recipe.parallel.sequence_parallel and lane != "xla"
+    block = block_saved_bytes(model.args, data.batch_size, local_seq, dtype, mesh["tp"], sequence_parallel)
     head = head_saved_bytes(model.args, data.batch_size, local_seq, dtype, model.ops.head_loss)
     gathered = 0
     if mesh["fsdp"] * mesh["cp"] * mesh["ep"] > 1:  # parameters are gathered a block at a time, one prefetched
