@@ -29,6 +29,22 @@ G = H // K
 TILE = 128
 
 
+def walk(jaxpr: Jaxpr) -> list[Any]:
+    """Every equation of ``jaxpr`` and of the jaxprs its equations call (a Pallas kernel's body left out)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        found.append(eqn)
+        if eqn.primitive.name == "pallas_call":
+            continue
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, tuple) else (value,):
+                if isinstance(inner, ClosedJaxpr):
+                    found += walk(inner.jaxpr)
+                elif isinstance(inner, Jaxpr):
+                    found += walk(inner)
+    return found
+
+
 def pallas_costs(jaxpr: Jaxpr) -> list[tuple[str, Any]]:
     """``(kernel name, declared cost)`` of every Pallas call in ``jaxpr`` and the jaxprs it calls."""
     found = []
@@ -119,11 +135,30 @@ def test_splash_with_document_ids_declares_the_same_flops():
 
 def test_pallas_loss_declares_each_kernels_cost():
     config = PallasLossConfig(block_rows=128, block_vocab=512)
-    N, M, V = 256, 64, 1000  # the vocabulary pads to 1024
+    N, M, V = 256, 64, 1000  # two vocabulary tiles, the second partial: computed as 1,024 columns
     loss = make_pallas_cross_entropy(config, V, M, interpret=True)
     h, w = jnp.ones((N, M), jnp.float32), jnp.ones((V, M), jnp.float32)
     labels = jnp.zeros((N,), jnp.int32)
     costs = [cost for _, cost in pallas_costs(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(h, w, labels).jaxpr)]
-    expected = loss_cost_estimates(N, 1024, M, 4, config)
+    expected = loss_cost_estimates(N, V, M, 4, config)
     assert costs == [expected["forward"], expected["grad_h"], expected["grad_w"]]  # in the order they run
     assert sum(c.flops for c in costs) == 10 * N * 1024 * M
+
+
+def test_pallas_loss_neither_copies_the_head_nor_widens_its_gradient():
+    """The head goes into the kernels as it is (a partial last vocabulary tile, no padded copy), and the
+    weight and hidden gradients come out of them in the inputs' dtype (bf16 here), summed in float32 scratch."""
+    config = PallasLossConfig(block_rows=128, block_vocab=512)
+    N, M, V = 256, 64, 1000
+    loss = make_pallas_cross_entropy(config, V, M, interpret=True, itemsize=2)
+    h, w = jnp.ones((N, M), jnp.bfloat16), jnp.ones((V, M), jnp.bfloat16)
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(h, w, jnp.zeros((N,), jnp.int32)).jaxpr
+    calls = [eqn for eqn in walk(jaxpr) if eqn.primitive.name == "pallas_call"]
+    assert len(calls) == 3
+    for eqn in calls:
+        assert all(var.aval.shape != (1024, M) for var in [*eqn.invars, *eqn.outvars])  # no padded head
+    grad_w = calls[-1].outvars[0].aval
+    grad_h = calls[-2].outvars[0].aval
+    assert (grad_w.shape, grad_w.dtype) == ((V, M), jnp.bfloat16)
+    assert (grad_h.shape, grad_h.dtype) == ((N, M), jnp.bfloat16)
+    assert not [eqn for eqn in walk(jaxpr) if eqn.primitive.name == "pad" and eqn.outvars[0].aval.shape[0] != N]

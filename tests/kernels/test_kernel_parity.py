@@ -177,6 +177,18 @@ def test_pallas_loss_matches_the_reference_with_ignored_labels(dtype):
     compare(pallas, linear_cross_entropy, [h, w, labels], dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pallas_loss_with_a_vocabulary_inside_one_partial_tile_matches_the_reference(dtype):
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(1, 40, 32, generator=g).to(dtype)
+    w = (torch.randn(100, 32, generator=g) * 0.3).to(dtype)  # 100 entries in one tile of 128: all of it partial
+    labels = torch.randint(0, 100, (1, 40), generator=g)
+    labels[0, -5:] = IGNORE_INDEX
+    labels[0, 0] = 99  # the last entry of the vocabulary
+    pallas = PallasLinearCrossEntropy(PallasLossConfig(block_rows=16, block_vocab=128))
+    compare(pallas, linear_cross_entropy, [h, w, labels], dtype)
+
+
 def test_chunked_loss_with_every_label_ignored_is_nan_like_the_reference():
     h, w = torch.randn(1, 4, 8), torch.randn(10, 8)
     labels = torch.full((1, 4), IGNORE_INDEX)

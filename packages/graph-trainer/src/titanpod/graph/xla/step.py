@@ -30,6 +30,7 @@ from titanpod.graph.loss_metrics import loss_and_metrics
 from titanpod.graph.optimizer import AdamWState, adamw_update_, state_tree, total_grad_norm
 from titanpod.graph.step_base import Batch, StateFormat, StepOutput, TrainStep, stack_micro_batches
 from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
+from titanpod.graph.xla.head import head_parameter, regathered_head
 from titanpod.graph.xla.layer_stack import LayerStack
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
 from titanpod.graph.xla.precision import bf16_autocast
@@ -155,8 +156,16 @@ class XlaStep(TrainStep):
         layer_stack = self.layer_stack
         names = list(layer_stack.entries)
         stacked = [layer_stack.is_stacked(i) for i in range(len(names))]
-        # Blocks gather their own parameters; the rest (embeddings, final norm, head) are gathered up front.
-        outside = [gather is not None and not (has_blocks(model) and name.startswith("layers.")) for name in names]
+        # Blocks gather their own parameters, and the head + loss slot its head (regathered for its backward);
+        # the rest (embeddings, final norm) are gathered up front, a tied head too, for the embedding's use.
+        head = head_parameter(model) if gather is not None else None
+        tables = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Embedding)}
+        outside = [
+            gather is not None
+            and not (has_blocks(model) and name.startswith("layers."))
+            and (name != head or name in tables)
+            for name in names
+        ]
 
         def torch_loss(
             params: list[torch.Tensor],
@@ -164,6 +173,7 @@ class XlaStep(TrainStep):
             labels_BS: torch.Tensor,
             document_ids_BS: torch.Tensor | None = None,
         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            stored = params
             if gather is not None:
                 params = [
                     torch_view(gather(name, jax_view(param))) if up_front else param
@@ -172,6 +182,9 @@ class XlaStep(TrainStep):
             bound = {"inner." + n: p for n, p, s in zip(names, params, stacked, strict=True) if not s}
             inputs = (tokens_BS, labels_BS) if document_ids_BS is None else (tokens_BS, labels_BS, document_ids_BS)
             with contextlib.ExitStack() as stack:
+                if head is not None and gather is not None:
+                    at = names.index(head)
+                    stack.enter_context(regathered_head(model, head, lambda: params[at], jax_view(stored[at]), gather))
                 if config.precision == "bf16":
                     stack.enter_context(bf16_autocast())
                 if self.policy is not None or gather is not None:
