@@ -32,6 +32,7 @@ from titanpod.models import (
     positioned_sdpa_attention,
     sdpa_attention,
 )
+from titanpod.models.common.ops import swiglu_experts
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 DTYPES = sorted(TOLERANCE, key=str)
@@ -155,6 +156,19 @@ def test_grouped_matmul_matches_the_batched_reference_with_empty_rows(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_grouped_swiglu_matches_three_reference_matmuls_with_empty_rows(dtype):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 7, 32, generator=g).to(dtype)  # 4 experts x 7 rows: padded to whole tiles once
+    x[2, 2:] = 0  # rows an expert did not receive are zeros, and must come out zero
+    x[3] = 0
+    w1, w3 = ((torch.randn(4, 24, 32, generator=g) * 0.3).to(dtype) for _ in range(2))
+    w2 = (torch.randn(4, 32, 24, generator=g) * 0.3).to(dtype)
+    gmm = MegabloxGroupedMatmul(GroupedMatmulConfig(tile_rows=8, tile_in=16, tile_out=8))
+    compare(gmm.swiglu, swiglu_experts, [x, w1, w3, w2], dtype)
+    assert not gmm.swiglu(x, w1, w3, w2)[3].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_chunked_loss_matches_the_reference_with_ignored_labels(dtype):
     g = torch.Generator().manual_seed(3)
     h = torch.randn(3, 29, 16, generator=g).to(dtype)
@@ -206,6 +220,11 @@ def test_unsupported_inputs_are_refused_not_miscomputed():
         SplashAttention()(*qkv(4, 2, torch.float32), torch.zeros(2, 255, dtype=torch.long))
     with pytest.raises(TypeError, match="one dtype"):
         MegabloxGroupedMatmul()(torch.randn(2, 4, 4), torch.randn(2, 4, 4).bfloat16())
+    with pytest.raises(TypeError, match="one dtype"):
+        MegabloxGroupedMatmul().swiglu(*(torch.randn(2, 4, 4) for _ in range(3)), torch.randn(2, 4, 4).bfloat16())
+    with pytest.raises(ValueError, match=r"down weights \[E, M, F\]"):
+        MegabloxGroupedMatmul().swiglu(torch.randn(2, 3, 4), torch.randn(2, 6, 4), torch.randn(2, 6, 4),
+                                       torch.randn(2, 6, 4))  # fmt: skip
     with pytest.raises(TypeError, match="hidden states and head of one dtype"):
         PallasLinearCrossEntropy(PallasLossConfig())(
             torch.randn(1, 2, 4), torch.randn(5, 4).bfloat16(), torch.zeros(1, 2)

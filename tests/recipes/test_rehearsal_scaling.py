@@ -15,7 +15,14 @@ from titanpod.recipes import RECIPES, get_recipe
 from titanpod.recipes.families import build_model
 from titanpod.recipes.rehearsal import RehearsalError, rehearsal_lanes, scale_recipe
 from titanpod.recipes.rehearsal.corpus import write_hub_layout
-from titanpod.recipes.rehearsal.scaling import STEPS, STOP_AT, TORCH_PROCESSES, XLA_DEVICES, check_honourable
+from titanpod.recipes.rehearsal.scaling import (
+    GMM_TILE,
+    STEPS,
+    STOP_AT,
+    TORCH_PROCESSES,
+    XLA_DEVICES,
+    check_honourable,
+)
 from titanpod.runs.rehearsal.rehearse import LaneResult, judge, judge_without_pp, without_pipeline
 
 POD_RECIPES = [name for name in RECIPES if not name.endswith("_debug")]
@@ -86,6 +93,8 @@ def test_every_setting_is_kept_or_listed_with_its_rehearsal_value(name):
         assert getattr(getattr(small, section), field) == getattr(getattr(recipe, section), field), path
         assert path in by_name
     assert by_name["kernels.attention"].rehearsal == "splash (Pallas interpret mode)"
+    tiles = small.kernels.grouped_matmul  # the small model's expert buffers are a few rows: tiles of 128 at most
+    assert max(tiles.tile_rows, tiles.tile_in, tiles.tile_out) <= GMM_TILE == 128
     assert small.train.steps == STEPS and small.checkpoint.every == STOP_AT
     leaves = _leaf_paths(recipe.to_dict())
     shown = set(by_name)

@@ -198,9 +198,10 @@ class XlaStep(TrainStep):
 
     def gather_rule(self) -> Callable[[str, Any], Any] | None:
         """FSDP's gather as sharding constraints: parameter ``name``'s JAX value cast to ``gather_dtype`` and laid
-        out whole over the data shard axes (still split over ``tp``, experts over ``ep``). ``None`` when nothing is
-        sharded over a data axis. Without it XLA's partitioner may keep the weights sharded and split the
-        activations' features to match, moving activations instead of weights."""
+        out whole over the data shard axes (still split over ``tp``, experts over ``ep``); parameters a module gathers
+        itself (``self_gathered``) only cast. ``None`` when nothing is sharded over a data axis. Without it XLA's
+        partitioner may keep the weights sharded and split the activations' features to match, moving activations
+        instead of weights."""
         import jax
         import jax.numpy as jnp
         from jax.sharding import NamedSharding
@@ -210,8 +211,12 @@ class XlaStep(TrainStep):
         if self._plan is None:
             return None
         shapes = {name: param.ndim for name, param in zip(self.names, self.params, strict=True)}
+        homes = dict(zip(self.names, self.param_shardings, strict=True))
+        own = self_gathered(self.model)
         targets = {
-            name: NamedSharding(self.mesh, gathered_partition_spec(self._plan, name, ndim, self.axes))
+            name: homes[name]
+            if name in own
+            else NamedSharding(self.mesh, gathered_partition_spec(self._plan, name, ndim, self.axes))
             for name, ndim in shapes.items()
         }
         homes = self.name_shardings
@@ -423,3 +428,14 @@ class _LossModule(nn.Module):
         if document_ids_BS is None:
             return loss_and_metrics(self.inner, tokens_BS, labels_BS)
         return loss_and_metrics(self.inner, tokens_BS, labels_BS, document_ids_BS=document_ids_BS)
+
+
+def self_gathered(model: nn.Module) -> set[str]:
+    """Names of the parameters whose module gathers them itself (its ``gathers_own_parameters``: MoE experts
+    whose grouped-matmul kernel gathers their weights inside its ``shard_map``): FSDP's gather in the step
+    leaves them as stored (cast to the gather dtype) rather than gather them twice."""
+    names: set[str] = set()
+    for prefix, module in model.named_modules():
+        if getattr(module, "gathers_own_parameters", False):
+            names.update(f"{prefix}.{name}" if prefix else name for name, _ in module.named_parameters())
+    return names

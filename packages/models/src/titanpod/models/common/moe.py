@@ -3,7 +3,7 @@ load-balancing loss.
 
 Legend: B batch, S sequence, M model dim, N tokens (B x S), E experts, K experts per
 token, F expert hidden dim, T routed choices (K x N, all first choices, then all second
-choices, ...), C rows per expert (its capacity), L layers.
+choices, ...), C rows per expert (its capacity), R rows of all experts' buffers (E x C), L layers.
 
 Every shape is fixed by the batch shape and ``MoEArgs``: each expert gets a buffer of C
 rows, filled in order of choice, and a choice that finds its expert's buffer full is
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titanpod.models.common.args import MoEArgs
-from titanpod.models.common.ops import BatchMeanOp, ExpertMatmulOp, local_batch_mean
+from titanpod.models.common.ops import BatchMeanOp, ExpertMatmulOp, local_batch_mean, swiglu_experts_of
 
 
 def expert_capacity(n_tokens: int, moe: MoEArgs) -> int:
@@ -99,7 +99,10 @@ def dispatch(
     N, M = x_NM.shape
     C = expert_capacity(N, moe)
     slot_T, dropped = route(experts_BSK.flatten(0, 1), E, C)
-    buffers_ECM = x_NM.new_zeros(E * C + 1, M).index_add(0, slot_T, x_NM.repeat(K, 1))[: E * C].view(E, C, M)
+    # A dropped choice adds zeros to the last row, not to a spare row: no buffer one row too long to cut back.
+    kept_T1 = (slot_T < E * C)[:, None].to(x_NM.dtype)
+    rows_TM = x_NM.repeat(K, 1) * kept_T1
+    buffers_ECM = x_NM.new_zeros(E * C, M).index_add(0, slot_T.clamp(max=E * C - 1), rows_TM).view(E, C, M)
     return buffers_ECM.unsqueeze(0), slot_T.unsqueeze(0), dropped.reshape(1)
 
 
@@ -107,14 +110,17 @@ def combine(done_1ECM: torch.Tensor, slot_1T: torch.Tensor, weights_BSK: torch.T
     """One batch shard's output [B, S, M]: each token's K expert rows, weighted by its router weights."""
     B, S, K = weights_BSK.shape
     _, E, C, M = done_1ECM.shape
-    rows_SM = torch.cat([done_1ECM.reshape(E * C, M), done_1ECM.new_zeros(1, M)])  # the spare row reads zero
-    weights_T = weights_BSK.flatten(0, 1).T.flatten()
-    weighted_TM = rows_SM[slot_1T[0]] * weights_T[:, None].to(rows_SM.dtype)
+    slot_T = slot_1T[0]
+    # A dropped choice reads the last row with weight zero (no copy of the buffers with a zero row appended).
+    weights_T = torch.where(slot_T < E * C, weights_BSK.flatten(0, 1).T.flatten(), 0)
+    rows_RM = done_1ECM.reshape(E * C, M)
+    weighted_TM = rows_RM[slot_T.clamp(max=E * C - 1)] * weights_T[:, None].to(rows_RM.dtype)
     return (weighted_TM.view(K, B * S, M).sum(dim=0).view(B, S, M),)
 
 
 class GroupedExperts(nn.Module):
-    """E SwiGLU experts stored as stacked weights, applied through the expert-matmul slot."""
+    """E SwiGLU experts stored as stacked weights, applied through the expert-matmul slot (its whole-MLP
+    ``swiglu`` when it offers one, see ``swiglu_experts_of``)."""
 
     def __init__(self, dim: int, moe: MoEArgs, expert_matmul: ExpertMatmulOp) -> None:
         super().__init__()
@@ -124,11 +130,15 @@ class GroupedExperts(nn.Module):
         self.w3 = nn.Parameter(torch.empty(shape_up))
         self.expert_matmul = expert_matmul
 
+    @property
+    def gathers_own_parameters(self) -> bool:
+        """Whether the expert-matmul op gathers this module's sharded weights itself (its ``gathers_weights``): a
+        step that gathers each block's parameters for it (FSDP) then hands these over as stored."""
+        return bool(getattr(self.expert_matmul, "gathers_weights", False))
+
     def forward(self, x_ECM: torch.Tensor) -> torch.Tensor:
         """Each expert's SwiGLU over its own buffer of rows: [E, C, M] -> [E, C, M] (zero rows stay zero)."""
-        gate_ECF = self.expert_matmul(x_ECM, self.w1)
-        up_ECF = self.expert_matmul(x_ECM, self.w3)
-        return self.expert_matmul(F.silu(gate_ECF) * up_ECF, self.w2)
+        return swiglu_experts_of(self.expert_matmul)(x_ECM, self.w1, self.w3, self.w2)
 
 
 class MoE(nn.Module):

@@ -1,7 +1,8 @@
 """The swappable ops behind a model's slots, and their PyTorch references.
 
 Legend: B batch, S sequence, H query heads, K key/value heads, D head dim, M model dim,
-V vocabulary, E experts, C rows per expert (its capacity), I input width, O output width.
+V vocabulary, E experts, C rows per expert (its capacity), I input width, O output width,
+F expert hidden width.
 
 A model takes a ``ModelOps`` when it is built; other layers (titanpod.kernels) provide
 faster ops with the same signatures and prove them equal to these references.
@@ -65,6 +66,20 @@ class ExpertMatmulOp(Protocol):
         ...
 
 
+class ExpertSwigluOp(Protocol):
+    """Every expert's whole SwiGLU MLP over its fixed-size buffer of rows, as one op.
+
+    An expert-matmul op may offer one as its ``swiglu`` attribute (``swiglu_experts_of``): it can then move
+    each expert's rows to where that expert's weights are once for the three matmuls, not once for each.
+    """
+
+    def __call__(
+        self, x_ECM: torch.Tensor, w1_EFM: torch.Tensor, w3_EFM: torch.Tensor, w2_EMF: torch.Tensor
+    ) -> torch.Tensor:
+        """Return [E, C, M]: ``(silu(x_ECM[e] @ w1_EFM[e].T) * (x_ECM[e] @ w3_EFM[e].T)) @ w2_EMF[e].T``."""
+        ...
+
+
 class BatchMeanOp(Protocol):
     """Mean of per-batch statistics over the whole global batch."""
 
@@ -116,6 +131,35 @@ def linear_cross_entropy(h_BSM: torch.Tensor, weight_VM: torch.Tensor, labels_BS
 def batched_expert_matmul(x_ECI: torch.Tensor, w_EOI: torch.Tensor) -> torch.Tensor:
     """Reference expert matmul: one batched matmul, ``x_ECI[e] @ w_EOI[e].T`` for every expert e."""
     return torch.bmm(x_ECI, w_EOI.transpose(1, 2))
+
+
+def swiglu_experts(
+    x_ECM: torch.Tensor,
+    w1_EFM: torch.Tensor,
+    w3_EFM: torch.Tensor,
+    w2_EMF: torch.Tensor,
+    expert_matmul: ExpertMatmulOp = batched_expert_matmul,
+) -> torch.Tensor:
+    """Reference SwiGLU experts: gate, up and down as three calls of ``expert_matmul``, [E, C, M].
+
+    Zero rows (buffer slots no token filled) give zero rows: SiLU(0) x 0 = 0."""
+    gate_ECF = expert_matmul(x_ECM, w1_EFM)
+    up_ECF = expert_matmul(x_ECM, w3_EFM)
+    return expert_matmul(F.silu(gate_ECF) * up_ECF, w2_EMF)
+
+
+def swiglu_experts_of(expert_matmul: ExpertMatmulOp) -> ExpertSwigluOp:
+    """The expert-matmul op's ``swiglu`` when it has one, else ``swiglu_experts`` through the op."""
+    offered = getattr(expert_matmul, "swiglu", None)
+    if offered is not None:
+        return offered
+
+    def through_matmul(
+        x_ECM: torch.Tensor, w1_EFM: torch.Tensor, w3_EFM: torch.Tensor, w2_EMF: torch.Tensor
+    ) -> torch.Tensor:
+        return swiglu_experts(x_ECM, w1_EFM, w3_EFM, w2_EMF, expert_matmul)
+
+    return through_matmul
 
 
 def positioned_form(attention: AttentionOp) -> PositionedAttentionOp | None:

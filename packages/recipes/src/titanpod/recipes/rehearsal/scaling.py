@@ -31,6 +31,8 @@ SEQ_LEN = 256
 """Tokens per sequence: two Splash tiles of 128 in each direction."""
 SPLASH_BLOCK = 128
 """Splash tiles: the smallest the kernel takes (one TPU lane width)."""
+GMM_TILE = 128
+"""gmm's tiles at most (rows, input and output widths): the small model's expert buffers are a few rows."""
 VOCAB = 2048
 """Vocabulary of the small model (the built-in tokenizer has 1,152 tokens)."""
 LAYERS = 2
@@ -295,6 +297,13 @@ def scale_recipe(
         block_q=min(kernels.splash.block_q, SPLASH_BLOCK),
         block_kv=min(kernels.splash.block_kv, SPLASH_BLOCK),
     )
+    grouped = kernels.grouped_matmul
+    tiles = dataclasses.replace(
+        grouped,
+        tile_rows=min(grouped.tile_rows, GMM_TILE),
+        tile_in=min(grouped.tile_in, GMM_TILE),
+        tile_out=min(grouped.tile_out, GMM_TILE),
+    )
     data = recipe.data
     new_data = dataclasses.replace(
         data,
@@ -318,7 +327,10 @@ def scale_recipe(
             pp=pp,
         ),
         kernels=dataclasses.replace(
-            kernels, splash=splash, attention=TPU_ONLY_ATTENTION.get(kernels.attention, kernels.attention)
+            kernels,
+            splash=splash,
+            grouped_matmul=tiles,
+            attention=TPU_ONLY_ATTENTION.get(kernels.attention, kernels.attention),
         ),
         data=new_data,
         train=dataclasses.replace(
