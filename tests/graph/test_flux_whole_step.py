@@ -81,6 +81,11 @@ def test_compiled_flux_whole_step_equals_eager(eager, policy):
     assert_close(differences(*train_flux(step_mode="whole_step", memory_policy=policy), eager))
 
 
+@pytest.mark.slow  # inductor compiles each of the four blocks
+def test_per_block_flux_step_compiles_its_double_and_single_blocks_and_equals_eager(eager):
+    assert_close(differences(*train_flux(step_mode="per_block"), eager))
+
+
 XLA_SCRIPT = """
 import json
 from tests.graph.flux_steps import differences, train_flux
