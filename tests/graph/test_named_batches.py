@@ -46,7 +46,29 @@ def test_named_batches_train_with_a_token_count_of_their_own():
     assert all(report.tokens_per_second > 0 for report in reports)
 
 
-def test_the_captured_whole_step_names_the_step_modes_that_take_named_batches():
+def test_named_batches_take_the_captured_whole_step_as_they_take_the_eager_one():
+    config = {"steps": 5, "lr": 0.05, "warmup_steps": 0, "log_every": 5, "weight_decay": 0.0, "grad_accum_steps": 2}
+    results = []
+    for mode in ("eager", "whole_step"):
+        torch.manual_seed(0)
+        model = Regression()
+        summary = train(
+            model,
+            batches(10),
+            TrainConfig(step_mode=mode, compiler="none", **config),
+            get_backend("cpu"),
+            flops_per_token=1.0,
+        )
+        results.append((summary.losses, model.proj.weight.detach().clone()))
+    (eager_losses, eager_weight), (whole_losses, whole_weight) = results
+    assert len(whole_losses) == 5
+    assert whole_losses == pytest.approx(eager_losses, rel=1e-6)  # the same ops in the same order: equal in fp32
+    torch.testing.assert_close(whole_weight, eager_weight, rtol=1e-6, atol=0.0)
+
+
+def test_micro_batches_of_one_step_must_name_the_same_tensors():
     step = build_step(Regression(), TrainConfig(step_mode="whole_step", compiler="none"), get_backend("cpu"))
-    with pytest.raises(NotImplementedError, match="eager or per_block"):
-        step([next(batches(1))], 0.01)
+    first, second = batches(2)
+    del second["weight"]
+    with pytest.raises(ValueError, match="name different tensors"):
+        step([first, second], 0.01)

@@ -258,3 +258,21 @@ def test_flux_plan_counts_the_frozen_encoders_each_process_loads_on_its_host():
     assert plan.host.rank0.load == plan.frozen_encoders  # T5, CLIP and the autoencoder whole, in bf16
     assert plan.host.per_host.peak == ("load", 4 * plan.frozen_encoders)
     assert plan.fits
+
+
+def test_flux_plan_keeps_block_inputs_alone_when_the_memory_policy_recomputes_blocks():
+    from titanpod.recipes.diffusion.registry import get_diffusion_recipe
+    from titanpod.recipes.planner.flux import plan_flux
+    from titanpod.recipes.planner.plan import with_changes
+
+    recipe = get_diffusion_recipe("flux1_12b")
+
+    def activations(**changes):
+        return plan_flux(with_changes(recipe, **changes), chip_by_name("v5p"), 8, 0.4).memory.activations
+
+    saved = activations()
+    flag = activations(model={"recompute_blocks": True})
+    policy = activations(train={"step_mode": "whole_step", "memory_policy": "recompute"})
+    assert flag < saved / 4  # a block's inputs are a small part of what it saves
+    assert policy == flag
+    assert activations(train={"step_mode": "whole_step", "memory_policy": "save"}) == saved

@@ -19,7 +19,7 @@ memory policies tell the forward part of the graph from the backward part.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from titanpod.graph.binding import parameters_bound
+from titanpod.graph.blocks import BLOCK_PATHS, transformer_blocks
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.loss_metrics import add_metrics, loss_and_metrics
 from titanpod.graph.optimizer import AdamWState, adamw_update_, shard_like, total_grad_norm
@@ -60,29 +61,31 @@ def autocast_context(config: TrainConfig, device_type: str) -> contextlib.Abstra
 
 
 def step_function(
-    model: nn.Module, specs: Sequence[ParamSpec], config: TrainConfig, device_type: str, document_ids: bool = False
+    model: nn.Module,
+    specs: Sequence[ParamSpec],
+    config: TrainConfig,
+    device_type: str,
+    document_ids: bool = False,
+    named: bool = False,
 ):
     """The functional step that ``capture_step`` traces (also runnable as it is, eagerly).
 
     Arguments: local parameters, first moments, second moments (lists), the step count
     and learning rate (0-d), tokens and labels [A, B, S], and, with ``document_ids``, the
     document ids [A, B, S] (each micro-batch's loss is then ``model.loss(..., document_ids_BS=...)``).
+    With ``named``, the batch is instead one dict of named tensors, each stacked over the A
+    micro-batches in its first dimension; micro-batch ``a``'s loss is ``model.loss(**{name: value[a]})``
+    (a diffusion objective's batch: latents, noise, timesteps, conditioning).
     """
     decays = [spec.decay for spec in specs]
 
-    def run(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS, document_ids_ABS):
+    def run(params, exp_avg, exp_avg_sq, step_count, lr, micro_batches, micro_batch_loss):
         leaves = [p.detach().requires_grad_(True) for p in params]
         bound = [spec.rebuild(leaf) for spec, leaf in zip(specs, leaves, strict=True)]
-        micro_batches = tokens_ABS.shape[0]
         losses, grads, metrics = [], None, None
         for index in range(micro_batches):
             with parameters_bound(model, bound), autocast_context(config, device_type):
-                if document_ids_ABS is None:
-                    loss, batch_metrics = loss_and_metrics(model, tokens_ABS[index], labels_ABS[index])
-                else:
-                    loss, batch_metrics = loss_and_metrics(
-                        model, tokens_ABS[index], labels_ABS[index], document_ids_BS=document_ids_ABS[index]
-                    )
+                loss, batch_metrics = micro_batch_loss(index)
             metrics = add_metrics(metrics, batch_metrics)
             micro_grads = torch.autograd.grad(loss / micro_batches, bound)
             grads = list(micro_grads) if grads is None else [g + m for g, m in zip(grads, micro_grads, strict=True)]
@@ -94,13 +97,30 @@ def step_function(
         applied = adamw_update_(params, local_grads, state, lr, grad_norm, decays, config)
         return (grad_norm, applied, metrics, *losses)
 
-    # Two fixed signatures (make_fx traces positional arguments, not defaults).
+    # Fixed signatures (make_fx traces positional arguments, not defaults).
     def step(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS):
-        return run(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS, None)
+        def micro_batch_loss(index):
+            return loss_and_metrics(model, tokens_ABS[index], labels_ABS[index])
+
+        return run(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS.shape[0], micro_batch_loss)
 
     def step_in_documents(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS, document_ids_ABS):
-        return run(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS, labels_ABS, document_ids_ABS)
+        def micro_batch_loss(index):
+            return loss_and_metrics(
+                model, tokens_ABS[index], labels_ABS[index], document_ids_BS=document_ids_ABS[index]
+            )
 
+        return run(params, exp_avg, exp_avg_sq, step_count, lr, tokens_ABS.shape[0], micro_batch_loss)
+
+    def step_on_named(params, exp_avg, exp_avg_sq, step_count, lr, named_A):
+        def micro_batch_loss(index):
+            return loss_and_metrics(model, **{name: value[index] for name, value in named_A.items()})
+
+        micro_batches = next(iter(named_A.values())).shape[0]
+        return run(params, exp_avg, exp_avg_sq, step_count, lr, micro_batches, micro_batch_loss)
+
+    if named:
+        return step_on_named
     return step_in_documents if document_ids else step
 
 
@@ -120,11 +140,18 @@ def capture_step(
 
     Each node keeps the module path it came from (``nn_module_stack``), which the memory
     policies use to find transformer-block boundaries. ``example_inputs`` are the step's
-    arguments (see ``step_function``); an eighth, the document ids, selects the step with them.
+    arguments (see ``step_function``); an eighth, the document ids, selects the step with them, and a
+    dict of named tensors in sixth place the step on named batches. The graph's ``meta["block_paths"]`` lists
+    the model's transformer blocks (``titanpod.graph.blocks``), which the memory policies read.
     """
-    function = step_function(model, specs, config, device_type, document_ids=len(example_inputs) == 8)
+    named = isinstance(example_inputs[-1], Mapping)
+    function = step_function(
+        model, specs, config, device_type, document_ids=len(example_inputs) == 8 and not named, named=named
+    )
     function._orig_mod = model  # type: ignore[attr-defined]  # make_fx records module paths under this root
-    return make_fx(function, tracing_mode="fake", record_module_stack=True)(*example_inputs)
+    graph = make_fx(function, tracing_mode="fake", record_module_stack=True)(*example_inputs)
+    graph.meta[BLOCK_PATHS] = [path for path, _ in transformer_blocks(model)]
+    return graph
 
 
 def step_outputs(graph: fx.Graph) -> Any:

@@ -21,19 +21,22 @@ Policies (``TrainConfig.memory_policy``):
   saved too, so only cheap ops (norms, activations, rotations, views) are recomputed.
 - ``offload``: as ``recompute``, with the block inputs offloaded to host memory.
 
-A block is a module whose path is ``layers.<i>``; its nodes are found through the
-``nn_module_stack`` that ``make_fx`` records.
+A block is one of the model's transformer blocks (``titanpod.graph.blocks``: ``layers.<i>`` of a decoder,
+FLUX's double- and single-stream blocks), as ``capture_step`` recorded their paths in the graph's
+``meta["block_paths"]``; a node's block is found through the ``nn_module_stack`` that ``make_fx`` records.
 """
 
 from __future__ import annotations
 
 import operator
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import fx
 
+from titanpod.graph.blocks import BLOCK_PATHS
 from titanpod.graph.capture import loss_outputs
 
 aten = torch.ops.aten
@@ -102,12 +105,18 @@ def node_bytes(node: fx.Node) -> int:
     return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
-def block_of(node: fx.Node) -> int | None:
-    """Index of the transformer block a node was traced in, or None outside every block."""
+def block_of(node: fx.Node, block_paths: Sequence[str] | None = None) -> int | None:
+    """Index of the transformer block a node was traced in (its place in ``block_paths``), or None outside every
+    block. Without ``block_paths`` a block is a module whose path is ``layers.<i>``, and ``i`` its index."""
     stack = node.meta.get("nn_module_stack") or {}
+    indices = None if block_paths is None else {path: index for index, path in enumerate(block_paths)}
     block = None
     for path, _ in stack.values():
-        match = _BLOCK_PATH.search(path.replace("L['self'].", ""))
+        path = path.replace("L['self'].", "")
+        if indices is not None:
+            block = indices.get(path, block)
+            continue
+        match = _BLOCK_PATH.search(path)
         if match:
             block = int(match.group(1))
     return block
@@ -176,16 +185,19 @@ def _ancestors_of(node: fx.Node) -> set[fx.Node]:
     return found
 
 
-def _keeps(node: fx.Node, policy: str, dataflow: set[fx.Node], pinned: set[fx.Node]) -> bool:
-    """Whether ``policy`` keeps ``node`` (in device or host memory) rather than recomputing it."""
+def _keeps(
+    node: fx.Node, policy: str, dataflow: set[fx.Node], pinned: set[fx.Node], blocks: dict[fx.Node, int | None]
+) -> bool:
+    """Whether ``policy`` keeps ``node`` (in device or host memory) rather than recomputing it; ``blocks``: each
+    node's block (``block_of``)."""
     if policy == "save" or node.op == "placeholder" or node in pinned:
         return True
-    block = block_of(node)
+    block = blocks[node]
     if block is None:
         return True
     if node.target == _ALL_GATHER:
         return False  # parameters gathered ahead for the next block (FSDP prefetch): gathered again, not kept
-    if any(user in dataflow and block_of(user) != block for user in node.users):
+    if any(user in dataflow and blocks[user] != block for user in node.users):
         return True  # a block input of the next block (or of the head)
     return policy == "selective" and _is_expensive(node)
 
@@ -197,6 +209,8 @@ def apply_memory_policy(graph_module: fx.GraphModule, policy: str, device_type: 
     backward still reads, including the kept inputs of recomputations.
     """
     graph = graph_module.graph
+    block_paths = graph_module.meta.get(BLOCK_PATHS)
+    blocks = {node: block_of(node, block_paths) for node in graph.nodes}
     dataflow, forward = _forward_nodes(graph)
     backward = [n for n in graph.nodes if n.op not in ("placeholder", "output") and n not in forward]
     backward_set = set(backward)
@@ -204,10 +218,10 @@ def apply_memory_policy(graph_module: fx.GraphModule, policy: str, device_type: 
     # In-place forward ops and their inputs, and random ops, keep their one value.
     mutating = {n for n in forward if _mutates(n)}
     pinned = mutating | {arg for n in mutating for arg in n.all_input_nodes} | {n for n in forward if _random(n)}
-    recompute_set = {n for n in forward if not _keeps(n, policy, dataflow, pinned)}
+    recompute_set = {n for n in forward if not _keeps(n, policy, dataflow, pinned, blocks)}
     offload_set = set()
     if policy == "offload":
-        offload_set = {n for n in activations if n not in recompute_set and block_of(n) is not None}
+        offload_set = {n for n in activations if n not in recompute_set and blocks[n] is not None}
 
     host_copies = {}
     for node in offload_set:

@@ -60,9 +60,8 @@ def stack_micro_batches(micro_batches: list[Batch]) -> tuple[torch.Tensor, torch
     Every micro-batch of a step must have the same form: all 2-tuples or all 3-tuples.
     """
     if any(isinstance(batch, Mapping) for batch in micro_batches):
-        raise NotImplementedError(
-            "Batches of named tensors (a diffusion model's) run in the eager and per_block step modes; "
-            "set train.step_mode to eager or per_block."
+        raise ValueError(
+            "These micro-batches are named tensors (a diffusion objective's); stack them with stack_named_batches."
         )
     lengths = sorted({len(batch) for batch in micro_batches})
     if len(lengths) != 1 or lengths[0] not in (2, 3):
@@ -74,6 +73,21 @@ def stack_micro_batches(micro_batches: list[Batch]) -> tuple[torch.Tensor, torch
     labels_ABS = torch.stack([batch[1] for batch in micro_batches])
     ids_ABS = torch.stack([batch[2] for batch in micro_batches]) if lengths[0] == 3 else None  # type: ignore[misc]
     return tokens_ABS, labels_ABS, ids_ABS
+
+
+def stack_named_batches(micro_batches: list[Batch]) -> dict[str, torch.Tensor]:
+    """Micro-batches of named tensors as one dict, each tensor stacked over the micro-batches in a new first
+    dimension [A, ...]. Every micro-batch must name the same tensors, with the same shapes."""
+    if not all(isinstance(batch, Mapping) for batch in micro_batches):
+        raise ValueError("The micro-batches of one step must all be named tensors, or all (tokens, labels) tuples.")
+    named: list[Mapping[str, torch.Tensor]] = micro_batches  # type: ignore[assignment]
+    names = list(named[0])
+    for batch in named[1:]:
+        if sorted(batch) != sorted(names):
+            raise ValueError(
+                f"The micro-batches of one step name different tensors: {sorted(names)} and {sorted(batch)}."
+            )
+    return {name: torch.stack([batch[name] for batch in named]) for name in names}
 
 
 @dataclass

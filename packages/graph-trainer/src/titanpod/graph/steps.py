@@ -9,7 +9,7 @@ AdamW of ``titanpod.graph.optimizer``), so their losses and parameters agree to 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -18,13 +18,21 @@ from torch.distributed.tensor import DTensor
 
 from titanpod.device import Backend
 from titanpod.device.host_memory import keep_freed_host_memory
+from titanpod.graph.blocks import transformer_blocks
 from titanpod.graph.capture import ParamSpec, autocast_context, capture_step, step_function
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.constant_folding import fold_constants
 from titanpod.graph.loss_metrics import add_metrics
 from titanpod.graph.memory_policy import apply_memory_policy
 from titanpod.graph.optimizer import local_tensor, total_grad_norm
-from titanpod.graph.step_base import Batch, StepOutput, TrainStep, batch_loss_and_metrics, stack_micro_batches
+from titanpod.graph.step_base import (
+    Batch,
+    StepOutput,
+    TrainStep,
+    batch_loss_and_metrics,
+    stack_micro_batches,
+    stack_named_batches,
+)
 from titanpod.graph.step_compiler import StepSource
 from titanpod.graph.step_compiler_choice import choose_step_compiler
 
@@ -35,12 +43,15 @@ class EagerStep(TrainStep):
     def __init__(self, model: nn.Module, config: TrainConfig, backend: Backend, compile_blocks: bool = False) -> None:
         super().__init__(model, config, backend)
         if compile_blocks and config.compiler == "auto":
-            blocks = getattr(model, "layers", None)
-            if blocks is None:
-                raise ValueError(f"step_mode='per_block' needs a model with .layers; {type(model).__name__} has none.")
+            blocks = transformer_blocks(model)
+            if not blocks:
+                raise ValueError(
+                    f"step_mode='per_block' compiles each transformer block, and {type(model).__name__} has none "
+                    "(no .layers, nor lists named in a block_lists attribute); use eager or whole_step."
+                )
             if backend.compile_backend is None:
                 raise ValueError(f"step_mode='per_block' cannot compile on the {backend.lane} lane; use whole_step.")
-            for block in blocks:
+            for _, block in blocks:
                 block.compile(backend=backend.compile_backend, dynamic=False)
 
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
@@ -61,8 +72,9 @@ class EagerStep(TrainStep):
         return StepOutput(torch.stack(losses).mean(), grad_norm, applied, metrics or {})
 
 
-Example = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-"""A batch a whole step is captured for: tokens, labels and document ids (or ``None``)."""
+Example = tuple[torch.Tensor, ...] | tuple[dict[str, torch.Tensor]]
+"""A batch a whole step is captured for: tokens and labels [A, B, S] (and document ids [A, B, S] when the
+batches carry them), or one dict of named tensors, each stacked over the micro-batches."""
 
 
 class WholeStep(TrainStep):
@@ -71,6 +83,8 @@ class WholeStep(TrainStep):
     The graph is captured on the first call (it needs the batch shape) and reused while
     the shape stays; a new shape, or batches that start or stop carrying document ids,
     captures again. Document ids are one more graph input, [A, B, S] like the tokens.
+    Batches of named tensors (a diffusion objective's) are one dict input, each tensor
+    stacked over the micro-batches; a new name, shape or dtype captures again.
 
     The step compiler (``titanpod.graph.step_compiler``, ``train.step_compiler``) turns the graph into a
     program. One that keeps compiled steps (``cached``) is first asked for a step a run before this one
@@ -97,7 +111,7 @@ class WholeStep(TrainStep):
         """The captured step for the last batch shape (``None`` before the first call); captured on first read
         when the compiled step was loaded without it."""
         if self._graph is None and self._example is not None:
-            self._graph = self._capture(self._inputs(*self._example[:2], self.lr_tensor(0.0), self._example[2]))
+            self._graph = self._capture(self._batch_inputs(self._example, self.lr_tensor(0.0)))
         return self._graph
 
     def _inputs(
@@ -107,9 +121,12 @@ class WholeStep(TrainStep):
         lr: torch.Tensor,
         document_ids_ABS: torch.Tensor | None = None,
     ) -> tuple:
+        example = (tokens_ABS, labels_ABS) if document_ids_ABS is None else (tokens_ABS, labels_ABS, document_ids_ABS)
+        return self._batch_inputs(example, lr)
+
+    def _batch_inputs(self, example: Example, lr: torch.Tensor) -> tuple:
         state = self.state
-        inputs = (self.local_params, state.exp_avg, state.exp_avg_sq, state.step, lr, tokens_ABS, labels_ABS)
-        return inputs if document_ids_ABS is None else (*inputs, document_ids_ABS)
+        return (self.local_params, state.exp_avg, state.exp_avg_sq, state.step, lr, *example)
 
     def _capture(self, inputs: tuple) -> fx.GraphModule:
         graph = capture_step(self.model, self.specs, self.config, self.backend.device_type, inputs)
@@ -124,9 +141,8 @@ class WholeStep(TrainStep):
 
         With ``document_ids_ABS`` [A, B, S] the captured step takes them as its last input.
         """
-        example = (tokens_ABS, labels_ABS, document_ids_ABS)
-        inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), document_ids_ABS)
-        return self._prepare(example, inputs)
+        example = (tokens_ABS, labels_ABS) if document_ids_ABS is None else (tokens_ABS, labels_ABS, document_ids_ABS)
+        return self._prepare(example, self._batch_inputs(example, self.lr_tensor(0.0)))
 
     def _prepare(self, example: Example, inputs: tuple) -> fx.GraphModule:
         """Capture the step and compile it."""
@@ -136,7 +152,7 @@ class WholeStep(TrainStep):
             self._program = graph
         else:
             self._program, self.compile_report = self._compiler.compile(graph, inputs)
-        self._shape = _shape_key(example[0], example[2])
+        self._shape = _shape_key(example)
         return graph
 
     def _load(self, example: Example, inputs: tuple) -> bool:
@@ -146,28 +162,33 @@ class WholeStep(TrainStep):
             return False
         self._program, self.compile_report = loaded
         self._graph, self._example = None, example
-        self._shape = _shape_key(example[0], example[2])
+        self._shape = _shape_key(example)
         return True
 
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
-        tokens_ABS, labels_ABS, ids_ABS = stack_micro_batches(micro_batches)
-        if self._program is None or self._shape != _shape_key(tokens_ABS, ids_ABS):
-            example = (tokens_ABS, labels_ABS, ids_ABS)
-            inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(0.0), ids_ABS)
+        if any(isinstance(batch, Mapping) for batch in micro_batches):
+            example: Example = (stack_named_batches(micro_batches),)
+        else:
+            example = tuple(t for t in stack_micro_batches(micro_batches) if t is not None)
+        if self._program is None or self._shape != _shape_key(example):
+            inputs = self._batch_inputs(example, self.lr_tensor(0.0))
             if not self._load(example, inputs):
                 self._prepare(example, inputs)
         assert self._program is not None
-        inputs = self._inputs(tokens_ABS, labels_ABS, self.lr_tensor(lr), ids_ABS)
-        grad_norm, applied, metrics, *losses = self._program(*inputs)
+        grad_norm, applied, metrics, *losses = self._program(*self._batch_inputs(example, self.lr_tensor(lr)))
         self.backend.end_step()
         return StepOutput(torch.stack(losses).mean(), grad_norm, applied, metrics)
 
 
-def _shape_key(tokens_ABS: torch.Tensor, document_ids_ABS: torch.Tensor | None) -> tuple[Any, ...]:
-    """What a captured step is specialised to: the batch shape, and the ids' shape and dtype if any."""
-    if document_ids_ABS is None:
+def _shape_key(example: Example) -> tuple[Any, ...]:
+    """What a captured step is specialised to: the batch tensors' shapes (and the document ids' dtype), or each
+    named tensor's name, shape and dtype."""
+    if isinstance(example[0], Mapping):
+        return tuple((name, tuple(value.shape), value.dtype) for name, value in example[0].items())
+    tokens_ABS = example[0]
+    if len(example) == 2:
         return (tuple(tokens_ABS.shape),)
-    return (tuple(tokens_ABS.shape), tuple(document_ids_ABS.shape), document_ids_ABS.dtype)
+    return (tuple(tokens_ABS.shape), tuple(example[2].shape), example[2].dtype)
 
 
 def build_step(

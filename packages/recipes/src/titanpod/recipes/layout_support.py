@@ -53,7 +53,7 @@ RUNNER_SUPPORT: dict[Runner, RunnerSupport] = {
     "sft": RunnerSupport(single_controller=False, pipeline=False, context_parallel=True, step_modes=ALL_STEP_MODES),
     "grpo": RunnerSupport(single_controller=False, pipeline=False, context_parallel=False, step_modes=ALL_STEP_MODES),
     "diffusion": RunnerSupport(
-        single_controller=False, pipeline=False, context_parallel=False, step_modes=("eager", "per_block")
+        single_controller=True, pipeline=False, context_parallel=False, step_modes=ALL_STEP_MODES
     ),
 }
 """What each runner trains. Every other combination of degrees is the sharding plan's to accept or refuse."""

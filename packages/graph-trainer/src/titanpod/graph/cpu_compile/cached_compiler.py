@@ -70,12 +70,13 @@ class CachedStepCompiler(StepCompiler):
         functions that make it (``step_fingerprint``)."""
         source = self._source
         isa = self._vector_isa.result() if self._vector_isa is not None else ""
+        leaves, structure = pytree.tree_flatten(inputs)  # the structure holds a named batch's names
         return step_fingerprint(
             source.model,
             source.config,
             source.device_type,
             source.decays,
-            pytree.tree_leaves(inputs),
+            [*leaves, str(structure)],
             isa,
             source.builders,
         )

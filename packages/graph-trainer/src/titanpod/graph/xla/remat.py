@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from titanpod.graph.binding import parameters_bound
+from titanpod.graph.blocks import transformer_blocks
 
 REMAT_POLICIES = {
     "save": None,
@@ -62,14 +63,6 @@ BlockGather = Callable[[str, Any], Any]
 """``gather(name, array)``: parameter ``name`` (as the model names it) as a block uses it, e.g. its FSDP
 shards gathered by a sharding constraint; ``array`` is the JAX value of the stored parameter."""
 
-BLOCKS = "layers"
-"""The attribute holding a model's transformer blocks (an ``nn.ModuleList``), each wrapped on its own."""
-
-
-def has_blocks(model: nn.Module) -> bool:
-    """Whether ``model`` keeps its transformer blocks in ``model.layers`` (each then wrapped on its own)."""
-    return isinstance(getattr(model, BLOCKS, None), nn.ModuleList)
-
 
 @contextlib.contextmanager
 def rematerialised_blocks(
@@ -79,11 +72,12 @@ def rematerialised_blocks(
     gather: BlockGather | None = None,
     layout_input: Callable[[Any], Any] | None = None,
 ) -> Iterator[None]:
-    """While tracing, run each transformer block of ``model`` (``layers.<i>``) under ``jax.checkpoint(policy)``.
+    """While tracing, run each transformer block of ``model`` (``titanpod.graph.blocks.transformer_blocks``: a
+    decoder's ``layers.<i>``, FLUX's double- and single-stream blocks) under ``jax.checkpoint(policy)``.
 
     A block's inputs are what the backward keeps of it (plus what ``policy`` saves); its
     other activations are recomputed in the backward, one block at a time, as the torch
-    lanes' policies do. A model without ``layers`` is rematerialised as a whole: ``whole``,
+    lanes' policies do. A model without blocks is rematerialised as a whole: ``whole``,
     the module whose forward runs its loss. ``policy`` ``None`` wraps the blocks without
     rematerialising them (for ``gather``).
 
@@ -92,10 +86,9 @@ def rematerialised_blocks(
     ``layout_input`` lays out a block's first tensor argument (the hidden states).
     """
     targets: list[tuple[nn.Module, list[str]]]
-    if has_blocks(model):
-        blocks = getattr(model, BLOCKS)
-        targets = [(block, [f"{BLOCKS}.{i}.{name}" for name, _ in block.named_parameters()])
-                   for i, block in enumerate(blocks)]  # fmt: skip
+    blocks = transformer_blocks(model)
+    if blocks:
+        targets = [(block, [f"{path}.{name}" for name, _ in block.named_parameters()]) for path, block in blocks]
     else:
         targets = [(whole, [name for name, _ in model.named_parameters()])]
     originals = {id(block): block.__dict__.get("forward") for block, _ in targets}

@@ -25,16 +25,24 @@ import torch
 from torch import nn
 
 from titanpod.device import Backend
+from titanpod.graph.blocks import transformer_blocks
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.loss_metrics import loss_and_metrics
 from titanpod.graph.optimizer import AdamWState, adamw_update_, state_tree, total_grad_norm
-from titanpod.graph.step_base import Batch, StateFormat, StepOutput, TrainStep, stack_micro_batches
+from titanpod.graph.step_base import (
+    Batch,
+    StateFormat,
+    StepOutput,
+    TrainStep,
+    stack_micro_batches,
+    stack_named_batches,
+)
 from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
 from titanpod.graph.xla.head import head_parameter, regathered_head
-from titanpod.graph.xla.layer_stack import LayerStack
+from titanpod.graph.xla.layer_stack import STACKED, LayerStack
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
 from titanpod.graph.xla.precision import bf16_autocast
-from titanpod.graph.xla.remat import has_blocks, remat_policy, rematerialised_blocks
+from titanpod.graph.xla.remat import remat_policy, rematerialised_blocks
 from titanpod.graph.xla.scan import scanned_layers
 from titanpod.graph.xla.state import RegionValues, load_state_tree, place_params, zero_adamw_state
 
@@ -141,7 +149,8 @@ class XlaStep(TrainStep):
 
     def loss_function(self) -> Callable[..., Any]:
         """The model's loss as a JAX function of (parameters list, tokens [B, S], labels [B, S][, document ids [B, S]]),
-        returning (loss, metrics): the figures the model reports beside it (``titanpod.graph.loss_metrics``).
+        or of (parameters list, a dict of named tensors) for a model whose ``loss`` takes named tensors, returning
+        (loss, metrics): the figures the model reports beside it (``titanpod.graph.loss_metrics``).
 
         Runs ``model.loss`` through ``jax_view`` of ``torch.func.functional_call``, under
         torchax's bf16 autocast when ``config.precision`` is bf16 (matmuls in bf16;
@@ -156,21 +165,21 @@ class XlaStep(TrainStep):
         layer_stack = self.layer_stack
         names = list(layer_stack.entries)
         stacked = [layer_stack.is_stacked(i) for i in range(len(names))]
-        # Blocks gather their own parameters, and the head + loss slot its head (regathered for its backward);
-        # the rest (embeddings, final norm) are gathered up front, a tied head too, for the embedding's use.
+        # Blocks gather their own parameters (stacked ones inside the scan), and the head + loss slot its head
+        # (regathered for its backward); the rest (embeddings, final norm) are gathered up front, a tied head
+        # too, for the embedding's use.
         head = head_parameter(model) if gather is not None else None
         tables = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Embedding)}
+        block_prefixes = (STACKED, *(f"{path}." for path, _ in transformer_blocks(model)))
         outside = [
-            gather is not None
-            and not (has_blocks(model) and name.startswith("layers."))
-            and (name != head or name in tables)
+            gather is not None and not name.startswith(block_prefixes) and (name != head or name in tables)
             for name in names
         ]
 
         def torch_loss(
             params: list[torch.Tensor],
-            tokens_BS: torch.Tensor,
-            labels_BS: torch.Tensor,
+            tokens_BS: torch.Tensor | dict[str, torch.Tensor],
+            labels_BS: torch.Tensor | None = None,
             document_ids_BS: torch.Tensor | None = None,
         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             stored = params
@@ -180,7 +189,12 @@ class XlaStep(TrainStep):
                     for name, param, up_front in zip(names, params, outside, strict=True)
                 ]
             bound = {"inner." + n: p for n, p, s in zip(names, params, stacked, strict=True) if not s}
-            inputs = (tokens_BS, labels_BS) if document_ids_BS is None else (tokens_BS, labels_BS, document_ids_BS)
+            inputs: tuple = (
+                (tokens_BS, labels_BS) if document_ids_BS is None else (tokens_BS, labels_BS, document_ids_BS)
+            )
+            named: Mapping[str, torch.Tensor] = {}
+            if isinstance(tokens_BS, Mapping):  # a batch of named tensors: model.loss(**batch)
+                inputs, named = (), tokens_BS
             with contextlib.ExitStack() as stack:
                 if head is not None and gather is not None:
                     at = names.index(head)
@@ -192,7 +206,7 @@ class XlaStep(TrainStep):
                 if any(stacked):
                     blocks = [jax_view(p) for p, s in zip(params, stacked, strict=True) if s]
                     stack.enter_context(scanned_layers(model, blocks))
-                return torch.func.functional_call(wrapper, bound, inputs)
+                return torch.func.functional_call(wrapper, bound, inputs, named)
 
         return jax_view(torch_loss)
 
@@ -283,7 +297,8 @@ class XlaStep(TrainStep):
 
     def step_function(self) -> Callable[..., Any]:
         """The whole step as a JAX function (what is jitted): (params, exp_avg, exp_avg_sq, step,
-        lr, tokens [A, B, S], labels [A, B, S][, document ids [A, B, S]]) -> (params, exp_avg,
+        lr, tokens [A, B, S], labels [A, B, S][, document ids [A, B, S]]), or (..., lr, named tensors each
+        [A, ...]) for batches of named tensors -> (params, exp_avg,
         exp_avg_sq, step, loss, grad_norm, applied, metrics summed over the micro-batches)."""
         import jax
         import jax.numpy as jnp
@@ -295,17 +310,21 @@ class XlaStep(TrainStep):
         def sharded_like_params(arrays: list[Any]) -> list[Any]:  # gradients reduce-scatter, not all-reduce
             return jax.lax.with_sharding_constraint(arrays, shardings)
 
-        def step(params, exp_avg, exp_avg_sq, count, lr, tokens_ABS, labels_ABS, document_ids_ABS=None):
+        def step(params, exp_avg, exp_avg_sq, count, lr, tokens_ABS, labels_ABS=None, document_ids_ABS=None):
             def micro_step(grad_sum, batch):
                 (loss, metrics), grads = value_and_grad(params, *batch)
                 return [s + g for s, g in zip(grad_sum, sharded_like_params(grads), strict=True)], (loss, metrics)
 
             zeros = sharded_like_params([jnp.zeros(p.shape, jnp.float32) for p in params])
-            scanned = (
-                (tokens_ABS, labels_ABS) if document_ids_ABS is None else (tokens_ABS, labels_ABS, document_ids_ABS)
-            )
+            if isinstance(tokens_ABS, Mapping):  # named tensors, each [A, ...]
+                scanned: tuple = (tokens_ABS,)
+                micro_batches = next(iter(tokens_ABS.values())).shape[0]
+            else:
+                scanned = (
+                    (tokens_ABS, labels_ABS) if document_ids_ABS is None else (tokens_ABS, labels_ABS, document_ids_ABS)
+                )
+                micro_batches = tokens_ABS.shape[0]
             grad_sum, (losses_A, metrics_A) = jax.lax.scan(micro_step, zeros, scanned)
-            micro_batches = tokens_ABS.shape[0]
             grads = [(g / micro_batches).astype(p.dtype) for g, p in zip(grad_sum, params, strict=True)]
             params, exp_avg, exp_avg_sq, count, grad_norm, applied = update(
                 params, grads, exp_avg, exp_avg_sq, count, lr
@@ -325,12 +344,32 @@ class XlaStep(TrainStep):
 
     def place_batch(self, micro_batches: list[Batch]) -> tuple[Any, ...]:
         """Stack the micro-batches to tokens and labels [A, B, S] (and document ids, when the
-        batches are 3-tuples) and put them on the mesh, each sharded like the tokens."""
+        batches are 3-tuples) and put them on the mesh, each sharded like the tokens.
+
+        Batches of named tensors become one dict of arrays [A, B, ...], B split over the data axes,
+        except the tensors the model names in ``shared_batch_inputs`` (no batch dimension, e.g. FLUX's
+        position ids): those are whole on every device."""
         import jax
 
+        if any(isinstance(batch, Mapping) for batch in micro_batches):
+            return (self._place_named(stack_named_batches(micro_batches)),)
         sharding = self.batch_sharding()
         stacked = [t for t in stack_micro_batches(micro_batches) if t is not None]
         return tuple(jax.device_put(np.asarray(t.cpu()), sharding) for t in stacked)
+
+    def _place_named(self, named_A: dict[str, torch.Tensor]) -> dict[str, Any]:
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from titanpod.parallel.xla_executor import batch_partition_spec
+
+        shared = set(getattr(self.model, "shared_batch_inputs", ()))
+        data_dims = batch_partition_spec(self.axes, 1)
+        placed = {}
+        for name, value in named_A.items():
+            spec = PartitionSpec() if name in shared else PartitionSpec(None, *data_dims)
+            placed[name] = jax.device_put(np.asarray(value.cpu()), NamedSharding(self.mesh, spec))
+        return placed
 
     def _arguments(self, micro_batches: list[Batch], lr: float) -> tuple:
         import jax
@@ -354,7 +393,9 @@ class XlaStep(TrainStep):
 
     def _compiled_program(self, arguments: tuple) -> Any:
         """The program compiled for these arguments' batch shapes: compiled (or loaded) on first sight."""
-        key = tuple((array.shape, array.dtype) for array in arguments[5:])
+        batch = arguments[5:]
+        named = batch[0].items() if batch and isinstance(batch[0], Mapping) else enumerate(batch)
+        key = tuple((name, array.shape, array.dtype) for name, array in named)
         if key not in self._compiled:
             self._compiled[key], self.compile_report = compile_lowered(
                 lambda: self.program.lower(*arguments), self._cache_folder
@@ -412,7 +453,8 @@ class XlaStep(TrainStep):
 
 def _block_count(model: nn.Module) -> int:
     """How many transformer blocks ``model`` holds in ``model.layers`` (0 without them)."""
-    return len(model.layers) if has_blocks(model) else 0  # type: ignore[arg-type]
+    layers = getattr(model, "layers", None)
+    return len(layers) if isinstance(layers, nn.ModuleList) else 0
 
 
 class _LossModule(nn.Module):
@@ -423,8 +465,14 @@ class _LossModule(nn.Module):
         self.inner = inner
 
     def forward(
-        self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None
+        self,
+        tokens_BS: torch.Tensor | None = None,
+        labels_BS: torch.Tensor | None = None,
+        document_ids_BS: torch.Tensor | None = None,
+        **named: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if named:
+            return loss_and_metrics(self.inner, **named)
         if document_ids_BS is None:
             return loss_and_metrics(self.inner, tokens_BS, labels_BS)
         return loss_and_metrics(self.inner, tokens_BS, labels_BS, document_ids_BS=document_ids_BS)

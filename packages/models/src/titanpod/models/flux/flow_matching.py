@@ -106,6 +106,10 @@ class FlowMatchingModel(torch.nn.Module):
     Noise and timesteps come with the batch, so a step is a pure function of its inputs.
     """
 
+    shared_batch_inputs = ("img_ids", "txt_ids")
+    """The batch entries without a batch dimension (one per token, shared by every sample): a step that splits
+    the batch over devices gives these whole to each."""
+
     def __init__(self, transformer: torch.nn.Module) -> None:
         super().__init__()
         self.transformer = transformer

@@ -182,6 +182,10 @@ class FinalLayer(nn.Module):
 class FluxTransformer(nn.Module):
     """FLUX.1's denoiser: predicts the flow (velocity) of every image token, given text and a timestep."""
 
+    block_lists = ("double_blocks", "single_blocks")
+    """The attributes holding the transformer blocks, in forward order: what a memory policy recomputes or
+    offloads block by block, and a per-block step compiles one by one."""
+
     def __init__(self, args: FluxArgs, ops: FluxOps | None = None) -> None:
         super().__init__()
         self.args = args

@@ -32,7 +32,8 @@ class FluxModelConfig:
     """The guidance value a guidance-distilled transformer (dev) is given while training."""
     recompute_blocks: bool = False
     """Keep only each transformer block's inputs in the forward pass and recompute the rest in the backward
-    (activation checkpointing), trading a second forward for activation memory."""
+    (activation checkpointing), trading a second forward for activation memory: for the eager and per_block
+    steps. The whole step, and every step of the xla lane, recompute by ``train.memory_policy`` instead."""
     encodings_cache: str | None = None
     """A folder where the frozen encoders' outputs (latents per image, text states per caption) are kept as
     safetensors, so later epochs and runs do not encode again; ``None`` keeps them in memory for this run."""
@@ -56,7 +57,7 @@ class SampleConfig:
 
 @dataclass(frozen=True)
 class DiffusionRecipe(RunRecipe):
-    """A complete, reproducible description of a FLUX training run (eager or per_block steps)."""
+    """A complete, reproducible description of a FLUX training run."""
 
     model: FluxModelConfig = field(default_factory=FluxModelConfig)
     """The models."""

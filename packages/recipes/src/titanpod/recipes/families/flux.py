@@ -35,7 +35,8 @@ def flux_debug() -> DiffusionRecipe:
 
 
 def flux1_12b() -> DiffusionRecipe:
-    """FLUX.1-dev (11.9B) at 1024x1024 on a TPU v5p-8: FSDP, bf16, the pretrained autoencoder and text encoders."""
+    """FLUX.1-dev (11.9B) at 1024x1024 on 8 TPU v5p chips (a v5p-16: v5p accelerator types count TensorCores, two a
+    chip): FSDP, bf16, the pretrained autoencoder and text encoders."""
     return DiffusionRecipe(
         name="flux1_12b",
         model=FluxModelConfig(

@@ -5,7 +5,7 @@ Legend: B batch, L image tokens, T text tokens, S = T + L, M model width, D head
 Every transformer parameter is sharded by the FLUX plan (FSDP over all devices; fp32 masters,
 gradients and two AdamW moments). Activations come from one double-stream and one single-stream block run
 on meta tensors with this device's micro-batch (see ``activations.py``): all they save, or only
-their inputs when blocks are recomputed (``model.recompute_blocks``). The frozen encoders
+their inputs when blocks are recomputed (``blocks_recomputed``). The frozen encoders
 (T5-XXL, CLIP-L, the autoencoder) sit on every device in bf16 unless their outputs are cached.
 """
 
@@ -91,6 +91,13 @@ class FluxRunPlan:
         return self.flops_per_sample * samples / (self.devices * self.chip.peak_flops * self.target_mfu)
 
 
+def blocks_recomputed(recipe: DiffusionRecipe) -> bool:
+    """Whether the run keeps only each block's inputs: ``model.recompute_blocks`` (eager and per_block steps), or
+    the whole step's ``train.memory_policy`` ``recompute`` or ``offload``. ``selective`` is planned as ``save``,
+    an upper bound."""
+    return recipe.model.recompute_blocks or recipe.train.memory_policy in ("recompute", "offload")
+
+
 def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: float) -> FluxRunPlan:
     """Plan ``recipe`` on ``chips`` chips of kind ``chip``; ``PlanError`` for a layout diffusion runs do not take."""
     lane = planned_lane(recipe.device.lane, chip)
@@ -116,7 +123,7 @@ def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: f
     saved_double = measure_saved_bytes(double, lambda: double(img, txt, vec, cos, sin), img)
     saved_single = measure_saved_bytes(single, lambda: single(joint, vec, cos, sin), joint)
     input_double = saved_double.region_input * (text_tokens + image_tokens) // image_tokens
-    if recipe.model.recompute_blocks:
+    if blocks_recomputed(recipe):
         kept = args.depth * input_double + args.depth_single * saved_single.region_input
     else:
         kept = args.depth * saved_double.all_saved + args.depth_single * saved_single.all_saved

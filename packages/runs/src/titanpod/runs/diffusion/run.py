@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -18,8 +20,11 @@ from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.runs.diffusion.batches import EncodingCache, FlowMatchingBatches
 from titanpod.runs.diffusion.components import DiffusionModels, build_diffusion_models
 from titanpod.runs.diffusion.sampling import generate
-from titanpod.runs.placement import start_placement
+from titanpod.runs.placement import Placement, start_placement
 from titanpod.runs.session import RunSession
+
+OBJECTIVE_TRANSFORMER = "transformer"
+"""The attribute of ``FlowMatchingModel`` holding the transformer: the prefix of the trained parameters' names."""
 
 TRANSFORMER_FOLDER = "transformer"
 """Where a run writes its trained transformer (diffusers FluxTransformer2DModel layout)."""
@@ -57,6 +62,32 @@ def write_samples(models: DiffusionModels, recipe: DiffusionRecipe, path: Path, 
     return save_image_grid(images, path, captions=prompts) if write else path
 
 
+def check_block_recompute(recipe: DiffusionRecipe, single_controller: bool) -> None:
+    """``ValueError`` when ``model.recompute_blocks`` meets a step that recomputes blocks by its memory policy
+    instead (the whole step, and every step of the xla lane), naming the setting to use."""
+    if recipe.model.recompute_blocks and (recipe.train.step_mode == "whole_step" or single_controller):
+        raise ValueError(
+            "model.recompute_blocks wraps each FLUX block in torch.utils.checkpoint, for the eager and per_block "
+            "steps; the whole step (and every step of the xla lane) recomputes blocks by its memory policy: drop "
+            "--model.recompute-blocks and set --train.step-mode whole_step --train.memory-policy recompute."
+        )
+
+
+def objective_step_options(placement: Placement, recipe: DiffusionRecipe) -> dict[str, Any]:
+    """``build_step``'s keyword arguments for the flow-matching objective, which holds the placed transformer as
+    ``transformer``: the placement's, with parameters to create (the xla lane) read by the transformer's names."""
+    options = placement.step_options(recipe.parallel)
+    values = options["initial_values"]
+    if values is not None:
+        prefix = f"{OBJECTIVE_TRANSFORMER}."
+
+        def objective_values(name: str, region: tuple[slice, ...]) -> torch.Tensor:
+            return values(name.removeprefix(prefix), region)
+
+        options["initial_values"] = objective_values
+    return options
+
+
 def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> DiffusionResult:
     """Train the recipe's FLUX transformer by flow matching; print the recipe, write metrics, sample grids and weights.
 
@@ -66,15 +97,23 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
     timesteps of a sample follow from its place in the global batch (not from the rank split) and the
     reported loss is the mean over data ranks. Sample grids are drawn by every rank (the sharded forward is
     a collective) and written by rank 0; the final transformer is gathered whole and written by rank 0.
+
+    On the xla lane one process drives every device: the step (the whole step as one ``jax.jit`` program)
+    creates the transformer's parameters sharded on the devices from the seed, the process loads every data
+    rank's share of each global batch, and the step hands its weights back to the host transformer before
+    each sample grid. ``train.step_mode`` ``whole_step`` captures the step with its memory policy
+    (``train.memory_policy``) applied to the double- and single-stream blocks.
     """
     backend = get_backend(recipe.device.lane)
     layout = start_placement("diffusion", recipe.parallel, recipe.train, backend)
+    check_block_recompute(recipe, backend.single_controller)
     info = process_info()
     if console is not None and info.is_main:
         console.print_json(recipe.to_json())
-    device = backend.device(info.local_rank)
+    device = backend.parameter_device(info.local_rank)  # the host on the xla lane: its step places the transformer
     torch.manual_seed(recipe.train.seed)
-    models = build_diffusion_models(recipe, device, sharded=info.world_size > 1)  # a seeded transformer: on meta
+    sharded = info.world_size > 1 or backend.single_controller
+    models = build_diffusion_models(recipe, device, sharded=sharded)  # a seeded transformer: on meta
     side = recipe.data.resolution // models.codec.downsample
     image_tokens = (side // 2) ** 2
     text_tokens = models.text_encoders.t5_max_length
@@ -82,7 +121,8 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
     parameters = parameter_count(models.transformer)
     # Only the trained transformer is placed: the frozen encoders stay whole on every rank.
     placement = layout.place(models.transformer, "flux", models.initial_values)
-    data = build_image_data(recipe.data, recipe.train.seed, placement.data_rank, placement.data_world)
+    data_config = dataclasses.replace(recipe.data, batch_size=placement.batch_size(recipe.data.batch_size))
+    data = build_image_data(data_config, recipe.train.seed, placement.data_rank, placement.data_world)
     cache = EncodingCache(Path(recipe.model.encodings_cache) if recipe.model.encodings_cache else None)
     guidance = recipe.model.guidance if models.transformer.args.guidance_embed else None
     batches = FlowMatchingBatches(data, models, cache, guidance, recipe.train.seed, device)
@@ -98,6 +138,7 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
         samples: list[Path] = []
 
         def sample(step_number: int) -> None:
+            step.finish()  # a single-controller step hands its trained weights back to the (host) transformer first
             path = samples_dir / f"step-{step_number:06d}.png"
             samples.append(write_samples(models, recipe, path, write=session.is_main))
             session.say(f"samples: {samples[-1]}")
@@ -108,7 +149,7 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
             if recipe.samples.every and step_number % recipe.samples.every == 0:
                 sample(step_number)
 
-        step = build_step(objective, recipe.train, backend)
+        step = build_step(objective, recipe.train, backend, **objective_step_options(placement, recipe))
         start_step = session.resume(objective, step, batches, data_state=batches.gather_state)
         summary = session.train(
             batches,
