@@ -3,14 +3,13 @@ JSON lines file, a reward function from a module beside it; and each mistake in 
 before a run directory is written."""
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.apps.test_posttrain_cli import posttrain
 from titanpod.checkpoint import save_model
 from titanpod.data.sft.tokenizer import load_sft_tokenizer
 from titanpod.models import DecoderArgs
@@ -31,14 +30,6 @@ REWARD = textwrap.dedent(
         return "high"
     """
 )
-
-
-def posttrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "titanpod.posttrain.cli", *args],
-        capture_output=True, text=True, cwd=cwd, env=env, timeout=300, check=False,
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
