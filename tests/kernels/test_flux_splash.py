@@ -3,10 +3,9 @@
 The small FLUX objective of ``tests.graph.flux_steps`` (two double- and two single-stream blocks; 8 text +
 16 image tokens, a length Splash pads to its 128-row tile). Tolerances, fp32:
 
-- one forward and backward on the cpu lane: loss within 1e-5 relative, each gradient within 1e-4 of its
-  own norm (measured beside the assertion);
-- training on the xla lane (the whole step as one program, Pallas in interpret mode): losses within 1e-5
-  relative, parameters within 1e-5 over all of them and 1e-4 per tensor (``test_flux_whole_step``'s bounds).
+one forward and backward on the cpu lane (2 samples): loss within 1e-5 relative, each gradient within 1e-4
+of its own norm (measured beside the assertion). Training on the xla lane with Splash is checked in
+``tests/parallel/test_flux_xla.py``.
 """
 
 from __future__ import annotations
@@ -31,10 +30,10 @@ def loss_and_grads(attention: str) -> tuple[float, dict[str, torch.Tensor]]:
 def test_flux_with_splash_equals_sdpa_on_the_cpu_lane():
     splash_loss, splash_grads = loss_and_grads("splash")
     sdpa_loss, sdpa_grads = loss_and_grads("sdpa")
-    assert abs(splash_loss - sdpa_loss) <= 1e-5 * abs(sdpa_loss), (splash_loss, sdpa_loss)
+    assert abs(splash_loss - sdpa_loss) <= 1e-5 * abs(sdpa_loss), (splash_loss, sdpa_loss)  # measured: equal
     assert splash_grads.keys() == sdpa_grads.keys()
     for name, want in sdpa_grads.items():
-        # measured: worst tensor 4e-7 of its norm
+        # measured: worst tensor 5.3e-7 of its norm (double_blocks.0.img_attn.wk.bias); every gradient nonzero
         assert (splash_grads[name] - want).norm() <= 1e-4 * want.norm(), name
 
 
