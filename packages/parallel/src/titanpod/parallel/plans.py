@@ -62,6 +62,6 @@ FLUX_PLAN = ShardingPlan(
 single-stream blocks (the embedders, modulations and final layer stay whole over tp). Attention is joint over
 both streams of a double block, so its region is entered at each stream's q/k/v module and left at each
 ``wo``. The single block's fused ``linear1`` and ``linear2`` split blockwise (``ParamRule.tp_blocks``): a
-rank holds whole heads of q, k and v and one share of the MLP's hidden units, and reads the same heads and
-units in ``linear2``'s columns. The blocks assume the MLP is 4 x ``dim`` wide, as in every FLUX flavor (the
+rank computes with whole heads of q, k and v and one share of the MLP's hidden units, and reads the same heads
+and units in ``linear2``'s columns. The blocks assume the MLP is 4 x ``dim`` wide, as in every FLUX flavor (the
 plan's check refuses widths the blocks do not divide). Sequence parallelism does not apply."""

@@ -85,7 +85,10 @@ def _apply_enters_and_leaves(
 ) -> None:
     """Hook the plan's column-parallel entries and row-parallel exits (regions that span several modules)."""
     if (plan.tp_enters or plan.tp_leaves) and sequence_parallel:
-        raise PlanError("A plan with tp_enters / tp_leaves runs tensor-parallel without sequence parallelism.")
+        raise PlanError(
+            "A plan with tp_enters / tp_leaves runs tensor-parallel without sequence parallelism: give it no "
+            "sequence_starts, or set parallel.sequence_parallel to false."
+        )
 
     def enter(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return (enter_tensor_parallel(args[0], tp_mesh), *args[1:])
