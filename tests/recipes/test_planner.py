@@ -276,3 +276,20 @@ def test_flux_plan_keeps_block_inputs_alone_when_the_memory_policy_recomputes_bl
     assert flag < saved / 4  # a block's inputs are a small part of what it saves
     assert policy == flag
     assert activations(train={"step_mode": "whole_step", "memory_policy": "save"}) == saved
+
+
+def test_flux_plan_under_tensor_parallelism_counts_data_ranks_for_the_batch_and_splits_the_blocks():
+    from titanpod.recipes.diffusion.registry import get_diffusion_recipe
+    from titanpod.recipes.planner.flux import flux_plan_table, plan_flux
+    from titanpod.recipes.planner.plan import with_changes
+
+    recipe = get_diffusion_recipe("flux1_12b")
+    fsdp = plan_flux(recipe, chip_by_name("v5p"), 8, 0.4)
+    tp = plan_flux(with_changes(recipe, parallel={"tp": 2}), chip_by_name("v5p"), 8, 0.4)
+    assert (fsdp.data_ranks, tp.data_ranks) == (8, 4)  # the two tp ranks of a data rank share its image
+    assert tp.step_seconds == pytest.approx(fsdp.step_seconds / 2)  # half the images on the same chips
+    assert tp.memory.parameters < 1.5 * fsdp.memory.parameters  # the blocks split over tp as over fsdp
+    table = Console(width=200, record=True)
+    table.print(flux_plan_table(tp))
+    out = table.export_text()
+    assert "fsdp 4 x tp 2" in out and "1 per data rank; 4 per step" in out

@@ -10,6 +10,7 @@ from __future__ import annotations
 from titanpod.data.images.config import ImageDataConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
+from titanpod.kernels import KernelConfig
 from titanpod.models import FLUX_FLAVORS, FluxTransformer
 from titanpod.models.adapters import FLUX_TRANSFORMER_ADAPTER
 from titanpod.parallel import FLUX_PLAN, ParallelConfig
@@ -36,7 +37,7 @@ def flux_debug() -> DiffusionRecipe:
 
 def flux1_12b() -> DiffusionRecipe:
     """FLUX.1-dev (11.9B) at 1024x1024 on 8 TPU v5p chips (a v5p-16: v5p accelerator types count TensorCores, two a
-    chip): FSDP, bf16, the pretrained autoencoder and text encoders."""
+    chip): FSDP, bf16, Splash attention, the pretrained autoencoder and text encoders."""
     return DiffusionRecipe(
         name="flux1_12b",
         model=FluxModelConfig(
@@ -44,6 +45,7 @@ def flux1_12b() -> DiffusionRecipe:
         ),
         device=DeviceConfig(lane="auto"),
         parallel=ParallelConfig(param_dtype="bfloat16", reduce_dtype="float32"),
+        kernels=KernelConfig(attention="splash"),  # 512 text + 4,096 image tokens: 9 tiles of 512, no padding
         data=ImageDataConfig(source="imagefolder", path="images/", resolution=1024, batch_size=1, caption_dropout=0.1),
         train=TrainConfig(
             steps=10_000, lr=1e-5, warmup_steps=500, decay="constant", weight_decay=0.0, log_every=10, precision="bf16"

@@ -14,6 +14,7 @@ import torch
 
 from titanpod.checkpoint.flux_autoencoder_files import load_flux_autoencoder
 from titanpod.checkpoint.flux_files import load_flux_transformer
+from titanpod.kernels import flux_ops
 from titanpod.models import RegionValues, region_initializer
 from titanpod.models.choice import choose
 from titanpod.models.flux import FLUX_FLAVORS, FluxTransformer, build_flux_transformer
@@ -108,7 +109,8 @@ def build_text_encoders(name: str, context_dim: int, pooled_dim: int, seed: int)
 
 
 def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device, sharded: bool = False) -> DiffusionModels:
-    """The recipe's transformer (initialised or loaded), codec and text encoders, on ``device``.
+    """The recipe's transformer (initialised or loaded, its attention slot filled by ``recipe.kernels``), codec
+    and text encoders, on ``device``.
 
     With ``sharded`` and a seed (no ``model.transformer_weights``) the transformer stays on the meta device and
     the region init of ``train.seed`` comes with it (``DiffusionModels.initial_values``): the placement then
@@ -128,14 +130,14 @@ def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device, sharde
             "use text encoders made for this flavor."
         )
     if model.transformer_weights is not None:
-        transformer = load_flux_transformer(Path(model.transformer_weights))
+        transformer = load_flux_transformer(Path(model.transformer_weights), ops=flux_ops(recipe.kernels))
         if transformer.args.in_channels != args.in_channels:
             raise ValueError(
                 f"The transformer at {model.transformer_weights} takes {transformer.args.in_channels} channels per "
                 f"token but model.autoencoder {model.autoencoder!r} gives {args.in_channels}; pick the matching one."
             )
     else:
-        transformer = build_flux_transformer(args)
+        transformer = build_flux_transformer(args, flux_ops(recipe.kernels))
     initial_values = None
     if sharded and model.transformer_weights is None:
         initial_values = region_initializer(transformer, seed)
