@@ -279,7 +279,10 @@ class VLLMEngine:
         )
 
     def close(self) -> None:
-        """Drop the vLLM engine and remove its exported folder."""
+        """Stop the vLLM engine (its engine-core process) and remove the exported folder."""
+        engine_core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None:  # stopped now, not whenever the LLM object is collected
+            engine_core.shutdown()
         self.llm = None
         self._folder.cleanup()
 
