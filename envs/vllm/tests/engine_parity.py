@@ -1,7 +1,8 @@
 """Starts titanpod's vLLM engine on a tiny Llama (fp32) and measures how its logprobs follow the trainer's weights.
 
 Run as a script (vLLM's engine starts in its own process, so this needs a main guard):
-``python engine_parity.py OUT.json``. It writes the figures the test checks:
+``python engine_parity.py OUT.json [DTYPE]`` (the engine's dtype, ``float32`` unless given; the trainer stays in
+fp32). It writes the figures the test checks:
 - ``start``: the largest |vLLM - titanpod| logprob of a fixed completion, vLLM started from the exported folder;
 - ``stale``: the same after the trainer's weights moved, before the push (the engine still holds the old ones);
 - ``pushed``: the same after the push (``sync_weights``, version 1);
@@ -28,7 +29,7 @@ def largest_difference(engine_logprobs: torch.Tensor, ours: torch.Tensor) -> flo
     return (engine_logprobs - ours).abs().max().item()
 
 
-def main(out: Path) -> None:
+def main(out: Path, dtype: str) -> None:
     from conftest import TINY
 
     from titanpod.models import Transformer
@@ -46,7 +47,7 @@ def main(out: Path) -> None:
             return token_logprobs(model, torch.tensor([sequence]))[0, 1:]
 
     started = time.perf_counter()
-    engine = VLLMEngine(model, "llama3", dtype="float32", enforce_eager=True, max_batch=8, kv_cache_bytes=16 * 2**20)
+    engine = VLLMEngine(model, "llama3", dtype=dtype, enforce_eager=True, max_batch=8, kv_cache_bytes=16 * 2**20)
     figures: dict[str, object] = {"engine_seconds": time.perf_counter() - started, "vllm_start": engine.start_seconds}
     try:
         figures["start"] = largest_difference(engine.score([FIXED])[0], ours(FIXED))
@@ -77,4 +78,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "float32")
