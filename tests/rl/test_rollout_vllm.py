@@ -308,3 +308,15 @@ def test_the_vllm_form_of_each_family_is_its_specs():
     assert all(vllm_adapter(family) is hf_adapter(family) for family in ("llama3", "qwen3", "qwen3_moe"))
     with pytest.raises(ValueError, match=r"vLLM does not serve model family 'flux'"):
         vllm_adapter("flux")
+
+
+def test_a_vllm_without_in_place_reloading_is_named(vllm, monkeypatch):
+    build = StandInLLM.__init__
+
+    def older_runner(self, model, **kwargs):  # an older vLLM: reload_weights() only reads the folder again
+        build(self, model, **kwargs)
+        self.worker.model_runner.reload_weights = lambda: None
+
+    monkeypatch.setattr(StandInLLM, "__init__", older_runner)
+    with pytest.raises(RuntimeError, match=r"cannot load weights in place.*upgrade vLLM"):
+        VLLMEngine(tiny_model(DENSE), "llama3")

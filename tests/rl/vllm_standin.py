@@ -156,9 +156,9 @@ class StandInSamplingParams:
             setattr(self, key, value)
 
 
-def standin_reload_weights(worker: Any, weights_iterator: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """vLLM's ``Worker.reload_weights`` as titanpod calls it: every weight through the model's loader."""
-    worker.model_runner.model.load_weights(weights_iterator)
+def standin_reload_weights(worker: Any, *args: Any, **kwargs: Any) -> None:
+    """vLLM's ``Worker.reload_weights``: its arguments handed to the model runner's."""
+    worker.model_runner.reload_weights(*args, **kwargs)
 
 
 def plain_copy(value: Any) -> Any:
@@ -185,10 +185,15 @@ class StandInLLM:
         module_name, class_name = kwargs["worker_extension_cls"].rsplit(".", 1)
         extension = getattr(importlib.import_module(module_name), class_name)
         self.worker = type("StandInWorker", (extension,), {"reload_weights": standin_reload_weights})()
-        self.worker.model_runner = SimpleNamespace(model=self.model)
+        self.worker.model_runner = SimpleNamespace(model=self.model, reload_weights=self.model_reload_weights)
         self.started_from = {name: tensor.clone() for name, tensor in iter_hf_tensors(model)}
         """The tensors of the folder vLLM was started from (its loader reads them)."""
         self.model.load_weights(self.started_from.items())
+
+    def model_reload_weights(self, weights_iterator: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """vLLM's model runner's ``reload_weights`` with the weights given: every weight through the loader."""
+        assert weights_iterator is not None, "titanpod always sends the weights"
+        self.model.load_weights(weights_iterator)
 
     def collective_rpc(
         self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None

@@ -24,6 +24,7 @@ Legend: E experts, I expert hidden width, M model dim.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -166,8 +167,8 @@ class TitanpodWorkerExtension:
     model_runner: Any
     """Set by vLLM's worker: holds ``model``."""
     reload_weights: Any
-    """vLLM's worker method: ``reload_weights(weights_iterator=...)`` loads weights in place and re-runs each
-    layer's post-load processing."""
+    """vLLM's worker method: ``reload_weights(weights_iterator=...)`` hands its arguments to the model runner's,
+    which loads the weights in place and re-runs each layer's post-load processing."""
 
     def titanpod_load_weights(self, names: list[str], sent: list[ByteTensor]) -> int:
         """Load the ``sent`` tensors (``ByteTensor``s, in the engine's dtype) under their Hugging Face ``names`` in
@@ -179,6 +180,12 @@ class TitanpodWorkerExtension:
         params = dict(self.model_runner.model.named_parameters())
         device = next(iter(params.values())).device
         weights = [(name, tensor.to(device)) for name, tensor in zip(names, tensors, strict=True)]
+        if "weights_iterator" not in inspect.signature(self.model_runner.reload_weights).parameters:
+            raise RuntimeError(
+                "This vLLM's workers cannot load weights in place (their model runner's reload_weights takes no "
+                "weights_iterator): "
+                "titanpod's weight sync needs a vLLM with in-place reloading (0.32 has it); upgrade vLLM."
+            )
         self.reload_weights(weights_iterator=weights)
         received: dict[str, torch.Tensor] = getattr(self, "_titanpod_received", {})
         params = dict(self.model_runner.model.named_parameters())
