@@ -41,3 +41,18 @@ def test_the_push_reports_what_went_to_the_engine(figures):
     push = figures["push"]
     assert push["version"] == 1 and push["dtype"] == "float32" and push["checksum_equal"], push
     assert push["bytes"] == 4 * parameters, (push, parameters)
+
+
+def test_a_head_size_the_cpu_build_cannot_run_is_refused_before_vllm_starts():
+    import dataclasses
+
+    import torch
+    from conftest import TINY
+
+    from titanpod.models import Transformer
+    from titanpod.rl.rollout.vllm_engine import VLLMEngine
+
+    with torch.device("meta"):
+        model = Transformer(dataclasses.replace(TINY, n_heads=4, n_kv_heads=2))  # head size 16, as llama3 debug's
+    with pytest.raises(ValueError, match=r"attention takes head sizes \[32, 64.*the model's is 16"):
+        VLLMEngine(model, "llama3", dtype="float32")

@@ -107,6 +107,22 @@ def chunks(named: list[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[li
         yield run
 
 
+def check_cpu_head_size(head_dim: int) -> None:
+    """Refuse, before vLLM starts, a head size that vLLM's CPU build's attention does not take (it takes 32, 64,
+    80, 96, ... in 0.32; the llama3 debug flavor's is 16). Nothing is checked where vLLM is not its CPU build."""
+    try:
+        from vllm.platforms import current_platform
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:  # not vLLM's CPU build, or another layout of it: vLLM itself decides
+        return
+    supported = list(CPUAttentionBackend.get_supported_head_sizes())
+    if current_platform.is_cpu() and head_dim not in supported:
+        raise ValueError(
+            f"vLLM's CPU build cannot run this model: its attention takes head sizes {supported}, and the model's "
+            f"is {head_dim}. Use a flavor whose dim / n_heads (or head_dim) is one of them, or rollout.mode 'local'."
+        )
+
+
 class VLLMEngine:
     """The ``RolloutEngine`` protocol over one ``vllm.LLM`` in this process, holding ``model``'s weights as version 0.
 
@@ -147,6 +163,7 @@ class VLLMEngine:
         self._adapter = vllm_adapter(family)
         self._layout = {name: torch.empty_like(t, device="meta") for name, t in trainer_state(model).items()}
         self._specs = [[name, list(shape)] for name, shape in self._adapter.hf_shapes(self._layout, self.args).items()]
+        check_cpu_head_size(self.args.resolved_head_dim)
         self._folder = tempfile.TemporaryDirectory(prefix="titanpod-vllm-")
         self.llm: Any = None
         self.start_seconds = 0.0
