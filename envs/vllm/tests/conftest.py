@@ -7,6 +7,7 @@ that starts an engine runs a script (or titanpod's CLI) in a fresh process and r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,6 +19,12 @@ from titanpod.models import DecoderArgs
 
 TINY = DecoderArgs(dim=64, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=128, ffn_dim=96, max_seq_len=128)
 """A Llama vLLM's CPU build serves: its CPU attention takes head sizes 32, 64, 80, ... (not 16)."""
+
+TINY_TIED = dataclasses.replace(TINY, qk_norm=True, tie_embeddings=True)
+"""A Qwen 3 of the same size whose output head is its embedding (vLLM packs a copy of it for the head's GEMM)."""
+
+MODELS = {"llama3": TINY, "qwen3": TINY_TIED}
+"""The models the parity test runs, by family."""
 
 HERE = Path(__file__).parent
 

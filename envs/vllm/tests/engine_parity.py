@@ -1,8 +1,9 @@
-"""Starts titanpod's vLLM engine on a tiny Llama (fp32) and measures how its logprobs follow the trainer's weights.
+"""Starts titanpod's vLLM engine on tiny models and measures how its logprobs follow the trainer's weights: a Llama
+with its own output head, and a Qwen 3 whose head is tied to its embedding (vLLM keeps packed copies of both).
 
 Run as a script (vLLM's engine starts in its own process, so this needs a main guard):
 ``python engine_parity.py OUT.json [DTYPE]`` (the engine's dtype, ``float32`` unless given; the trainer stays in
-fp32). It writes the figures the test checks:
+fp32). It writes, for each family, the figures the test checks:
 - ``start``: the largest |vLLM - titanpod| logprob of a fixed completion, vLLM started from the exported folder;
 - ``stale``: the same after the trainer's weights moved, before the push (the engine still holds the old ones);
 - ``pushed``: the same after the push (``sync_weights``, version 1);
@@ -16,6 +17,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,16 +31,15 @@ def largest_difference(engine_logprobs: torch.Tensor, ours: torch.Tensor) -> flo
     return (engine_logprobs - ours).abs().max().item()
 
 
-def main(out: Path, dtype: str) -> None:
-    from conftest import TINY
-
+def measure(family: str, args: Any, dtype: str) -> dict[str, object]:
+    """The figures of one engine holding a ``family`` model of shape ``args`` in ``dtype``."""
     from titanpod.models import Transformer
     from titanpod.rl.grpo.objective import token_logprobs
     from titanpod.rl.rollout import SamplingParams, sync_weights
     from titanpod.rl.rollout.vllm_engine import VLLMEngine
 
     with torch.device("meta"):
-        model = Transformer(TINY)
+        model = Transformer(args)
     model.to_empty(device="cpu")
     model.init_weights(0)
 
@@ -47,7 +48,7 @@ def main(out: Path, dtype: str) -> None:
             return token_logprobs(model, torch.tensor([sequence]))[0, 1:]
 
     started = time.perf_counter()
-    engine = VLLMEngine(model, "llama3", dtype=dtype, enforce_eager=True, max_batch=8, kv_cache_bytes=16 * 2**20)
+    engine = VLLMEngine(model, family, dtype=dtype, enforce_eager=True, max_batch=8, kv_cache_bytes=16 * 2**20)
     figures: dict[str, object] = {"engine_seconds": time.perf_counter() - started, "vllm_start": engine.start_seconds}
     try:
         figures["start"] = largest_difference(engine.score([FIXED])[0], ours(FIXED))
@@ -74,6 +75,13 @@ def main(out: Path, dtype: str) -> None:
         }
     finally:
         engine.close()
+    return figures
+
+
+def main(out: Path, dtype: str) -> None:
+    from conftest import MODELS
+
+    figures = {family: measure(family, args, dtype) for family, args in MODELS.items()}
     out.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
 
 

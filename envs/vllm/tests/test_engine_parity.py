@@ -1,9 +1,10 @@
-"""titanpod's vLLM engine against the real vLLM (CPU build): the weights it samples from are the trainer's."""
+"""titanpod's vLLM engine against the real vLLM (CPU build): the weights it samples from are the trainer's, for a
+model with its own output head and one whose head is tied to its embedding."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import HERE, read_json, run_python
+from conftest import HERE, MODELS, read_json, run_python
 
 FP32_TOLERANCE = 1e-3
 """fp32: vLLM's kernels and titanpod's forward differ only in summation order (measured: about 1e-6)."""
@@ -17,28 +18,34 @@ def figures(tmp_path_factory):
     return read_json(where / "figures.json")
 
 
-def test_the_engine_started_from_the_export_scores_as_the_trainer(figures):
-    assert figures["start"] <= FP32_TOLERANCE, figures
+FAMILIES = pytest.mark.parametrize("family", list(MODELS))
 
 
-def test_before_the_push_the_engine_still_holds_the_old_weights(figures):
-    assert figures["stale"] > 100 * FP32_TOLERANCE, figures
+@FAMILIES
+def test_the_engine_started_from_the_export_scores_as_the_trainer(figures, family):
+    assert figures[family]["start"] <= FP32_TOLERANCE, figures[family]
 
 
-def test_after_the_push_the_engine_scores_and_samples_as_the_trainer(figures):
-    assert figures["pushed"] <= FP32_TOLERANCE, figures
-    assert figures["sampled"] <= FP32_TOLERANCE and figures["sampled_tokens"] > 0, figures
+@FAMILIES
+def test_before_the_push_the_engine_still_holds_the_old_weights(figures, family):
+    assert figures[family]["stale"] > 100 * FP32_TOLERANCE, figures[family]
 
 
-def test_the_push_reports_what_went_to_the_engine(figures):
+@FAMILIES
+def test_after_the_push_the_engine_scores_and_samples_as_the_trainer(figures, family):
+    assert figures[family]["pushed"] <= FP32_TOLERANCE, figures[family]
+    assert figures[family]["sampled"] <= FP32_TOLERANCE and figures[family]["sampled_tokens"] > 0, figures[family]
+
+
+@FAMILIES
+def test_the_push_reports_what_went_to_the_engine(figures, family):
     import torch
-    from conftest import TINY
 
     from titanpod.models import Transformer, parameter_count
 
     with torch.device("meta"):
-        parameters = parameter_count(Transformer(TINY))
-    push = figures["push"]
+        parameters = parameter_count(Transformer(MODELS[family]))
+    push = figures[family]["push"]
     assert push["version"] == 1 and push["dtype"] == "float32" and push["checksum_equal"], push
     assert push["bytes"] == 4 * parameters, (push, parameters)
 

@@ -157,6 +157,24 @@ def read_back(
     return tensors
 
 
+def refresh_packed_copies(model: Any) -> int:
+    """Re-run the post-load processing of every layer that keeps its weight beside a packed copy of it (vLLM's CPU
+    build does this for the embedding and the output head: ``cpu_linear`` holds the copy); the number refreshed.
+
+    A tied head shares the embedding's weight and is not reloaded itself, so ``reload_weights`` leaves its packed
+    copy holding the old values (its logprobs stay those of the old weights while the weight reads back new).
+    Layers whose weight was packed away (empty) were reprocessed by the reload and are left alone.
+    """
+    refreshed = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        method = getattr(module, "quant_method", None)
+        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.numel() and method:
+            method.process_weights_after_loading(module)
+            refreshed += 1
+    return refreshed
+
+
 class TitanpodWorkerExtension:
     """Mixed into each vLLM worker (``worker_extension_cls``); called through ``LLM.collective_rpc``.
 
@@ -187,6 +205,7 @@ class TitanpodWorkerExtension:
                 "titanpod's weight sync needs a vLLM with in-place reloading (0.32 has it); upgrade vLLM."
             )
         self.reload_weights(weights_iterator=weights)
+        refresh_packed_copies(self.model_runner.model)
         received: dict[str, torch.Tensor] = getattr(self, "_titanpod_received", {})
         params = dict(self.model_runner.model.named_parameters())
         for name in packed(params, [(name, tuple(t.shape)) for name, t in zip(names, tensors, strict=True)]):
