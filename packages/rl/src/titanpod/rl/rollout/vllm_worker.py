@@ -208,8 +208,9 @@ class TitanpodWorkerExtension:
         refresh_packed_copies(self.model_runner.model)
         received: dict[str, torch.Tensor] = getattr(self, "_titanpod_received", {})
         params = dict(self.model_runner.model.named_parameters())
-        for name in packed(params, [(name, tuple(t.shape)) for name, t in zip(names, tensors, strict=True)]):
-            received[name] = tensors[names.index(name)]
+        by_name = dict(zip(names, tensors, strict=True))
+        for name in packed(params, [(name, tuple(tensor.shape)) for name, tensor in by_name.items()]):
+            received[name] = by_name[name]
         self._titanpod_received = received
         return len(names)
 
