@@ -21,8 +21,9 @@ from titanpod.recipes.posttrain.rollout_config import RolloutConfig
 from titanpod.rl.rollout import SamplingParams, sync_weights, weights_checksum
 from titanpod.rl.rollout.engines import close_rollout, open_rollout
 from titanpod.rl.rollout.sampling import completion_seed
-from titanpod.rl.rollout.vllm_engine import VLLMEngine, vllm_adapter
+from titanpod.rl.rollout.vllm_engine import VLLMEngine, chunks, vllm_adapter
 from titanpod.rl.rollout.vllm_worker import read_back
+from titanpod.rl.rollout.wire import tensor_from_bytes, tensor_to_bytes
 
 DENSE = dataclasses.replace(TINY, vocab_size=100)  # vLLM pads 100 vocabulary rows to 128
 MOE = dataclasses.replace(TINY_QWEN_MOE, vocab_size=100)
@@ -59,24 +60,27 @@ def test_start_makes_exactly_these_vllm_calls_and_checks_the_workers_weights(vll
         "LLM",
         {
             "model": str(folder),
-            "load_format": "dummy",
             "skip_tokenizer_init": True,
             "dtype": "bfloat16",
-            "gpu_memory_utilization": 0.3,
             "enforce_eager": True,
             "max_model_len": args.max_seq_len,
             "max_num_seqs": 16,
             "logprobs_mode": "raw_logprobs",
             "worker_extension_cls": EXTENSION,
+            "gpu_memory_utilization": 0.3,
         },
     )
+    # vLLM started from titanpod's export of the model, in the engine's dtype.
+    assert set(llm.started_from) == set(sent_form(model))
+    assert all(torch.equal(llm.started_from[name], t) for name, t in sent_form(model).items())
     assert llm.config == hf_adapter(family).hf_config_from_args(args, torch.bfloat16)
     assert llm.methods() == ["LLM", "titanpod_load_weights", "reset_prefix_cache", "titanpod_checksum"]
 
     expected = sent_form(model)
-    _, _, (names, tensors), kwargs = llm.calls[1]
+    _, _, (names, sent), kwargs = llm.calls[1]
     assert kwargs == {} and names == list(expected)
-    assert all(torch.equal(sent, expected[name]) for name, sent in zip(names, tensors, strict=True))
+    tensors = [tensor_from_bytes(item) for item in sent]
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in zip(names, tensors, strict=True))
     _, _, (specs,), _ = llm.calls[3]
     assert specs == [[name, list(tensor.shape)] for name, tensor in expected.items()]
 
@@ -86,7 +90,7 @@ def test_start_makes_exactly_these_vllm_calls_and_checks_the_workers_weights(vll
     assert engine.checksum() == weights_checksum(expected)
     assert engine.weights_version == 0
     engine.close()
-    assert not folder.exists()
+    assert not folder.parent.exists()
 
 
 def test_a_sync_changes_the_workers_weights_and_verifies_them(vllm):
@@ -210,7 +214,7 @@ def test_rollout_mode_vllm_parses_and_opens_the_vllm_engine(vllm):
     options = engine.llm.calls[0][1]
     assert (options["dtype"], options["gpu_memory_utilization"], options["max_num_seqs"]) == ("float32", 0.25, 12)
     assert engine.checksum() == weights_checksum(sent_form(model, torch.float32))
-    assert said == ["vLLM stand-in in this process (float32)"]
+    assert said == ["vLLM stand-in (float32 weights, started in 0.0 s)"]
     folder = Path(options["model"])
     close_rollout(engine)
     assert not folder.exists()
@@ -233,6 +237,66 @@ def test_rollout_config_names_bad_vllm_settings():
         RolloutConfig(vllm_enforce_eager=True)
     with pytest.raises(ValueError, match=r"rollout\.mode is 'vllm' \(one engine\)"):
         RolloutConfig(mode="vllm", workers=2)
+    with pytest.raises(ValueError, match=r"rollout\.vllm_kv_cache_mib must be at least 1 \(MiB\), got 0"):
+        RolloutConfig(mode="vllm", vllm_kv_cache_mib=0)
+
+
+def test_a_set_kv_cache_size_replaces_the_gpu_share(vllm):
+    engine = open_rollout(RolloutConfig(mode="vllm", vllm_kv_cache_mib=8), tiny_model(DENSE), 4, print, family="llama3")
+    options = engine.llm.calls[0][1]
+    assert options["kv_cache_memory_bytes"] == 8 * 2**20 and "gpu_memory_utilization" not in options
+    close_rollout(engine)
+
+
+def test_a_sync_never_splits_a_layer_between_two_calls():
+    named = [(name, torch.zeros(4)) for name in ["model.embed_tokens.weight", "model.layers.0.a", "model.layers.0.b"]]
+    named += [
+        ("model.layers.1.a", torch.zeros(4)),
+        ("model.layers.1.b", torch.zeros(4)),
+        ("lm_head.weight", torch.zeros(4)),
+    ]
+    runs = [[name for name, _ in run] for run in chunks(named, max_bytes=20)]
+    assert runs == [
+        ["model.embed_tokens.weight"],
+        ["model.layers.0.a", "model.layers.0.b"],
+        ["model.layers.1.a", "model.layers.1.b"],
+        ["lm_head.weight"],
+    ]
+    assert [len(run) for run in chunks(named, max_bytes=2**20)] == [6]
+
+
+def test_weights_packed_for_vllms_cpu_kernels_are_checked_as_the_worker_received_them(vllm, monkeypatch):
+    """vLLM's CPU build leaves an empty parameter where it packed a linear weight; the checksum then takes the
+    tensors the worker received, and still fails when those are not the trainer's."""
+    model = tiny_model(DENSE)
+    engine = VLLMEngine(model, "llama3")
+    worker = engine.llm.worker
+    reload = type(worker).reload_weights
+    fused = {
+        name: (param, param.shape)
+        for name, param in worker.model_runner.model.named_parameters()
+        if name.endswith(("qkv_proj.weight", "gate_up_proj.weight"))
+    }
+
+    def reload_then_pack(self, weights_iterator):  # as vLLM does: the layout back, load, then pack
+        for param, shape in fused.values():
+            param.data = torch.zeros(shape, dtype=param.dtype)
+        reload(self, weights_iterator)
+        for param, _ in fused.values():
+            param.data = torch.empty(0, dtype=param.dtype)
+
+    monkeypatch.setattr(type(worker), "reload_weights", reload_then_pack)
+    train_a_little(model)
+    report = sync_weights(model, engine, version=1)
+    assert report.checksum == weights_checksum(sent_form(model)) == engine.checksum()
+    assert "model.layers.0.self_attn.q_proj.weight" in worker._titanpod_received
+    assert "model.layers.0.self_attn.o_proj.weight" not in worker._titanpod_received  # readable: read back
+
+    monkeypatch.setattr("titanpod.rl.rollout.vllm_engine.tensor_to_bytes", lambda t: tensor_to_bytes(t * 2))
+    train_a_little(model)
+    with pytest.raises(RuntimeError, match="do not hold the trainer's weights at version 2"):
+        sync_weights(model, engine, version=2)
+    engine.close()
 
 
 def test_the_vllm_form_of_each_family_is_its_specs():
@@ -244,3 +308,15 @@ def test_the_vllm_form_of_each_family_is_its_specs():
     assert all(vllm_adapter(family) is hf_adapter(family) for family in ("llama3", "qwen3", "qwen3_moe"))
     with pytest.raises(ValueError, match=r"vLLM does not serve model family 'flux'"):
         vllm_adapter("flux")
+
+
+def test_a_vllm_without_in_place_reloading_is_named(vllm, monkeypatch):
+    build = StandInLLM.__init__
+
+    def older_runner(self, model, **kwargs):  # an older vLLM: reload_weights() only reads the folder again
+        build(self, model, **kwargs)
+        self.worker.model_runner.reload_weights = lambda: None
+
+    monkeypatch.setattr(StandInLLM, "__init__", older_runner)
+    with pytest.raises(RuntimeError, match=r"cannot load weights in place.*upgrade vLLM"):
+        VLLMEngine(tiny_model(DENSE), "llama3")

@@ -5,9 +5,10 @@ arguments and every ``generate``, ``collective_rpc`` and ``reset_prefix_cache`` 
 worker the way vLLM does: the class named by ``worker_extension_cls`` (imported by its path) mixed into a
 worker whose ``model_runner.model`` is a real torch model laid out as vLLM's Llama / Qwen3 / Qwen3-MoE
 classes lay out their weights (fused ``qkv_proj`` and ``gate_up_proj``, fused-MoE ``w13_weight`` /
-``w2_weight``, embedding and head padded to 64 rows), randomly filled as ``load_format="dummy"`` leaves it,
-with a ``load_weights`` that puts each Hugging Face-named tensor where vLLM's loaders put it.
-``collective_rpc`` accepts only a method name and plain data (tensors, numbers, strings, lists, tuples,
+``w2_weight``, embedding and head padded to 64 rows), loaded from the safetensors of the folder it is started
+from, with a ``load_weights`` that puts each Hugging Face-named tensor where vLLM's loaders put it; the worker's
+``reload_weights`` sends weights through it.
+``collective_rpc`` accepts only a method name and plain data (tensors, bytes, numbers, strings, lists, tuples,
 dicts), copies the tensors as vLLM's serializer would, and runs the method on that worker.
 ``generate`` returns made-up completions, seeded by each request's seed.
 """
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from titanpod.checkpoint.hf_files import iter_hf_tensors
 from titanpod.models.adapters import adapter_of_hf_config
 from titanpod.recipes.families import decoder_adapters
 
@@ -154,6 +156,11 @@ class StandInSamplingParams:
             setattr(self, key, value)
 
 
+def standin_reload_weights(worker: Any, *args: Any, **kwargs: Any) -> None:
+    """vLLM's ``Worker.reload_weights``: its arguments handed to the model runner's."""
+    worker.model_runner.reload_weights(*args, **kwargs)
+
+
 def plain_copy(value: Any) -> Any:
     """``value`` as vLLM's serializer would deliver it: tensors copied; anything but plain data refused."""
     if isinstance(value, torch.Tensor):
@@ -163,7 +170,7 @@ def plain_copy(value: Any) -> Any:
         return type(value)(plain_copy(item) for item in value)
     if isinstance(value, dict):
         return {key: plain_copy(item) for key, item in value.items()}
-    if isinstance(value, str | int | float | bool) or value is None:
+    if isinstance(value, str | int | float | bool | bytes) or value is None:
         return value
     raise TypeError(f"collective_rpc was sent {type(value).__name__}, which is not plain data")
 
@@ -177,8 +184,16 @@ class StandInLLM:
         self.model = VLLMLayoutModel(self.config, getattr(torch, kwargs["dtype"]))
         module_name, class_name = kwargs["worker_extension_cls"].rsplit(".", 1)
         extension = getattr(importlib.import_module(module_name), class_name)
-        self.worker = type("StandInWorker", (extension,), {})()
-        self.worker.model_runner = SimpleNamespace(model=self.model)
+        self.worker = type("StandInWorker", (extension,), {"reload_weights": standin_reload_weights})()
+        self.worker.model_runner = SimpleNamespace(model=self.model, reload_weights=self.model_reload_weights)
+        self.started_from = {name: tensor.clone() for name, tensor in iter_hf_tensors(model)}
+        """The tensors of the folder vLLM was started from (its loader reads them)."""
+        self.model.load_weights(self.started_from.items())
+
+    def model_reload_weights(self, weights_iterator: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """vLLM's model runner's ``reload_weights`` with the weights given: every weight through the loader."""
+        assert weights_iterator is not None, "titanpod always sends the weights"
+        self.model.load_weights(weights_iterator)
 
     def collective_rpc(
         self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None

@@ -49,6 +49,7 @@ HARMLESS_CHANGES: tuple[str, ...] = (
     "rollout.worker_cpus",
     "rollout.worker_gpus",
     "rollout.vllm_gpu_memory_utilization",
+    "rollout.vllm_kv_cache_mib",
 )
 """Recipe fields (``fnmatch`` patterns of dotted names) a resumed run may change without a word."""
 

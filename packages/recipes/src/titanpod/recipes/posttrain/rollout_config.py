@@ -24,7 +24,8 @@ class RolloutConfig:
     mode: RolloutMode = "local"
     """``local``: a ``BuiltinEngine`` in the trainer's process (the default). ``ray``: ``workers`` Ray actors,
     each a ``BuiltinEngine`` in its own process; the trainer syncs its weights to all of them every step.
-    ``vllm``: one vLLM engine started by the trainer's process (needs ``titanpod-rl[vllm]`` and a CUDA GPU);
+    ``vllm``: one vLLM engine started by the trainer's process (``titanpod-rl[vllm]`` on a CUDA GPU, or the
+    environment in envs/vllm with vLLM's CPU build);
     the trainer syncs its weights into vLLM's workers every step, and each one checks them by checksum."""
     workers: int = 1
     """Rollout workers (``ray`` mode); a step's prompts are split evenly between them."""
@@ -42,7 +43,12 @@ class RolloutConfig:
     """The share of the GPU's memory vLLM may take for weights, activations and KV cache (``vllm`` mode), in
     (0, 1]; leave room for the trainer when it shares the GPU."""
     vllm_enforce_eager: bool = False
-    """Run vLLM's model eagerly, without capturing CUDA graphs (``vllm`` mode): slower decoding, faster start."""
+    """Run vLLM's model eagerly, without capturing CUDA graphs or compiling (``vllm`` mode): slower decoding,
+    faster start. On vLLM's CPU build (envs/vllm) it saves most of the start."""
+    vllm_kv_cache_mib: int | None = None
+    """The KV cache's size in MiB (``vllm`` mode); ``None`` lets vLLM size it: on a GPU from
+    ``vllm_gpu_memory_utilization``, on its CPU build from ``VLLM_CPU_KVCACHE_SPACE`` or the free memory after a
+    warm-up pass. Set it on a CPU machine shared with the trainer (a few MiB hold a small model's rollouts)."""
 
     def __post_init__(self) -> None:
         choice("rollout.mode", self.mode, ROLLOUT_MODES)
@@ -61,6 +67,8 @@ class RolloutConfig:
             raise ValueError(
                 f"rollout.vllm_gpu_memory_utilization must lie in (0, 1], got {self.vllm_gpu_memory_utilization}."
             )
+        if self.vllm_kv_cache_mib is not None and self.vllm_kv_cache_mib < 1:
+            raise ValueError(f"rollout.vllm_kv_cache_mib must be at least 1 (MiB), got {self.vllm_kv_cache_mib}.")
         changed = [f.name for f in fields(self) if f.name.startswith("vllm_") and getattr(self, f.name) != f.default]
         if self.mode != "vllm" and changed:
             raise ValueError(

@@ -104,6 +104,8 @@ class GRPOStepMetrics:
     """The first messages of completions whose reward failed (this process's)."""
     sync_seconds: float
     """Wall time of the weight sync into the rollout engine."""
+    sync_bytes: int
+    """Bytes of weights the sync sent to the engine (in the engine's dtype)."""
     weights_version: int
     """The engine's weights version after the sync (the step)."""
     checksum: str
@@ -154,6 +156,7 @@ class GRPOStepMetrics:
             f"step {self.step:4d}  reward {self.reward_mean:.3f}  acc {self.accuracy:.3f}  "
             f"len {self.completion_length:.1f}  loss {loss}  kl {kl}  clip {self.clip_fraction:.3f}  "
             f"flat groups {self.zero_signal_groups}  skipped {self.skipped}  "
-            f"sync {self.sync_seconds * 1000:.0f} ms v{self.weights_version} {self.checksum[:8]}  "
+            f"sync {self.sync_seconds * 1000:.0f} ms {self.sync_bytes / 2**20:.1f} MiB "
+            f"v{self.weights_version} {self.checksum[:8]}  "
             f"{self.step_seconds:.2f} s"
         )

@@ -120,6 +120,7 @@ class GRPOTrainer:
             lr,
             reward_errors=tuple(scored.errors[:SHOWN_REWARD_ERRORS]),
             sync_seconds=sync.seconds,
+            sync_bytes=sync.bytes,
             weights_version=sync.version,
             checksum=sync.checksum,
             step_seconds=time.perf_counter() - started,

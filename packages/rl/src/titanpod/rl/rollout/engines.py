@@ -29,6 +29,7 @@ def open_rollout(
             gpu_memory_utilization=config.vllm_gpu_memory_utilization,
             enforce_eager=config.vllm_enforce_eager,
             max_batch=max_batch,
+            kv_cache_bytes=None if config.vllm_kv_cache_mib is None else config.vllm_kv_cache_mib * 2**20,
         )
         say(engine.describe())
         return engine

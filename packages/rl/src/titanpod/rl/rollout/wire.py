@@ -40,6 +40,23 @@ def tensor_from_wire(wire: WireTensor) -> torch.Tensor:
     return flat.view(dtype).reshape(shape)
 
 
+ByteTensor = tuple[str, list[int], bytes]
+"""A tensor as plain data for a serializer that knows no tensors or arrays (vLLM's ``collective_rpc`` arguments):
+torch dtype name, shape, raw bytes."""
+
+
+def tensor_to_bytes(tensor: torch.Tensor) -> ByteTensor:
+    """``tensor`` (gathered to the CPU first) as a ``ByteTensor`` (one copy of its bytes)."""
+    dtype_name, shape, raw = tensor_to_wire(tensor)
+    return dtype_name, list(shape), raw.tobytes()
+
+
+def tensor_from_bytes(item: ByteTensor) -> torch.Tensor:
+    """The tensor a ``ByteTensor`` holds (its own, writable memory)."""
+    dtype_name, shape, raw = item
+    return tensor_from_wire((dtype_name, tuple(shape), np.frombuffer(bytearray(raw), dtype=np.uint8)))
+
+
 def state_to_wire(state: Mapping[str, torch.Tensor]) -> dict[str, WireTensor]:
     """Every tensor of ``state`` as a ``WireTensor``, by name."""
     return {name: tensor_to_wire(tensor) for name, tensor in state.items()}
