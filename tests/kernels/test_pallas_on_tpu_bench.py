@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from titanpod.models import IGNORE_INDEX
 
 BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "pallas_on_tpu.py"
@@ -18,6 +20,7 @@ CASES = {"splash_causal", "splash_full", "splash_full_ragged", "pallas_loss", "g
 def _bench():
     spec = importlib.util.spec_from_file_location("pallas_on_tpu", BENCH)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
 
@@ -40,11 +43,12 @@ def test_the_bench_and_the_loss_kernel_leave_out_the_models_ignored_label():
     assert _bench().IGNORE_INDEX == DEFAULT_IGNORE_INDEX == IGNORE_INDEX
 
 
+@pytest.mark.slow  # starts a process
 def test_the_kernels_build_where_pytorch_is_not_installed():
     script = (
         "import sys; sys.modules['torch'] = None\n"  # any import of torch now fails, as on a bare TPU machine
         f"import importlib.util; spec = importlib.util.spec_from_file_location('b', {str(BENCH)!r})\n"
-        "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
+        "b = importlib.util.module_from_spec(spec); sys.modules['b'] = b; spec.loader.exec_module(b)\n"
         "mods = b.torch_free_modules()\n"
         "cases = b.build_cases(mods, tiny=True, interpret=True, dtype_name='bfloat16')\n"
         "assert 'torch' not in {m.split('.')[0] for m in sys.modules if sys.modules[m] is not None}\n"

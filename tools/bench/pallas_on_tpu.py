@@ -214,8 +214,10 @@ def build_cases(
     cases.append(Case("pallas_loss", f"N{N} M{M} V{V} {dtype_name}", head, loss_reference(chunk), loss_inputs,
                       forward_flops=2.0 * N * M * V, backward_flops=4.0 * N * M * V, integer_tail=1))  # fmt: skip
 
-    tiles = dict(zip(("tile_rows", "tile_in", "tile_out"), map(int, gmm_tiling.split(",")), strict=True))
-    config = gmm.GroupedMatmulConfig(interpret=interpret, **(tiles if gmm_tiling else {}))
+    tiles = {}
+    if gmm_tiling:
+        tiles = dict(zip(("tile_rows", "tile_in", "tile_out"), map(int, gmm_tiling.split(",")), strict=True))
+    config = gmm.GroupedMatmulConfig(interpret=interpret, **tiles)
     tiled = gmm.tiled_gmm(config, interpret)
     T = sum(sizes)
     T_pad = -(-T // config.tile_rows) * config.tile_rows
