@@ -26,7 +26,6 @@ and backward.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -34,20 +33,9 @@ import torch
 
 from titanpod.kernels.jax_op import JaxOp, free_op_name, holds_torchax_tensors, jax_op, pallas_interpret
 from titanpod.kernels.mesh_split import batch_axes
+from titanpod.kernels.pallas.gmm_kernel import GroupedMatmulConfig, tiled_gmm
 
-
-@dataclass(frozen=True)
-class GroupedMatmulConfig:
-    """Tiles of the grouped matmul."""
-
-    tile_rows: int = 128
-    """Rows per tile; rows are padded to a multiple of it."""
-    tile_in: int = 128
-    """Input-width tile (the largest divisor of the width up to this)."""
-    tile_out: int = 128
-    """Output-width tile (the largest divisor of the width up to this)."""
-    interpret: bool | None = None
-    """Run Pallas in interpret mode; ``None`` does so unless the tensors are on a TPU (see ``pallas_interpret``)."""
+__all__ = ["GroupedMatmulConfig", "MegabloxGroupedMatmul"]
 
 
 @dataclass
@@ -66,20 +54,14 @@ class MegabloxGroupedMatmul:
     def _tiled_gmm(self, interpret: bool) -> Any:
         """``gmm(x_TI, w_EOI, E, C)``: the grouped matmul of E groups of C rows over rows padded to whole tiles
         (``x_TI`` already padded; the padding rows, of no group, come out zero)."""
-        from jax.experimental.pallas.ops.tpu.megablox import ops
+        gmm = tiled_gmm(self.config, interpret)
 
-        config = self.config
-
-        def gmm(x_TI: Any, w_EOI: Any, E: int, C: int) -> Any:
+        def uniform(x_TI: Any, w_EOI: Any, E: int, C: int) -> Any:
             import jax.numpy as jnp
 
-            _, O, I = w_EOI.shape  # noqa: E741 - I: legend
-            tiling = (config.tile_rows, math.gcd(I, config.tile_in), math.gcd(O, config.tile_out))
-            sizes_E = jnp.full((E,), C, jnp.int32)
-            # positional: preferred dtype, tiling, group_offset, existing_out, transpose_rhs, interpret
-            return ops.gmm(x_TI, w_EOI, sizes_E, x_TI.dtype, tiling, None, None, True, interpret)
+            return gmm(x_TI, w_EOI, jnp.full((E,), C, jnp.int32))
 
-        return gmm
+        return uniform
 
     def _padded(self, x_ECI: Any) -> Any:
         """The buffers' rows [T padded to whole tiles, I]."""
