@@ -146,7 +146,7 @@ def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: f
     )
     encoders = (
         0
-        if recipe.model.encodings_cache or recipe.model.text_encoders == "random"
+        if recipe.model.encodings_cache or recipe.model.text_encoders in RANDOM_TEXT_ENCODERS
         else 2 * sum(FROZEN_ENCODER_PARAMETERS.values())
     )
     host = plan_host_memory(
