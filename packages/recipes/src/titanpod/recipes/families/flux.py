@@ -30,7 +30,7 @@ def flux_debug() -> DiffusionRecipe:
         # 8,192 drawn images: the sample prompts are mostly combinations that 512 images never show.
         data=ImageDataConfig(source="shapes", resolution=16, batch_size=32, caption_dropout=0.1, shapes_count=8192),
         train=TrainConfig(
-            steps=3000, lr=2e-3, warmup_steps=50, decay="cosine", min_lr_ratio=0.1, weight_decay=0.0, log_every=100
+            steps=5000, lr=2e-3, warmup_steps=50, decay="cosine", min_lr_ratio=0.1, weight_decay=0.0, log_every=100
         ),
         samples=SampleConfig(every=0, prompts=6, steps=24, cfg_scale=5.0),
         output=OutputConfig(),
