@@ -39,7 +39,8 @@ MAX_MISFIT = 0.5
 """A shape matches only when its pixels differ from the ideal shape by at most this (shapes the renderer draws at
 16 pixels differ by at most 0.16; a blob that is no shape in particular differs from all three by more)."""
 MIN_AREA = 0.3
-"""The named colour must cover at least this share of the named shape's drawn area to be found at all."""
+"""The colour covering most of a shape's region counts as found only when it covers at least this share of the
+area the named shape would cover (less is stray pixels, and colour, position and shape all fail)."""
 
 _PLACE_NAMES = {words: name for name, words in PLACES.items()} | {"in the centre": "centre"}
 _SHAPE = (
