@@ -79,13 +79,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="also run the pod-recipe rehearsals marked rehearsal_full (about 40 minutes on 2 cores)",
     )
+    parser.addoption(
+        "--long-runs",
+        action="store_true",
+        help="also run the tests marked long_run: a default run whole, as a user starts it (minutes each)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave the rehearsals marked ``rehearsal_full`` out of the run (listed as deselected) unless --rehearse-all."""
-    if config.getoption("--rehearse-all"):
-        return
-    left_out = [item for item in items if item.get_closest_marker("rehearsal_full")]
+    """Leave the tests marked ``rehearsal_full`` (unless --rehearse-all) and ``long_run`` (unless --long-runs) out
+    of the run, listed as deselected."""
+    markers = [name for name, option in (("rehearsal_full", "--rehearse-all"), ("long_run", "--long-runs"))
+               if not config.getoption(option)]  # fmt: skip
+    left_out = [item for item in items if any(item.get_closest_marker(name) for name in markers)]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if not item.get_closest_marker("rehearsal_full")]
+        items[:] = [item for item in items if item not in left_out]

@@ -1,12 +1,13 @@
 """Draw the docs' pictures with the real command lines: a loss curve and a diffusion sample grid.
 
-    uv run python tools/make_readme_images.py             # both; flux_debug's 1,500 steps dominate (50 minutes here)
+    uv run python tools/make_readme_images.py             # both; flux_debug's 5,000 steps dominate (minutes)
     uv run python tools/make_readme_images.py --only loss
 
 ``loss``: ``titanpod-pretrain --recipe llama3_debug`` (its 100 steps, with a validation loss every 10 steps on 5% of
 the built-in corpus held out); the run's ``loss.png`` becomes ``docs/images/loss.png``.
-``samples``: ``titanpod-diffusion --recipe flux_debug`` (its 1,500 steps on the built-in shapes); the grid it draws
-at the end becomes ``docs/images/samples.png``. The runs go to a temporary folder; nothing else is kept.
+``samples``: ``titanpod-diffusion --recipe flux_debug`` (its 5,000 steps on the built-in shapes); the grid it draws
+at the end becomes ``docs/images/samples.png`` (the run prints how many of its prompts the grid follows). The runs go
+to a temporary folder; nothing else is kept.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ RUNS = {
         ["--recipe", "llama3_debug", "--data.validation-fraction", "0.05", "--data.validation-every", "10"],
         "loss.png",
     ),
-    "samples": ("titanpod.diffusion.cli", ["--recipe", "flux_debug"], "samples/step-001500.png"),
+    "samples": ("titanpod.diffusion.cli", ["--recipe", "flux_debug"], "samples/step-005000.png"),
 }
 """Picture name -> (the app's module, its arguments, the file of the run directory that becomes the picture)."""
 

@@ -136,3 +136,20 @@ def test_default_tiny_widths_feed_the_debug_transformer() -> None:
         debug.context_dim,
         debug.pooled_dim,
     )
+
+
+def test_a_word_vocabulary_makes_each_word_one_token_and_other_words_unknown(tmp_path: Path) -> None:
+    words = ("a", "red", "circle", "on", "the", "left")
+    config = TinyTextEncoderConfig(context_dim=48, pooled_dim=24, t5_max_length=8, words=words)
+    encoders = FluxTextEncoders.random(config, seed=0)
+    t5_ids, clip_ids = encoders.tokenize(["a red circle on the left", "a blue circle"])
+    pad, eos, bos, unk = 0, 1, 2, 3
+    first = [4 + words.index(word) for word in words]  # the prompt is the vocabulary in order
+    assert t5_ids.tolist() == [[*first, eos, pad], [4, unk, 6, eos, pad, pad, pad, pad]]
+    assert clip_ids[0, :8].tolist() == [bos, *first, eos]
+    assert encoders.t5.config.vocab_size == encoders.clip.config.vocab_size == 4 + len(words)
+    context, pooled = encoders.encode(["a red circle on the left", "a red circle on the right"])
+    assert context.shape == (2, 8, 48) and not torch.equal(pooled[0], pooled[1])
+    encoders.save_pretrained(tmp_path / "words")
+    loaded = FluxTextEncoders.from_pretrained(tmp_path / "words", t5_max_length=8)
+    assert torch.equal(loaded.tokenize(["a red circle"])[0], encoders.tokenize(["a red circle"])[0])

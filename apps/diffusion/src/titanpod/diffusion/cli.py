@@ -156,6 +156,9 @@ def print_summary(console: Console, result: DiffusionResult) -> None:
     table.add_row("samples/s (after step 1)", f"{result.samples_per_second:,.1f}")
     table.add_row("MFU", mfu_text(result.summary))
     table.add_row("wall time", f"{result.summary.wall_seconds:.1f} s")
+    if result.prompt_checks:
+        passed = sum(check.passed for check in result.prompt_checks)
+        table.add_row("prompts followed (pixel check)", f"{passed} of {len(result.prompt_checks)}")
     console.print(table)
     console.print(f"run directory: {result.run_dir}", soft_wrap=True)
     for path in result.samples:

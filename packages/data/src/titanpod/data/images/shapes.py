@@ -45,6 +45,16 @@ SUPERSAMPLE = 4
 """Shapes are drawn this many times larger and averaged down, for smooth edges and solid insides."""
 
 
+def caption_words() -> tuple[str, ...]:
+    """Every word a caption of the set can use, each once: the vocabulary of a word-level text encoder for it."""
+    phrases = ["a and on background in the centre", *SIZES, *COLOURS, *KINDS, *PLACES.values(), *BACKGROUNDS]
+    return tuple(dict.fromkeys(word for phrase in phrases for word in phrase.split()))
+
+
+CAPTION_WORDS_MAX = 19
+"""The most words a caption of the set has (two shapes: 7 words each, "and", and the 4 of the background)."""
+
+
 @dataclass(frozen=True)
 class Shape:
     """One drawn shape."""

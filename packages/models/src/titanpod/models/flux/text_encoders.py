@@ -9,8 +9,9 @@ state; CLIP reads prompts padded to 77 tokens and gives its pooled output (the f
 hidden state at the end-of-text token). Neither encoder trains.
 
 The encoders are transformers models, imported only when a constructor runs: published weights
-in diffusers' FLUX pipeline layout (``from_pretrained``), or a tiny random pair with a byte-level
-tokenizer built here (``random``), which needs no download and runs the tests and debug recipes.
+in diffusers' FLUX pipeline layout (``from_pretrained``), or a tiny random pair with a tokenizer
+built here (``random``: byte-level, or whole words of a given vocabulary), which needs no download
+and runs the tests and debug recipes.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ FLUX_DEV_T5_MAX_LENGTH = 512
 """T5 tokens FLUX.1-dev reads (schnell reads 256)."""
 
 PAD, EOS, BOS = "<pad>", "</s>", "<s>"
-"""Special tokens of the built-in byte-level tokenizer, ids 0, 1 and 2; the 256 bytes follow."""
+"""Special tokens of the built-in tokenizers, ids 0, 1 and 2; the 256 bytes, or <unk> and the words, follow."""
+UNK = "<unk>"
+"""The word-level tokenizer's token for a word outside its vocabulary (id 3)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,10 @@ class TinyTextEncoderConfig:
     """T5 tokens per prompt (padded or truncated to this), i.e. T of the embeddings."""
     clip_max_length: int = CLIP_MAX_LENGTH
     """CLIP tokens per prompt, and CLIP's number of positions."""
+    words: tuple[str, ...] = ()
+    """The vocabulary of a word-level tokenizer: each of these words is one token, any other word <unk>
+    (words are split at spaces and punctuation). Empty: the byte-level tokenizer, which reads any text
+    byte by byte (a word of n letters is n tokens)."""
 
     def __post_init__(self) -> None:
         if self.pooled_dim % self.clip_heads:
@@ -95,6 +102,28 @@ def byte_level_tokenizer(max_length: int, with_bos: bool) -> PreTrainedTokenizer
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, bos_token=BOS, model_max_length=max_length
     )
+
+
+def word_level_tokenizer(words: tuple[str, ...], max_length: int, with_bos: bool) -> PreTrainedTokenizerBase:
+    """A tokenizer with one id per word of ``words`` (after <pad>, </s>, <s> and <unk>), built in code, offline.
+
+    Text is split at spaces and punctuation; a word outside ``words`` is <unk>. Each prompt ends with </s>,
+    and starts with <s> when ``with_bos``; truncation keeps the special tokens.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate([PAD, EOS, BOS, UNK, *dict.fromkeys(words)])}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    template = f"{BOS} $A {EOS}" if with_bos else f"$A {EOS}"
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=template, special_tokens=[(EOS, vocab[EOS]), (BOS, vocab[BOS])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, bos_token=BOS, unk_token=UNK,
+        model_max_length=max_length,
+    )  # fmt: skip
 
 
 class FluxTextEncoders(nn.Module):
@@ -160,15 +189,20 @@ class FluxTextEncoders(nn.Module):
 
     @classmethod
     def random(cls, config: TinyTextEncoderConfig | None = None, seed: int = 0) -> FluxTextEncoders:
-        """Tiny randomly initialised T5 and CLIP with the built-in byte-level tokenizer; no download.
+        """Tiny randomly initialised T5 and CLIP with a built-in tokenizer (byte-level, or word-level over
+        ``config.words``); no download.
 
         The same ``seed`` gives the same weights; the global random state is left untouched.
         """
         from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
         config = config or TinyTextEncoderConfig()
-        t5_tokenizer = byte_level_tokenizer(config.t5_max_length, with_bos=False)
-        clip_tokenizer = byte_level_tokenizer(config.clip_max_length, with_bos=True)
+        if config.words:
+            t5_tokenizer = word_level_tokenizer(config.words, config.t5_max_length, with_bos=False)
+            clip_tokenizer = word_level_tokenizer(config.words, config.clip_max_length, with_bos=True)
+        else:
+            t5_tokenizer = byte_level_tokenizer(config.t5_max_length, with_bos=False)
+            clip_tokenizer = byte_level_tokenizer(config.clip_max_length, with_bos=True)
         vocab_size = len(t5_tokenizer)
         pad_id, eos_id, bos_id = (t5_tokenizer.convert_tokens_to_ids(t) for t in (PAD, EOS, BOS))
         t5_config = T5Config(

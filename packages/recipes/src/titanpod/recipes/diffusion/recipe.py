@@ -13,6 +13,10 @@ from titanpod.recipes.recipe import RunRecipe, TargetConfig
 
 FluxFlavor = Literal["debug", "schnell", "dev"]
 """What ``FluxModelConfig.flavor`` accepts (``titanpod.models.flux.FLUX_FLAVORS``)."""
+RANDOM_TEXT_ENCODERS = {"random": 128, "random-words": 24}
+"""The tiny random text encoders ``FluxModelConfig.text_encoders`` names, with the T5 tokens each reads per prompt:
+``random`` reads bytes (128 hold the longest caption of the built-in shapes, 98 bytes, and its end token),
+``random-words`` whole words of those captions (24 hold the longest, 19 words, and its end token)."""
 
 
 @dataclass(frozen=True)
@@ -26,8 +30,10 @@ class FluxModelConfig:
     readable without pretrained weights), an autoencoder flavor (``debug``, ``flux``; randomly initialised),
     or a diffusers AutoencoderKL folder (e.g. the ``vae`` folder of FLUX.1-dev)."""
     text_encoders: str = "random"
-    """``random`` (tiny T5 and CLIP, randomly initialised, offline), or a diffusers FLUX folder or Hub id
-    whose text_encoder / text_encoder_2 subfolders hold CLIP and T5."""
+    """``random`` (tiny T5 and CLIP, randomly initialised, offline, reading any text byte by byte),
+    ``random-words`` (the same, reading the words of the built-in shapes captions, one token each, so a
+    small transformer tells the prompts apart quickly), or a diffusers FLUX folder or Hub id whose
+    text_encoder / text_encoder_2 subfolders hold CLIP and T5."""
     transformer_weights: str | None = None
     """A diffusers FluxTransformer2DModel folder to start from; ``None`` initialises from the seed."""
     guidance: float = 1.0

@@ -24,7 +24,7 @@ from titanpod.models.choice import choose
 from titanpod.models.flux import FLUX_FLAVORS, FluxOps, build_flux_transformer
 from titanpod.models.flux.layers import axes_rotary_cos_sin
 from titanpod.parallel import DATA_AXES
-from titanpod.recipes.diffusion.recipe import DiffusionRecipe
+from titanpod.recipes.diffusion.recipe import RANDOM_TEXT_ENCODERS, DiffusionRecipe
 from titanpod.recipes.families import sharding_plan
 from titanpod.recipes.layout_support import check_layout
 from titanpod.recipes.planner.activations import flash_attention_stand_in, measure_saved_bytes
@@ -116,7 +116,7 @@ def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: f
     channels = 3 if recipe.model.autoencoder == "pixels" else 16
     args = dataclasses.replace(choose("FLUX flavor", recipe.model.flavor, FLUX_FLAVORS), in_channels=channels * 4)
     image_tokens = (latent_side // 2) ** 2
-    text_tokens = T5_TOKENS if recipe.model.text_encoders != "random" else 32
+    text_tokens = RANDOM_TEXT_ENCODERS.get(recipe.model.text_encoders, T5_TOKENS)
     model = build_flux_transformer(args, FluxOps(attention=flash_attention_stand_in))
     parameters = parameter_count(model)
     dtype = torch.bfloat16 if recipe.train.precision == "bf16" else torch.float32
@@ -155,7 +155,7 @@ def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: f
     )
     encoders = (
         0
-        if recipe.model.encodings_cache or recipe.model.text_encoders == "random"
+        if recipe.model.encodings_cache or recipe.model.text_encoders in RANDOM_TEXT_ENCODERS
         else 2 * sum(FROZEN_ENCODER_PARAMETERS.values())
     )
     host = plan_host_memory(

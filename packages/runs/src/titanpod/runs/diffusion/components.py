@@ -14,13 +14,14 @@ import torch
 
 from titanpod.checkpoint.flux_autoencoder_files import load_flux_autoencoder
 from titanpod.checkpoint.flux_files import load_flux_transformer
+from titanpod.data.images.shapes import caption_words
 from titanpod.kernels import flux_ops
 from titanpod.models import RegionValues, region_initializer
 from titanpod.models.choice import choose
 from titanpod.models.flux import FLUX_FLAVORS, FluxTransformer, build_flux_transformer
 from titanpod.models.flux.autoencoder import FLUX_AUTOENCODER_FLAVORS, FluxAutoencoder, build_flux_autoencoder
 from titanpod.models.flux.text_encoders import FluxTextEncoders, TinyTextEncoderConfig
-from titanpod.recipes.diffusion.recipe import DiffusionRecipe
+from titanpod.recipes.diffusion.recipe import RANDOM_TEXT_ENCODERS, DiffusionRecipe
 
 
 class ImageCodec(Protocol):
@@ -102,9 +103,16 @@ def build_codec(name: str, seed: int) -> ImageCodec:
 
 
 def build_text_encoders(name: str, context_dim: int, pooled_dim: int, seed: int) -> FluxTextEncoders:
-    """Tiny random encoders sized for the transformer, or the pretrained ones of a FLUX folder / Hub id."""
-    if name == "random":
-        return FluxTextEncoders.random(TinyTextEncoderConfig(context_dim=context_dim, pooled_dim=pooled_dim), seed)
+    """Tiny random encoders sized for the transformer (``random``: reading bytes; ``random-words``: the words of
+    the built-in shapes captions), or the pretrained ones of a FLUX folder / Hub id."""
+    if name in RANDOM_TEXT_ENCODERS:
+        config = TinyTextEncoderConfig(
+            context_dim=context_dim,
+            pooled_dim=pooled_dim,
+            t5_max_length=RANDOM_TEXT_ENCODERS[name],
+            words=caption_words() if name == "random-words" else (),
+        )
+        return FluxTextEncoders.random(config, seed)
     return FluxTextEncoders.from_pretrained(name)
 
 

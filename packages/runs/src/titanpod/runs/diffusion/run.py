@@ -12,6 +12,7 @@ from rich.console import Console
 
 from titanpod.checkpoint.flux_files import save_flux_transformer
 from titanpod.data.images import build_image_data, fixed_prompts, save_image_grid
+from titanpod.data.images.prompt_check import PromptCheck
 from titanpod.device import get_backend, process_info
 from titanpod.graph import TrainSummary, build_step
 from titanpod.models import parameter_count
@@ -19,6 +20,7 @@ from titanpod.models.flux.flow_matching import FlowMatchingModel
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.runs.diffusion.batches import EncodingCache, FlowMatchingBatches
 from titanpod.runs.diffusion.components import DiffusionModels, build_diffusion_models
+from titanpod.runs.diffusion.prompt_report import PROMPT_CHECK_FILE, check_prompts, report_prompt_checks
 from titanpod.runs.diffusion.sampling import generate
 from titanpod.runs.placement import Placement, start_placement
 from titanpod.runs.session import RunSession
@@ -50,16 +52,22 @@ class DiffusionResult:
     """Whether this process is rank 0 (the one that prints and writes)."""
     processes: int = 1
     """Processes in the job (more than one under torchrun)."""
+    prompt_checks: list[PromptCheck] = dataclasses.field(default_factory=list)
+    """The pixel check of each image of the last sample grid against its prompt (empty unless the run trained
+    on the built-in shapes and drew a grid)."""
 
 
-def write_samples(models: DiffusionModels, recipe: DiffusionRecipe, path: Path, write: bool = True) -> Path:
-    """Draw the fixed prompts and, with ``write``, save them as one PNG grid with their captions at ``path``.
+def write_samples(
+    models: DiffusionModels, recipe: DiffusionRecipe, path: Path, write: bool = True
+) -> tuple[Path, torch.Tensor]:
+    """Draw the fixed prompts and, with ``write``, save them as one PNG grid with their captions at ``path``;
+    the path and the images [B, 3, H, W] in [-1, 1].
 
     A sharded transformer's forward is a collective: every rank draws, one (``write``) saves.
     """
     prompts = fixed_prompts(recipe.samples.prompts)
     images = generate(models, prompts, recipe.data.resolution, recipe.samples, recipe.model.guidance)
-    return save_image_grid(images, path, captions=prompts) if write else path
+    return (save_image_grid(images, path, captions=prompts) if write else path), images
 
 
 def check_block_recompute(recipe: DiffusionRecipe, single_controller: bool) -> None:
@@ -137,12 +145,16 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
         session.say(data.describe())
         samples_dir = session.run_dir / "samples"
         samples: list[Path] = []
+        checks: list[PromptCheck] = []
 
         def sample(step_number: int) -> None:
             step.finish()  # a single-controller step hands its trained weights back to the (host) transformer first
             path = samples_dir / f"step-{step_number:06d}.png"
-            samples.append(write_samples(models, recipe, path, write=session.is_main))
+            written, images = write_samples(models, recipe, path, write=session.is_main)
+            samples.append(written)
             session.say(f"samples: {samples[-1]}")
+            if recipe.data.source == "shapes":
+                checks[:] = check_prompts(fixed_prompts(recipe.samples.prompts), images)
             if session.is_main:
                 session.write_image(step_number, "samples", samples[-1])  # TensorBoard's and W&B's images
 
@@ -163,6 +175,10 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
         trained = summary.steps_done > start_step and not summary.stopped_at_once  # else weights may be mid-step
         if trained and samples[-1:] != [samples_dir / f"step-{summary.steps_done:06d}.png"]:
             sample(summary.steps_done)
+        if checks:
+            report = report_prompt_checks(checks, samples[-1], session.run_dir / PROMPT_CHECK_FILE, session.is_main)
+            for line in report:
+                session.say(line)
         transformer_path = None
         if summary.steps_done > start_step:
             transformer_path = session.save_final_weights(
@@ -177,4 +193,5 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
         summary.tokens_per_second / image_tokens,
         info.is_main,
         info.world_size,
+        checks,
     )
