@@ -20,7 +20,7 @@ from rich.table import Table
 from titanpod.device import ChipSpec, backend_class
 from titanpod.models import parameter_count
 from titanpod.models.choice import choose
-from titanpod.models.flux import FLUX_FLAVORS, FluxOps, build_flux_transformer
+from titanpod.models.flux import FLUX_FLAVORS, FluxArgs, FluxOps, build_flux_transformer
 from titanpod.models.flux.layers import axes_rotary_cos_sin
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.recipes.families import sharding_plan
@@ -98,16 +98,41 @@ def blocks_recomputed(recipe: DiffusionRecipe) -> bool:
     return recipe.model.recompute_blocks or recipe.train.memory_policy in ("recompute", "offload")
 
 
-def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: float) -> FluxRunPlan:
-    """Plan ``recipe`` on ``chips`` chips of kind ``chip``; ``PlanError`` for a layout diffusion runs do not take."""
+@dataclass(frozen=True)
+class FluxSampleShape:
+    """What one training sample of a diffusion recipe is to its transformer."""
+
+    latent_channels: int
+    """Channels of the codec's latents (3 for pixels, 16 for the FLUX autoencoder); a token packs 2 x 2."""
+    image_tokens: int
+    """L: image tokens (2 x 2 latent patches)."""
+    text_tokens: int
+    """T: text tokens (T5's, padded to its length)."""
+
+
+def flux_sample_shape(recipe: DiffusionRecipe) -> FluxSampleShape:
+    """The tokens of one sample of ``recipe``: pixels or the autoencoder's 16 latent channels at an eighth of the
+    side, and T5's 512 tokens (32 with the tiny random encoders)."""
+    pixels = recipe.model.autoencoder == "pixels"
+    latent_side = recipe.data.resolution // (1 if pixels else 8)
+    text_tokens = T5_TOKENS if recipe.model.text_encoders != "random" else 32
+    return FluxSampleShape(3 if pixels else 16, (latent_side // 2) ** 2, text_tokens)
+
+
+def plan_flux(
+    recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: float, args: FluxArgs | None = None
+) -> FluxRunPlan:
+    """Plan ``recipe`` on ``chips`` chips of kind ``chip``; ``PlanError`` for a layout diffusion runs do not take.
+
+    ``args``: the transformer's shape when not the recipe flavor's (e.g. a copy cut to fewer blocks)."""
     lane = planned_lane(recipe.device.lane, chip)
     check_layout("diffusion", lane, backend_class(lane), recipe.parallel, recipe.train)  # as the runner will
     devices = chips * chip.devices_per_chip
-    latent_side = recipe.data.resolution // (1 if recipe.model.autoencoder == "pixels" else 8)
-    channels = 3 if recipe.model.autoencoder == "pixels" else 16
-    args = dataclasses.replace(choose("FLUX flavor", recipe.model.flavor, FLUX_FLAVORS), in_channels=channels * 4)
-    image_tokens = (latent_side // 2) ** 2
-    text_tokens = T5_TOKENS if recipe.model.text_encoders != "random" else 32
+    sample = flux_sample_shape(recipe)
+    if args is None:
+        args = choose("FLUX flavor", recipe.model.flavor, FLUX_FLAVORS)
+    args = dataclasses.replace(args, in_channels=sample.latent_channels * 4)
+    image_tokens, text_tokens = sample.image_tokens, sample.text_tokens
     model = build_flux_transformer(args, FluxOps(attention=flash_attention_stand_in))
     parameters = parameter_count(model)
     dtype = torch.bfloat16 if recipe.train.precision == "bf16" else torch.float32
