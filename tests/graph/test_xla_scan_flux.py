@@ -4,8 +4,8 @@ step trains exactly as the unrolled one.
 Both steps run in one subprocess on 8 host CPU devices (torchax must not load in the pytest process), fp32,
 FSDP over 8, memory policy ``recompute``, on the same 3 steps of named flow-matching batches (random latents,
 noise, timesteps and text states) of a debug-width FLUX with 2 double- and 2 single-stream blocks. Tolerances
-(fp32): losses within 1e-6 relative, every parameter and AdamW moment within 1e-5 absolute (measured in the
-test's comment).
+(fp32), as for the decoders' scan (``test_xla_scan_layers``): losses within 1e-6 relative, every parameter and
+AdamW moment within 1e-5 absolute.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ Legend: B batch, L image tokens, T text tokens, S = T + L, M model width, D head
 Every transformer parameter is sharded by the FLUX plan (FSDP over all devices; fp32 masters,
 gradients and two AdamW moments). Activations come from one double-stream and one single-stream block run
 on meta tensors with this device's micro-batch (see ``activations.py``): all they save, or only
-their inputs when blocks are recomputed (``blocks_recomputed``). The frozen encoders
+their inputs when blocks are recomputed (``blocks_recomputed``). Attention is planned as a flash-style
+kernel, except the reference on the xla lane, whose score matrices a block's backward holds
+(``materialises_scores``). The frozen encoders
 (T5-XXL, CLIP-L, the autoencoder) sit on every device in bf16 unless their outputs are cached.
 """
 
@@ -91,6 +93,24 @@ class FluxRunPlan:
         return self.flops_per_sample * samples / (self.devices * self.chip.peak_flops * self.target_mfu)
 
 
+REFERENCE_SCORE_ARRAYS = 4
+"""[B, H, S, S] arrays in the compute dtype that one block's backward holds at once when attention is the
+reference (scores, probabilities and the gradients of both): fitted to libtpu's figure for flux1_12b on the xla
+lane (3.6 GiB above the flash-attention plan, 3.7 such arrays), not derived."""
+
+
+def flux_attention_kernel(recipe: DiffusionRecipe) -> str:
+    """The attention a FLUX recipe's transformer runs: its ``kernels.attention`` where the recipe names one, else
+    the PyTorch reference (``sdpa``)."""
+    return getattr(getattr(recipe, "kernels", None), "attention", "sdpa")
+
+
+def materialises_scores(recipe: DiffusionRecipe, lane: str) -> bool:
+    """Whether the run's attention builds the whole [B, H, S, S] score matrix: the reference on the xla lane, which
+    torchax runs as plain matmuls and a softmax (the torch lanes' SDPA is flash-style, as Splash is)."""
+    return lane == "xla" and flux_attention_kernel(recipe) != "splash"
+
+
 def blocks_recomputed(recipe: DiffusionRecipe) -> bool:
     """Whether the run keeps only each block's inputs: ``model.recompute_blocks`` (eager and per_block steps), or
     the whole step's ``train.memory_policy`` ``recompute`` or ``offload``. ``selective`` is planned as ``save``,
@@ -153,6 +173,8 @@ def plan_flux(
     else:
         kept = args.depth * saved_double.all_saved + args.depth_single * saved_single.all_saved
     working = max(saved_double.all_saved, saved_single.all_saved)  # a recomputed block, or a block's gradients
+    if materialises_scores(recipe, lane):
+        working += REFERENCE_SCORE_ARRAYS * B * args.n_heads * (text_tokens + image_tokens) ** 2 * dtype.itemsize
     mesh = recipe.parallel.mesh_axes(devices)
     plan = sharding_plan("flux")
     named = dict(model.named_parameters())

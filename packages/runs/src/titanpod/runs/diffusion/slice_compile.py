@@ -28,7 +28,7 @@ from titanpod.models.flux.flow_matching import FlowMatchingModel
 from titanpod.parallel import DATA_AXES
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.recipes.families import sharding_plan
-from titanpod.recipes.planner.flux import flux_sample_shape, plan_flux
+from titanpod.recipes.planner.flux import flux_attention_kernel, flux_sample_shape, plan_flux
 from titanpod.runs.diffusion.batches import flow_matching_batch_shape
 from titanpod.runs.diffusion.components import meta_transformer, transformer_args
 from titanpod.runs.slice_compile import SliceCompileReport, SliceProgram, compile_program, compiled_kernels
@@ -104,7 +104,7 @@ def diffusion_program(recipe: DiffusionRecipe, tpu: TpuSlice, layers: int | None
         axes=axes,
         gather_dtype=getattr(torch, pod.parallel.param_dtype),  # as the diffusion runner builds the step
         batch=batch,
-        kernels={"attention": attention_kernel(pod)},
+        kernels={"attention": flux_attention_kernel(pod)},
         layers=args.depth + args.depth_single,
         model_layers=full.depth + full.depth_single,
         model_flops_per_chip=flops / math.prod(axes.values()),
@@ -113,13 +113,6 @@ def diffusion_program(recipe: DiffusionRecipe, tpu: TpuSlice, layers: int | None
         batch_text=f"{micro_batches} x {batch.batch} images of {sample.image_tokens} + {sample.text_tokens} tokens",
         images_per_step=images,
     )
-
-
-def attention_kernel(recipe: DiffusionRecipe) -> str:
-    """The attention the recipe's transformer runs: its ``kernels.attention`` where the recipe names one, else the
-    PyTorch reference (``sdpa``)."""
-    kernels = getattr(recipe, "kernels", None)
-    return getattr(kernels, "attention", "sdpa")
 
 
 def compile_diffusion_for_slice(
