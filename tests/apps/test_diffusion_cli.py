@@ -96,3 +96,14 @@ def test_a_run_stopped_and_resumed_ends_with_the_weights_of_an_uninterrupted_one
     assert expected.keys() == resumed.keys()
     for name, tensor in expected.items():
         assert resumed[name].equal(tensor), name
+
+
+def test_attention_kernel_is_chosen_like_titanpod_pretrains_and_kernels_flux_lacks_are_refused(capsys):
+    assert main(["--kernels.attention", "splash", "--print-recipe"]) == 0
+    assert json.loads(capsys.readouterr().out)["kernels"]["attention"] == "splash"
+    assert main(["--recipe", "flux1_12b", "--print-recipe"]) == 0
+    assert json.loads(capsys.readouterr().out)["kernels"]["attention"] == "splash"
+    assert main(["--kernels.head-loss", "chunked", "--kernels.expert-matmul", "gmm", "--print-recipe"]) == 2
+    err = capsys.readouterr().err
+    assert "kernels.head_loss 'chunked': FLUX has no vocabulary head" in err
+    assert "kernels.expert_matmul 'gmm': FLUX has no experts" in err

@@ -59,8 +59,8 @@ def test_a_short_sft_debug_writes_the_run_and_a_second_run_starts_from_its_model
     assert second_eval["before"]["completions"] == first_eval["after"]["completions"]
 
     grpo = posttrain(
-        "--recipe", "grpo_debug", "--grpo.task", "reverse", "--model.init-from", str(run / "model"), "--train.steps", "2",
-        "--train.warmup-steps", "1", "--grpo.prompts-per-step", "2", "--grpo.group-size", "3",
+        "--recipe", "grpo_debug", "--grpo.task", "reverse", "--model.init-from", str(run / "model"),
+        "--train.steps", "2", "--train.warmup-steps", "1", "--grpo.prompts-per-step", "2", "--grpo.group-size", "3",
         "--grpo.max-new-tokens", "4", "--eval.examples", "4", "--eval.max-new-tokens", "4",
         "--device.lane", "cpu", "--output.run-name", "grpo", cwd=tmp_path,
     )  # fmt: skip

@@ -9,7 +9,7 @@ import torch
 
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, build_step, train
-from titanpod.models.flux import FLUX_FLAVORS, build_flux_transformer
+from titanpod.models.flux import FLUX_FLAVORS, FluxOps, build_flux_transformer
 from titanpod.models.flux.flow_matching import (
     FlowMatchingModel,
     image_position_ids,
@@ -24,14 +24,14 @@ LATENT_SIDE = 8
 TEXT_TOKENS = 8
 
 
-def flux_objective() -> FlowMatchingModel:
+def flux_objective(ops: FluxOps | None = None) -> FlowMatchingModel:
     """The debug flavor with two double- and two single-stream blocks, every parameter moved off its init.
 
     FLUX starts its modulations at zero (each block the identity), which would leave most block weights
     without a gradient in the first steps; a seeded perturbation makes every block take part from step 1.
     """
     args = dataclasses.replace(FLUX_FLAVORS["debug"], depth=2, depth_single=2)
-    transformer = build_flux_transformer(args, device="cpu")
+    transformer = build_flux_transformer(args, ops, device="cpu")
     transformer.init_weights(0)
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
@@ -61,10 +61,12 @@ def flux_batches(count: int = STEPS * MICRO_BATCHES) -> list[dict[str, torch.Ten
     return batches
 
 
-def train_flux(lane: str = "cpu", step_options: dict | None = None, **config) -> tuple[list[float], dict]:
-    """Train ``flux_objective`` for ``STEPS`` steps of ``MICRO_BATCHES`` micro-batches on ``lane``; its losses
-    and final parameters."""
-    model = flux_objective()
+def train_flux(
+    lane: str = "cpu", step_options: dict | None = None, ops: FluxOps | None = None, **config
+) -> tuple[list[float], dict]:
+    """Train ``flux_objective`` (its attention slot filled by ``ops``) for ``STEPS`` steps of ``MICRO_BATCHES``
+    micro-batches on ``lane``; its losses and final parameters."""
+    model = flux_objective(ops)
     train_config = TrainConfig(
         steps=STEPS, warmup_steps=1, log_every=STEPS, grad_accum_steps=MICRO_BATCHES, lr=1e-3, **config
     )

@@ -75,7 +75,8 @@ def test_captured_flux_whole_step_equals_eager(eager, policy):
 
 
 @pytest.mark.slow  # inductor compiles the FLUX step for minutes on a small CPU
-@pytest.mark.parametrize("policy", ["save", "recompute"])
+# recompute only (the partitioner's harder case): every policy's captured step is checked above, uncompiled
+@pytest.mark.parametrize("policy", ["recompute"])
 def test_compiled_flux_whole_step_equals_eager(eager, policy):
     # measured (both policies): losses 1.2e-7, all parameters 2e-8, worst tensor 6.7e-7
     assert_close(differences(*train_flux(step_mode="whole_step", memory_policy=policy), eager))

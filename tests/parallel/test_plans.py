@@ -117,3 +117,25 @@ def test_every_flux_parameter_has_a_rule_and_dev_shards_over_eight_devices():
     plan.check(named, {"dp_replicate": 1, "fsdp": 8, "ep": 1, "tp": 1})
     assert plan.local_numel("double_blocks.0.img_attn.q_norm.weight", (128,), {"fsdp": 8}) == 128
     assert plan.local_numel("single_blocks.3.linear1.weight", (21504, 3072), {"fsdp": 8}) == 21504 * 3072 // 8
+
+
+def test_flux_splits_heads_and_fused_blocks_over_tp():
+    from titanpod.models.flux import build_flux_transformer
+
+    plan = sharding_plan("flux")
+    named = dict(build_flux_transformer("dev").named_parameters())
+    plan.check(named, {"fsdp": 4, "tp": 8})  # 24 heads: 3 a tp rank
+    axes = {"fsdp": 4, "tp": 2}
+    assert plan.local_numel("single_blocks.3.linear1.weight", (21504, 3072), axes) == 21504 * 3072 // 8
+    assert plan.local_numel("single_blocks.3.linear1.bias", (21504,), axes) == 21504 // 2  # whole over fsdp
+    assert plan.rule_for("double_blocks.0.txt_attn.wo.bias").tp_dim is None  # added once, after the sum
+    with pytest.raises(PlanError, match=r"single_blocks\.0\.linear1\.weight \(448, 64\): dimension 0 \(448\)"):
+        plan.check(dict(build_flux_transformer("debug").named_parameters()), {"tp": 3})  # 448 rows: 7 blocks of 64
+
+
+def test_a_fused_tp_dimension_is_stored_split_and_computed_whole_with_a_summed_gradient():
+    rule = ParamRule("linear1.weight", shard_dim=1, tp_dim=0, tp_blocks=7)
+    layout = layout_for(rule, {"fsdp": 2, "tp": 2}, ("fsdp", "tp"))
+    assert layout.stored == (Shard(1), Shard(0))  # one region a rank, as checkpoints read it
+    assert layout.compute == (Replicate(), Replicate()) and layout.grad == (Partial("avg"), Partial("sum"))
+    assert layout.blockwise == (0, 7, 1)

@@ -289,8 +289,28 @@ def test_flux_plan_counts_the_reference_attention_scores_on_the_xla_lane():
     from titanpod.recipes.planner.flux import REFERENCE_SCORE_ARRAYS, plan_flux
     from titanpod.recipes.planner.plan import with_changes
 
-    recipe = get_diffusion_recipe("flux1_12b")
+    splash = get_diffusion_recipe("flux1_12b")
+    recipe = with_changes(splash, kernels={"attention": "sdpa"})
     tpu = plan_flux(recipe, chip_by_name("v5p"), 8, 0.4).memory
     xla = plan_flux(with_changes(recipe, device={"lane": "xla"}), chip_by_name("v5p"), 8, 0.4).memory
     assert xla.transient - tpu.transient == REFERENCE_SCORE_ARRAYS * 24 * (4096 + 512) ** 2 * 2
     assert xla.total / GIB == pytest.approx(29.50, abs=0.01)  # libtpu: 29.27 GiB a chip
+    on_xla = plan_flux(with_changes(splash, device={"lane": "xla"}), chip_by_name("v5p"), 8, 0.4).memory
+    assert on_xla.transient == tpu.transient  # Splash keeps no score matrix
+
+
+def test_flux_plan_under_tensor_parallelism_counts_data_ranks_for_the_batch_and_splits_the_blocks():
+    from titanpod.recipes.diffusion.registry import get_diffusion_recipe
+    from titanpod.recipes.planner.flux import flux_plan_table, plan_flux
+    from titanpod.recipes.planner.plan import with_changes
+
+    recipe = get_diffusion_recipe("flux1_12b")
+    fsdp = plan_flux(recipe, chip_by_name("v5p"), 8, 0.4)
+    tp = plan_flux(with_changes(recipe, parallel={"tp": 2}), chip_by_name("v5p"), 8, 0.4)
+    assert (fsdp.data_ranks, tp.data_ranks) == (8, 4)  # the two tp ranks of a data rank share its image
+    assert tp.step_seconds == pytest.approx(fsdp.step_seconds / 2)  # half the images on the same chips
+    assert tp.memory.parameters < 1.5 * fsdp.memory.parameters  # the blocks split over tp as over fsdp
+    table = Console(width=200, record=True)
+    table.print(flux_plan_table(tp))
+    out = table.export_text()
+    assert "fsdp 4 x tp 2" in out and "1 per data rank; 4 per step" in out

@@ -24,6 +24,7 @@ out (causal: a little over S^2 / 2, the diagonal tiles whole).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,16 @@ class SplashConfig:
     """Local attention: each query sees itself and the ``window`` keys before it; ``None`` is plain causal."""
     interpret: bool | None = None
     """Run Pallas in interpret mode; ``None`` does so unless the tensors are on a TPU (see ``pallas_interpret``)."""
+    causal: bool = True
+    """``False``: no mask, every query sees every key (FLUX's joint text-image attention). A length that is not
+    a multiple of the tiles is then padded up to one, the padded keys masked out; no window or document ids."""
+
+    def __post_init__(self) -> None:
+        if not self.causal and self.window is not None:
+            raise ValueError(
+                f"Splash attention without a causal mask has no local window (got window={self.window}); "
+                "set kernels.window to None for a model whose attention is unmasked."
+            )
 
 
 def splash_tiles(config: SplashConfig, S: int, S_kv: int | None = None) -> tuple[int, int]:
@@ -68,10 +79,25 @@ def splash_tiles(config: SplashConfig, S: int, S_kv: int | None = None) -> tuple
     return block_q, block_kv
 
 
+def full_splash_tiles(config: SplashConfig, S: int) -> tuple[int, int, int]:
+    """``(padded length, block_q, block_kv)`` for unmasked attention over ``S`` tokens: each tile the configured
+    one capped at ``S`` rounded up to ``LANES``, the length padded up to a multiple of both tiles."""
+    if config.block_q % LANES or config.block_kv % LANES:
+        raise ValueError(
+            f"Splash attention needs tiles that are multiples of {LANES} (block_q={config.block_q}, "
+            f"block_kv={config.block_kv}); change kernels.splash's block sizes."
+        )
+    lanes = -(-S // LANES) * LANES
+    block_q, block_kv = min(config.block_q, lanes), min(config.block_kv, lanes)
+    step = math.lcm(block_q, block_kv)
+    return -(-S // step) * step, block_q, block_kv
+
+
 @dataclass
 class SplashAttention:
     """Callable with the ``AttentionOp`` signature: causal (optionally local) GQA attention,
-    kept within packed documents when given document ids (the kernel's segment ids)."""
+    kept within packed documents when given document ids (the kernel's segment ids); or, configured
+    with ``causal=False``, unmasked attention (FLUX's ``FullAttentionOp``)."""
 
     config: SplashConfig = field(default_factory=SplashConfig)
     """Mask and tiles."""
@@ -91,6 +117,7 @@ class SplashAttention:
         key = (S, G, D, dtype, documents, interpret, at)
         if key not in self._ops:
             shape = f"{S}_{G}_{D}" if at is None else f"{at[0].length}x{at[1].length}_{G}_{D}_positioned"
+            shape += "" if self.config.causal else "_full"
             name = free_op_name(f"splash_{shape}_{str(dtype).split('.')[-1]}{'_documents' if documents else ''}")
             kernel = self._kernel(S, G, D, dtype.itemsize, documents, interpret, at)
             self._ops[key] = jax_op(name, kernel, shard=_per_shard)
@@ -101,6 +128,11 @@ class SplashAttention:
         import numpy as np
         from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
+        if not self.config.causal:  # padded keys (past S) masked out; the padded queries' rows are dropped
+            S_pad = full_splash_tiles(self.config, S)[0]
+            if S_pad == S:
+                return splash.FullMask((S, S))
+            return splash.NumpyMask(np.broadcast_to(np.arange(S_pad)[None, :] < S, (S_pad, S_pad)))
         if at is None:
             if self.config.window is None:
                 return splash.CausalMask((S, S))
@@ -123,10 +155,15 @@ class SplashAttention:
         at: tuple[SequenceChunks, SequenceChunks] | None,
     ) -> Any:
         import jax
+        import jax.numpy as jnp
         from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
         S_q, S_kv = (S, S) if at is None else (at[0].length, at[1].length)
-        block_q, block_kv = splash_tiles(self.config, S_q, S_kv)
+        S_pad = S_q
+        if self.config.causal:
+            block_q, block_kv = splash_tiles(self.config, S_q, S_kv)
+        else:
+            S_pad, block_q, block_kv = full_splash_tiles(self.config, S)
         tiles = splash.BlockSizes(
             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
             block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
@@ -142,9 +179,12 @@ class SplashAttention:
 
         def attention(q_BHSD: Any, k_BKSD: Any, v_BKSD: Any) -> Any:
             B, K = k_BKSD.shape[:2]
-            q_BKGSD = (q_BHSD * (D**-0.5)).astype(q_BHSD.dtype).reshape(B, K, G, S_q, D)
+            if S_pad != S_q:  # unmasked attention over a length the tiles do not divide: pad, then drop the pad
+                pad = [(0, 0), (0, 0), (0, S_pad - S_q), (0, 0)]
+                q_BHSD, k_BKSD, v_BKSD = (jnp.pad(x, pad) for x in (q_BHSD, k_BKSD, v_BKSD))
+            q_BKGSD = (q_BHSD * (D**-0.5)).astype(q_BHSD.dtype).reshape(B, K, G, S_pad, D)
             out_BKGSD = jax.vmap(jax.vmap(kernel))(q_BKGSD, k_BKSD, v_BKSD)
-            return out_BKGSD.reshape(B, K * G, S_q, D)
+            return out_BKGSD.reshape(B, K * G, S_pad, D)[:, :, :S_q]
 
         def attention_in_documents(q_BHSD: Any, k_BKSD: Any, v_BKSD: Any, ids_BS: Any) -> Any:
             return attention_over_documents(q_BHSD, k_BKSD, v_BKSD, ids_BS, ids_BS)
@@ -177,6 +217,8 @@ class SplashAttention:
         H, s, D = q_BHsD.shape[1:]
         K, S = k_BKSD.shape[1], k_BKSD.shape[2]
         _check_heads_and_dtype(H, K, q_BHsD.dtype)
+        if not self.config.causal:
+            raise ValueError("Positioned splash attention is causal by position; this one is configured unmasked.")
         if (s, S) != (q_at.length, k_at.length):
             raise ValueError(f"Positioned splash attention got {s} queries and {S} keys for {q_at} and {k_at}.")
         op = self._op(S, H // K, D, q_BHsD.dtype, q_document_ids_Bs is not None, q_BHsD.device, (q_at, k_at))
@@ -194,12 +236,18 @@ class SplashAttention:
         v_BKSD: torch.Tensor,
         document_ids_BS: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Causal (or local) GQA attention [B, H, S, D]; with ``document_ids_BS``, only within each document."""
+        """Causal (or local) GQA attention [B, H, S, D]; with ``document_ids_BS``, only within each document.
+        Configured unmasked (``causal=False``): every query over every key, the ``FullAttentionOp`` of FLUX."""
         B, H, S, D = q_BHSD.shape
         K = k_BKSD.shape[1]
         _check_heads_and_dtype(H, K, q_BHSD.dtype)
         if document_ids_BS is None:
             return self._op(S, H // K, D, q_BHSD.dtype, False, q_BHSD.device)(q_BHSD, k_BKSD, v_BKSD)
+        if not self.config.causal:
+            raise ValueError(
+                "Unmasked splash attention (SplashConfig.causal=False) takes no document ids: every query sees every "
+                "key. Keep documents apart with causal splash attention, or do not pass document ids."
+            )
         if tuple(document_ids_BS.shape) != (B, S) or document_ids_BS.is_floating_point():
             raise ValueError(
                 f"Splash attention needs integer document ids of shape [{B}, {S}] (one per token), "

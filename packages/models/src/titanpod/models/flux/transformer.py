@@ -69,8 +69,9 @@ class StreamAttention(nn.Module):
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps)
         self.wo = nn.Linear(args.dim, args.dim)
 
-    def heads(self, x_BNM: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k (RMS-normed per head, not yet rotated) and v, each [B, H, N, D]."""
+    def forward(self, x_BNM: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (RMS-normed per head, not yet rotated) and v, each [B, H, N, D]; ``wo`` is applied by the block
+        after the joint attention."""
         B, N, _ = x_BNM.shape
         # Head counts come from the projections' widths, so a tensor-parallel shard runs the same code.
         q_BNHD = self.q_norm(self.wq(x_BNM).view(B, N, -1, self.head_dim))
@@ -107,8 +108,8 @@ class DoubleStreamBlock(nn.Module):
         img_shift1, img_scale1, img_gate1, img_shift2, img_scale2, img_gate2 = self.img_mod(vec_BM).chunk(6, dim=-1)
         txt_shift1, txt_scale1, txt_gate1, txt_shift2, txt_scale2, txt_gate2 = self.txt_mod(vec_BM).chunk(6, dim=-1)
 
-        img_q, img_k, img_v = self.img_attn.heads(modulate(layer_norm(img_BLM, self.eps), img_shift1, img_scale1))
-        txt_q, txt_k, txt_v = self.txt_attn.heads(modulate(layer_norm(txt_BTM, self.eps), txt_shift1, txt_scale1))
+        img_q, img_k, img_v = self.img_attn(modulate(layer_norm(img_BLM, self.eps), img_shift1, img_scale1))
+        txt_q, txt_k, txt_v = self.txt_attn(modulate(layer_norm(txt_BTM, self.eps), txt_shift1, txt_scale1))
         attended_BSM = _joint_attention(
             self.attention_op,
             torch.cat((txt_q, img_q), dim=2),
@@ -154,7 +155,9 @@ class SingleStreamBlock(nn.Module):
         B, S, _ = x_BSM.shape
         shift, scale, gate = self.modulation(F.silu(vec_BM)).chunk(3, dim=-1)
         fused = self.linear1(modulate(layer_norm(x_BSM, self.eps), shift, scale))
-        q, k, v, mlp_hidden = torch.split(fused, [self.dim, self.dim, self.dim, self.mlp_dim], dim=-1)
+        # Part widths follow the fused output's width: a tensor-parallel shard holds a share of each part.
+        shares = (3 * self.dim + self.mlp_dim) // fused.shape[-1]
+        q, k, v, mlp_hidden = torch.split(fused, [self.dim // shares] * 3 + [self.mlp_dim // shares], dim=-1)
         q_BHSD = self.q_norm(q.view(B, S, -1, self.head_dim)).transpose(1, 2)
         k_BHSD = self.k_norm(k.view(B, S, -1, self.head_dim)).transpose(1, 2)
         v_BHSD = v.view(B, S, -1, self.head_dim).transpose(1, 2)

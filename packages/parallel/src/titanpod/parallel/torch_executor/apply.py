@@ -138,7 +138,8 @@ def parallelize(
         raise PlanError(f"The mesh given has dimensions {mesh.mesh_dim_names}; this config shards over {mesh_axes}.")
     param_dtype, reduce_dtype = _DTYPES[config.param_dtype], _DTYPES[config.reduce_dtype]
     device = backend.parameter_device(info.local_rank)
-    sequence_parallel = config.sequence_parallel and axes["tp"] > 1
+    # Sequence parallelism needs the plan's sequence boundaries; a plan without them (FLUX) runs plain tp.
+    sequence_parallel = config.sequence_parallel and axes["tp"] > 1 and bool(plan.sequence_starts)
     if axes["tp"] > 1:
         apply_tensor_parallel(model, plan, mesh["tp"], sequence_parallel)
     for module_name, module in list(model.named_modules()):

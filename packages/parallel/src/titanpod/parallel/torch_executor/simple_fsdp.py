@@ -32,6 +32,10 @@ class ParamLayout:
     """How the computed gradient relates across ranks before it is reduced into ``stored``."""
     grad_scale: float
     """Extra factor on the gradient (experts: their tokens came from every ep rank)."""
+    blockwise: tuple[int, int, int] | None = None
+    """For a fused tp dimension (``ParamRule.tp_blocks``): (tensor dimension, blocks, index of ``tp`` among the
+    mesh dimensions). Stored split over tp like any other, it is gathered whole over tp too and each rank
+    keeps its share of every block; the gradient, nonzero only on those shares, is summed back over tp."""
 
 
 def layout_for(
@@ -43,8 +47,14 @@ def layout_for(
         rule.tp_grad == "sum" or (rule.tp_grad == "sum_if_sequence_parallel" and sequence_parallel)
     )
     stored, compute, grad = [], [], []
-    for axis in mesh_axes:
-        if axis == "tp":
+    blockwise = None
+    for index, axis in enumerate(mesh_axes):
+        if axis == "tp" and rule.tp_dim is not None and rule.tp_blocks > 1:
+            stored.append(Shard(rule.tp_dim))
+            compute.append(Replicate())
+            grad.append(Partial("sum"))
+            blockwise = (rule.tp_dim, rule.tp_blocks, index)
+        elif axis == "tp":
             split = Shard(rule.tp_dim) if rule.tp_dim is not None else Replicate()
             stored.append(split)
             compute.append(split)
@@ -59,7 +69,7 @@ def layout_for(
             compute.append(Replicate())
             grad.append(Partial("avg"))
     grad_scale = 1.0 / axes.get("ep", 1) if expert else 1.0
-    return ParamLayout(tuple(stored), tuple(compute), tuple(grad), grad_scale)
+    return ParamLayout(tuple(stored), tuple(compute), tuple(grad), grad_scale, blockwise)
 
 
 def make_gather(
@@ -70,6 +80,10 @@ def make_gather(
     def gather(stored: DTensor) -> torch.Tensor:
         whole = stored.redistribute(placements=layout.compute, forward_dtype=param_dtype, backward_dtype=reduce_dtype)
         local = whole.to_local(grad_placements=layout.grad)
+        if layout.blockwise is not None:
+            dim, blocks, tp_index = layout.blockwise
+            ways, rank = stored.device_mesh.size(tp_index), stored.device_mesh.get_local_rank(tp_index)
+            local = local.unflatten(dim, (blocks, ways, -1)).select(dim + 1, rank).flatten(dim, dim + 1)
         return local if layout.grad_scale == 1.0 else scale_grad(local, layout.grad_scale)
 
     return gather

@@ -2,7 +2,9 @@
 
 Inside a region (attention, dense feed-forward) the column-parallel projections hold
 some heads or hidden units and the row-parallel one gives partial sums, so the model's
-own code runs unchanged on local shards.
+own code runs unchanged on local shards. Where a region spans modules (FLUX's joint attention
+reads the q, k, v of two streams), the plan names where it is entered (the column-parallel
+projections' module) and left (each row-parallel linear, whose bias is added once, after the sum).
 
 With sequence parallelism, activations between regions (the residual stream and its
 norms) are split along the sequence over the tp ranks: a region is entered by an
@@ -16,6 +18,7 @@ import re
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -36,7 +39,8 @@ def _matching(model: nn.Module, patterns: tuple[str, ...]) -> list[tuple[str, nn
 
 
 def apply_tensor_parallel(model: nn.Module, plan: ShardingPlan, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
-    """Hook the plan's tp regions (and, with sequence parallelism, its sequence boundaries) into ``model``."""
+    """Hook the plan's tp regions, entries and exits (and, with sequence parallelism, its sequence boundaries)
+    into ``model``."""
     if sequence_parallel:
         enter_op, leave_op = gather_sequence, scatter_sum_sequence
     else:
@@ -55,6 +59,7 @@ def apply_tensor_parallel(model: nn.Module, plan: ShardingPlan, tp_mesh: DeviceM
 
         module.register_forward_pre_hook(enter)
         module.register_forward_hook(leave)
+    _apply_enters_and_leaves(model, plan, tp_mesh, sequence_parallel)
     if not sequence_parallel:
         return
 
@@ -73,3 +78,29 @@ def apply_tensor_parallel(model: nn.Module, plan: ShardingPlan, tp_mesh: DeviceM
         module.register_forward_hook(start)
     for _, module in _matching(model, plan.sequence_ends):
         module.register_forward_hook(end)
+
+
+def _apply_enters_and_leaves(
+    model: nn.Module, plan: ShardingPlan, tp_mesh: DeviceMesh, sequence_parallel: bool
+) -> None:
+    """Hook the plan's column-parallel entries and row-parallel exits (regions that span several modules)."""
+    if (plan.tp_enters or plan.tp_leaves) and sequence_parallel:
+        raise PlanError(
+            "A plan with tp_enters / tp_leaves runs tensor-parallel without sequence parallelism: give it no "
+            "sequence_starts, or set parallel.sequence_parallel to false."
+        )
+
+    def enter(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (enter_tensor_parallel(args[0], tp_mesh), *args[1:])
+
+    for _, module in _matching(model, plan.tp_enters):
+        module.register_forward_pre_hook(enter)
+    for name, module in _matching(model, plan.tp_leaves):
+        if not isinstance(module, nn.Linear):
+            raise PlanError(f"{name} ends a tensor-parallel region as a row-parallel nn.Linear, but is {type(module)}.")
+
+        def row_parallel(x: torch.Tensor, module: nn.Linear = module) -> torch.Tensor:
+            summed = leave_tensor_parallel(F.linear(x, module.weight), tp_mesh)
+            return summed if module.bias is None else summed + module.bias
+
+        module.forward = row_parallel  # type: ignore[method-assign]

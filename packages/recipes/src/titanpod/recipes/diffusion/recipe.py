@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from titanpod.data.images.config import ImageDataConfig
+from titanpod.kernels import KernelConfig
+from titanpod.kernels.flux_swaps import flux_kernel_problems
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.recipe import RunRecipe, TargetConfig
 
@@ -63,9 +65,19 @@ class DiffusionRecipe(RunRecipe):
     """The models."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """How it splits over processes (the dry run plans with it)."""
+    kernels: KernelConfig = field(default_factory=KernelConfig)
+    """What fills the transformer's attention slot: ``attention`` ``sdpa`` (the reference) or ``splash`` (Splash
+    attention, unmasked, with ``splash``'s tiles); FLUX has no vocabulary head, experts or local window, so the
+    other fields keep their defaults (anything else is refused, naming the field)."""
     data: ImageDataConfig = field(default_factory=ImageDataConfig)
     """Images and captions."""
     samples: SampleConfig = field(default_factory=SampleConfig)
     """What sample images it writes."""
     target: TargetConfig = field(default_factory=TargetConfig)
     """The slice the recipe is sized for; read by ``--dry-run`` only."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problems = flux_kernel_problems(self.kernels)
+        if problems:
+            raise ValueError("The kernels asked for do not fit FLUX:\n  " + "\n  ".join(problems) + ".")

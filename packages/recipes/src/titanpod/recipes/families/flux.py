@@ -10,6 +10,7 @@ from __future__ import annotations
 from titanpod.data.images.config import ImageDataConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
+from titanpod.kernels import KernelConfig
 from titanpod.models import FLUX_FLAVORS, FluxTransformer
 from titanpod.models.adapters import FLUX_TRANSFORMER_ADAPTER
 from titanpod.parallel import FLUX_PLAN, ParallelConfig
@@ -36,9 +37,9 @@ def flux_debug() -> DiffusionRecipe:
 
 def flux1_12b() -> DiffusionRecipe:
     """FLUX.1-dev (11.9B) at 1024x1024 on 8 TPU v5p chips (a v5p-16: v5p accelerator types count TensorCores, two a
-    chip): FSDP, bf16, whole step with recomputed blocks, the pretrained autoencoder and text encoders; on the xla
-    lane its 19 double- and 38 single-stream blocks run as two loops (``train.scan_layers``), so the step compiles
-    in minutes."""
+    chip): FSDP, bf16, Splash attention, whole step with recomputed blocks, the pretrained autoencoder and text
+    encoders; on the xla lane its 19 double- and 38 single-stream blocks run as two loops (``train.scan_layers``),
+    so the step compiles in minutes."""
     return DiffusionRecipe(
         name="flux1_12b",
         model=FluxModelConfig(
@@ -46,6 +47,7 @@ def flux1_12b() -> DiffusionRecipe:
         ),
         device=DeviceConfig(lane="auto"),
         parallel=ParallelConfig(param_dtype="bfloat16", reduce_dtype="float32"),
+        kernels=KernelConfig(attention="splash"),  # 512 text + 4,096 image tokens: 9 tiles of 512, no padding
         data=ImageDataConfig(source="imagefolder", path="images/", resolution=1024, batch_size=1, caption_dropout=0.1),
         train=TrainConfig(
             steps=10_000,

@@ -14,7 +14,8 @@ kernel, except the reference on the xla lane, whose score matrices a block's bac
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 from rich.table import Table
@@ -24,6 +25,7 @@ from titanpod.models import parameter_count
 from titanpod.models.choice import choose
 from titanpod.models.flux import FLUX_FLAVORS, FluxArgs, FluxOps, build_flux_transformer
 from titanpod.models.flux.layers import axes_rotary_cos_sin
+from titanpod.parallel import DATA_AXES
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.recipes.families import sharding_plan
 from titanpod.recipes.layout_support import check_layout
@@ -61,7 +63,7 @@ class FluxRunPlan:
     devices: int
     """Devices in the slice."""
     batch_per_device: int
-    """Images in one micro-batch on each device."""
+    """Images in one micro-batch on each data rank (the tp ranks of a data rank share its images)."""
     memory: MemoryPlan
     """Predicted bytes per device."""
     frozen_encoders: int
@@ -70,6 +72,13 @@ class FluxRunPlan:
     """MFU the step time is worked out for."""
     host: HostMemoryPlan | None = None
     """Predicted host memory per process and per worker VM (``None`` on the cpu lane)."""
+    mesh: dict[str, int] = field(default_factory=dict)
+    """Mesh axis -> size (``ParallelConfig.mesh_axes``); empty reads as ``fsdp`` over every device."""
+
+    @property
+    def data_ranks(self) -> int:
+        """Devices that read their own images: all of them but for tensor parallelism."""
+        return math.prod(self.mesh.get(axis, 1) for axis in DATA_AXES) if self.mesh else self.devices
 
     @property
     def total_bytes(self) -> int:
@@ -89,7 +98,7 @@ class FluxRunPlan:
     @property
     def step_seconds(self) -> float:
         """Seconds per step at ``target_mfu``."""
-        samples = self.batch_per_device * self.devices
+        samples = self.batch_per_device * self.data_ranks
         return self.flops_per_sample * samples / (self.devices * self.chip.peak_flops * self.target_mfu)
 
 
@@ -100,9 +109,9 @@ lane (3.6 GiB above the flash-attention plan, 3.7 such arrays), not derived."""
 
 
 def flux_attention_kernel(recipe: DiffusionRecipe) -> str:
-    """The attention a FLUX recipe's transformer runs: its ``kernels.attention`` where the recipe names one, else
-    the PyTorch reference (``sdpa``)."""
-    return getattr(getattr(recipe, "kernels", None), "attention", "sdpa")
+    """The attention a FLUX recipe's transformer runs: ``kernels.attention`` (``sdpa``, the PyTorch reference, or
+    ``splash``)."""
+    return recipe.kernels.attention
 
 
 def materialises_scores(recipe: DiffusionRecipe, lane: str) -> bool:
@@ -221,6 +230,7 @@ def plan_flux(
         frozen_encoders=encoders,
         target_mfu=target_mfu,
         host=host,
+        mesh=mesh,
     )
 
 
@@ -235,8 +245,10 @@ def flux_plan_table(plan: FluxRunPlan) -> Table:
     table.add_row(
         "FLOPs per sample", f"{plan.flops_per_sample / 1e12:,.1f} TFLOP (training; titanpod.models.flux.counting)"
     )
-    table.add_row("mesh", f"fsdp {plan.devices}" if plan.devices > 1 else "one device")
-    table.add_row("batch", f"{plan.batch_per_device} per device; {plan.batch_per_device * plan.devices} per step")
+    split = " x ".join(f"{axis} {size}" for axis, size in plan.mesh.items() if size > 1)
+    table.add_row("mesh", split or (f"fsdp {plan.devices}" if plan.devices > 1 else "one device"))
+    per_step = plan.batch_per_device * plan.data_ranks
+    table.add_row("batch", f"{plan.batch_per_device} per data rank; {per_step} per step")
     table.add_row("  parameters (fp32)", f"{memory.parameters / gib:,.2f} GiB")
     table.add_row("  gradients (fp32)", f"{memory.gradients / gib:,.2f} GiB")
     table.add_row("  optimizer state (AdamW, fp32)", f"{memory.optimizer / gib:,.2f} GiB")

@@ -14,6 +14,7 @@ import torch
 
 from titanpod.checkpoint.flux_autoencoder_files import load_flux_autoencoder
 from titanpod.checkpoint.flux_files import load_flux_transformer
+from titanpod.kernels import flux_ops
 from titanpod.models import RegionValues, region_initializer
 from titanpod.models.choice import choose
 from titanpod.models.flux import FLUX_FLAVORS, FluxArgs, FluxTransformer, build_flux_transformer
@@ -115,12 +116,14 @@ def transformer_args(recipe: DiffusionRecipe, latent_channels: int) -> FluxArgs:
 
 def meta_transformer(recipe: DiffusionRecipe, args: FluxArgs) -> FluxTransformer:
     """The recipe's transformer of shape ``args`` on the meta device, with the ops its step runs: what a run
-    trains and what ``--compile-for`` compiles (``titanpod.runs.diffusion.slice_compile``)."""
-    return build_flux_transformer(args)
+    trains and what ``--compile-for`` compiles (``titanpod.runs.diffusion.slice_compile``): its attention slot
+    filled by ``recipe.kernels``."""
+    return build_flux_transformer(args, flux_ops(recipe.kernels))
 
 
 def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device, sharded: bool = False) -> DiffusionModels:
-    """The recipe's transformer (initialised or loaded), codec and text encoders, on ``device``.
+    """The recipe's transformer (initialised or loaded, its attention slot filled by ``recipe.kernels``), codec
+    and text encoders, on ``device``.
 
     With ``sharded`` and a seed (no ``model.transformer_weights``) the transformer stays on the meta device and
     the region init of ``train.seed`` comes with it (``DiffusionModels.initial_values``): the placement then
@@ -139,7 +142,7 @@ def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device, sharde
             "use text encoders made for this flavor."
         )
     if model.transformer_weights is not None:
-        transformer = load_flux_transformer(Path(model.transformer_weights))
+        transformer = load_flux_transformer(Path(model.transformer_weights), ops=flux_ops(recipe.kernels))
         if transformer.args.in_channels != args.in_channels:
             raise ValueError(
                 f"The transformer at {model.transformer_weights} takes {transformer.args.in_channels} channels per "

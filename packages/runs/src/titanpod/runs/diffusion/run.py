@@ -92,7 +92,8 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
     """Train the recipe's FLUX transformer by flow matching; print the recipe, write metrics, sample grids and weights.
 
     Under torchrun the transformer is sharded by the FLUX plan and ``recipe.parallel`` (FSDP, HSDP with
-    ``parallel.dp_replicate``); the frozen text encoders and autoencoder are whole on every rank. Each data
+    ``parallel.dp_replicate``, tensor parallelism with ``parallel.tp``: tp ranks read the same images); the
+    frozen text encoders and autoencoder are whole on every rank. Each data
     rank trains on its share of every global batch (``data.batch_size`` images per rank), the noise and
     timesteps of a sample follow from its place in the global batch (not from the rank split) and the
     reported loss is the mean over data ranks. Sample grids are drawn by every rank (the sharded forward is

@@ -67,16 +67,14 @@ def cut_args(args: FluxArgs, blocks: int | None) -> FluxArgs:
 
 
 def for_tpu_diffusion(recipe: DiffusionRecipe, cut: bool = False) -> DiffusionRecipe:
-    """The recipe as a pod's xla lane runs it: no step cache (the compile is timed), lane ``xla``, Pallas kernels
-    (where the recipe names any) compiled, never interpreted; a ``cut`` copy's blocks unrolled (those compiles are
+    """The recipe as a pod's xla lane runs it: no step cache (the compile is timed), lane ``xla``, Splash compiled
+    by Mosaic, never interpreted; a ``cut`` copy's blocks unrolled (those compiles are
     for the cost analysis, which counts a loop's body once)."""
     train = dataclasses.replace(recipe.train, compile_cache_dir="off")
     if cut:
         train = dataclasses.replace(train, scan_layers=False)
     device = dataclasses.replace(recipe.device, lane="xla")
-    pod = dataclasses.replace(recipe, train=train, device=device)
-    kernels = getattr(recipe, "kernels", None)  # a recipe naming its kernels: Pallas ones compiled by Mosaic
-    return pod if kernels is None else dataclasses.replace(pod, kernels=compiled_kernels(kernels))
+    return dataclasses.replace(recipe, train=train, device=device, kernels=compiled_kernels(recipe.kernels))
 
 
 def diffusion_program(recipe: DiffusionRecipe, tpu: TpuSlice, layers: int | None = None) -> SliceProgram:
