@@ -294,7 +294,7 @@ def test_flux_plan_counts_the_reference_attention_scores_on_the_xla_lane():
     tpu = plan_flux(recipe, chip_by_name("v5p"), 8, 0.4).memory
     xla = plan_flux(with_changes(recipe, device={"lane": "xla"}), chip_by_name("v5p"), 8, 0.4).memory
     assert xla.transient - tpu.transient == REFERENCE_SCORE_ARRAYS * 24 * (4096 + 512) ** 2 * 2
-    assert xla.total / GIB == pytest.approx(29.50, abs=0.01)  # libtpu: 29.27 GiB a chip
+    assert xla.total / GIB == pytest.approx(29.52, abs=0.01)  # libtpu: 29.27 GiB a chip
     on_xla = plan_flux(with_changes(splash, device={"lane": "xla"}), chip_by_name("v5p"), 8, 0.4).memory
     assert on_xla.transient == tpu.transient  # Splash keeps no score matrix
 
