@@ -133,3 +133,20 @@ def test_blocks_that_differ_cannot_be_stacked():
     assert stack.entries == ("embed.weight", "layers.*.w.weight")
     assert stack.members[1] == ("layers.0.w.weight", "layers.1.w.weight")
     assert stack.entry_shape(1, (2, 2)) == (2, 2, 2)
+
+
+def test_each_block_list_stacks_on_its_own():
+    from titanpod.graph.xla.layer_stack import LayerStack
+
+    names = ["t.img_in.weight", "t.double.0.w", "t.double.1.w", "t.single.0.w", "t.single.0.b", "t.single.1.w",
+             "t.single.1.b", "t.single.2.w", "t.single.2.b", "t.final.weight"]  # fmt: skip
+    shapes = [(2, 2), (3, 2), (3, 2), (4, 2), (4,), (4, 2), (4,), (4, 2), (4,), (2, 2)]
+    stack = LayerStack.of(names, shapes, {"t.double": 2, "t.single": 3})
+    assert stack.entries == ("t.img_in.weight", "t.double.*.w", "t.single.*.w", "t.single.*.b", "t.final.weight")
+    assert stack.members[3] == ("t.single.0.b", "t.single.1.b", "t.single.2.b")
+    assert [stack.entry_shape(i, s) for i, s in ((0, (2, 2)), (1, (3, 2)), (3, (4,)))] == [(2, 2), (2, 3, 2), (3, 4)]
+    assert stack.by_list(range(5)) == {"t.double": [1], "t.single": [2, 3]} and stack.layers == 5
+    per_name = {name: float(i) for i, name in enumerate(names)}
+    assert stack.unstack(stack.stack(per_name)) == per_name  # the step's arrays hold every block's parameters
+    with pytest.raises(ValueError, match=r"t\.single\.2 differs from t\.single\.0 in w"):
+        LayerStack.of(names, [*shapes[:7], (5, 2), (4,), (2, 2)], {"t.double": 2, "t.single": 3})

@@ -18,6 +18,8 @@ from titanpod.recipes.planner import plan_run
 from titanpod.recipes.planner.plan import with_changes
 from titanpod.recipes.planner.report import dry_run
 
+GIB = 1024**3
+
 PUBLISHED_BILLIONS = {  # the published totals (shared/REFERENCE.md), to the digits published
     "llama3_8b": (8.030, 3),
     "llama3_70b": (70.554, 3),
@@ -270,12 +272,31 @@ def test_flux_plan_keeps_block_inputs_alone_when_the_memory_policy_recomputes_bl
     def activations(**changes):
         return plan_flux(with_changes(recipe, **changes), chip_by_name("v5p"), 8, 0.4).memory.activations
 
-    saved = activations()
-    flag = activations(model={"recompute_blocks": True})
-    policy = activations(train={"step_mode": "whole_step", "memory_policy": "recompute"})
+    eager = {"step_mode": "eager", "memory_policy": "save"}
+    saved = activations(train=eager)
+    flag = activations(model={"recompute_blocks": True}, train=eager)
+    policy = activations()  # the recipe's own: the whole step, blocks recomputed
+    assert recipe.train.memory_policy == "recompute"
     assert flag < saved / 4  # a block's inputs are a small part of what it saves
     assert policy == flag
     assert activations(train={"step_mode": "whole_step", "memory_policy": "save"}) == saved
+
+
+def test_flux_plan_counts_the_reference_attention_scores_on_the_xla_lane():
+    """On the xla lane the reference attention builds [B, H, S, S] scores: one block's backward holds four such
+    arrays in bf16 on top of the flash-attention plan (the fit to libtpu's flux1_12b compile, docs/recipes.md)."""
+    from titanpod.recipes.diffusion.registry import get_diffusion_recipe
+    from titanpod.recipes.planner.flux import REFERENCE_SCORE_ARRAYS, plan_flux
+    from titanpod.recipes.planner.plan import with_changes
+
+    splash = get_diffusion_recipe("flux1_12b")
+    recipe = with_changes(splash, kernels={"attention": "sdpa"})
+    tpu = plan_flux(recipe, chip_by_name("v5p"), 8, 0.4).memory
+    xla = plan_flux(with_changes(recipe, device={"lane": "xla"}), chip_by_name("v5p"), 8, 0.4).memory
+    assert xla.transient - tpu.transient == REFERENCE_SCORE_ARRAYS * 24 * (4096 + 512) ** 2 * 2
+    assert xla.total / GIB == pytest.approx(29.52, abs=0.01)  # libtpu: 29.27 GiB a chip
+    on_xla = plan_flux(with_changes(splash, device={"lane": "xla"}), chip_by_name("v5p"), 8, 0.4).memory
+    assert on_xla.transient == tpu.transient  # Splash keeps no score matrix
 
 
 def test_flux_plan_under_tensor_parallelism_counts_data_ranks_for_the_batch_and_splits_the_blocks():

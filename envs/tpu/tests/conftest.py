@@ -45,10 +45,11 @@ def tpu_backend():
     return TpuBackend()
 
 
-def compile_in_fresh_process(recipe, folder, *flags: str) -> dict:
+def compile_in_fresh_process(recipe, folder, *flags: str, app: str = "titanpod.pretrain.cli") -> dict:
     """``titanpod-pretrain --recipe <recipe as a file> --compile-for ...`` in a fresh interpreter (torchax, which
     the xla step uses, cannot register its device once a test here has registered torch_tpu's); its exit code and
-    report.json (``exit`` added). ``flags`` name the slice and anything else, e.g. ``--compile-for v5p-8``."""
+    report.json (``exit`` added). ``flags`` name the slice and anything else, e.g. ``--compile-for v5p-8``;
+    ``app`` is the command's module (``titanpod.diffusion.cli`` for a diffusion recipe)."""
     import json
     import subprocess
     import sys
@@ -59,7 +60,7 @@ def compile_in_fresh_process(recipe, folder, *flags: str) -> dict:
     recipe_file = folder / "recipe.json"
     recipe_file.write_text(recipe.to_json())
     done = subprocess.run(
-        [sys.executable, "-m", "titanpod.pretrain.cli", "--recipe", str(recipe_file), *flags,
+        [sys.executable, "-m", app, "--recipe", str(recipe_file), *flags,
          "--compile-output", str(folder / "compiled")],
         capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},

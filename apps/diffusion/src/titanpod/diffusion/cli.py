@@ -3,6 +3,7 @@
 titanpod-diffusion                                   # flux_debug on the built-in shapes, on this machine
 titanpod-diffusion --list-recipes
 titanpod-diffusion --recipe flux1_12b --dry-run      # memory per device and step time on its target slice
+titanpod-diffusion --recipe flux1_12b --compile-for target  # the step compiled by libtpu for its slice (envs/tpu)
 titanpod-diffusion --recipe flux1_12b --rehearse     # refused for now, saying why (docs/rehearsal.md)
 titanpod-diffusion --train.steps 100 --data.batch-size 8
 titanpod-diffusion --recipe mine.toml --print-recipe  # a TOML file (base = "flux_debug" plus what differs), resolved
@@ -48,6 +49,18 @@ class TrainCommand:
     """Plan on the recipe's target slice instead of training: memory per device and step time."""
     rehearse: tyro.conf.FlagCreatePairsOff[bool] = False
     """Run the recipe on this machine at a small size with every setting it makes."""
+    compile_for: str | None = None
+    """Compile the whole training step for a TPU slice (``v5p-16``, ``v5p-8``; ``target``: the recipe's own) with
+    libtpu on this host, without TPUs or weights, and report memory a chip, flops, the compiler's estimated step
+    time and the collectives (needs the tpu environment: ``cd envs/tpu && uv run titanpod-diffusion ...``)."""
+    compile_layers: tuple[int, ...] = ()
+    """With --compile-for: compile the transformer cut to this many blocks, in FLUX's proportion of double- to
+    single-stream blocks (a multiple of 3 for FLUX.1); two counts (``3 6``) compile both and extrapolate the whole
+    model's figures by depth."""
+    compile_output: Path | None = None
+    """With --compile-for: the folder for report.json (default ``<runs_dir>/compile-<recipe>-<slice>``)."""
+    compile_keep_program: tyro.conf.FlagCreatePairsOff[bool] = False
+    """With --compile-for: also keep the optimised HLO and the serialised executable in that folder."""
     chip: str | None = None
     """Short for --target.chip: the chip kind --dry-run plans for (``v5p``, ``v6e``, ``h100`` ...)."""
     chips: int | None = None
@@ -55,8 +68,13 @@ class TrainCommand:
 
     @property
     def action(self) -> str:
-        """What to do with the recipe: ``print``, ``dry_run``, ``rehearse`` or ``train``."""
-        chosen = {"print": self.print_recipe, "dry_run": self.dry_run, "rehearse": self.rehearse}
+        """What to do with the recipe: ``print``, ``dry_run``, ``compile``, ``rehearse`` or ``train``."""
+        chosen = {
+            "print": self.print_recipe,
+            "dry_run": self.dry_run,
+            "compile": self.compile_for is not None,
+            "rehearse": self.rehearse,
+        }
         return next((name for name, on in chosen.items() if on), "train")
 
 
@@ -85,9 +103,9 @@ def load_recipe(name: str) -> DiffusionRecipe:
     return get_diffusion_recipe(name)
 
 
-def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, str] | None:
-    """The recipe with every override applied and what to do with it (``train``, ``dry_run``, ``rehearse`` or
-    ``print``); ``None`` after ``--list-recipes``. A value tyro refuses raises ``SystemExit(2)``."""
+def parse_command(argv: list[str]) -> TrainCommand | None:
+    """The command line with every override applied to its recipe (``--chip`` and ``--chips`` too); ``None``
+    after ``--list-recipes``. A value tyro refuses raises ``SystemExit(2)``."""
     name = recipe_argument(argv, DEFAULT_DIFFUSION_RECIPE)
     command = parse_args(
         TrainCommand,
@@ -111,7 +129,35 @@ def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, str] | None:
         chip = recipe.target.chip if command.chip is None else command.chip
         chips = recipe.target.chips if command.chips is None else command.chips
         recipe = dataclasses.replace(recipe, target=dataclasses.replace(recipe.target, chip=chip, chips=chips))
-    return recipe, command.action
+    return dataclasses.replace(command, recipe=recipe)
+
+
+def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, str] | None:
+    """The recipe with every override applied and what to do with it (``train``, ``dry_run``, ``compile``,
+    ``rehearse`` or ``print``); ``None`` after ``--list-recipes``. A value tyro refuses raises ``SystemExit(2)``."""
+    command = parse_command(argv)
+    return None if command is None else (command.recipe, command.action)
+
+
+def compile_command(command: TrainCommand, console: Console) -> int:
+    """``--compile-for SLICE``: 0 when the step compiled for the slice fits a chip, 1 when not, 2 on bad input."""
+    from titanpod.runs.diffusion.slice_compile import compile_diffusion_for_slice, cost_depths
+    from titanpod.runs.slice_compile_command import compile_for_command
+
+    try:
+        return compile_for_command(
+            command.recipe,
+            command.compile_for or "target",
+            console,
+            layers=command.compile_layers,
+            output_dir=command.compile_output,
+            keep_program=command.compile_keep_program,
+            compile_one=compile_diffusion_for_slice,
+            cost_depths=cost_depths(command.recipe),
+        )
+    except (KeyError, ValueError, RuntimeError) as error:
+        print_error(error)
+        return 2
 
 
 def sample_command(argv: list[str], console: Console) -> int:
@@ -173,10 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv[:1] == ["sample"]:
             return sample_command(argv[1:], console)
-        parsed = parse_train(argv)
-        if parsed is None:
+        command = parse_command(argv)
+        if command is None:
             return 0
-        recipe, action = parsed
+        recipe, action = command.recipe, command.action
+        if action == "compile":
+            return compile_command(command, console)
         if action == "print":
             print(recipe.to_json(), end="")
             return 0

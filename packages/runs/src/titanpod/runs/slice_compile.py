@@ -26,11 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from titanpod.device import CHIPS, get_backend
 from titanpod.device.memory import host_memory_stats
 from titanpod.device.tpu_slices import TpuSlice, abstract_devices, parse_slice, slice_of
-from titanpod.graph.xla.ahead_of_time import AbstractXlaStep, BatchShape, device_mesh, serialized_executable
+from titanpod.graph import TrainConfig
+from titanpod.graph.xla.ahead_of_time import (
+    AbstractXlaStep,
+    BatchShape,
+    NamedBatchShape,
+    device_mesh,
+    serialized_executable,
+)
 from titanpod.graph.xla.program_figures import (
     Collective,
     DeviceMemory,
@@ -38,8 +46,9 @@ from titanpod.graph.xla.program_figures import (
     optimised_hlo,
     program_figures,
 )
-from titanpod.kernels import model_ops
+from titanpod.kernels import KernelConfig, model_ops
 from titanpod.parallel import DATA_AXES
+from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.recipes.families import build_model, sharding_plan
 from titanpod.recipes.planner.plan import plan_run
 from titanpod.recipes.recipe import Recipe
@@ -75,7 +84,7 @@ class SliceCompileReport:
     """The chip's peak dense bf16 FLOP/s."""
     mesh: dict[str, int]
     """Mesh axis -> size (axes of size 1 left out)."""
-    batch: BatchShape
+    batch: BatchShape | NamedBatchShape
     """The step's batch as the program takes it, over the whole mesh."""
     layers: int
     """Transformer layers in the compiled program."""
@@ -108,6 +117,8 @@ class SliceCompileReport:
     counts once in the compiler's cost analysis); empty otherwise."""
     cost_compile_seconds: float = 0.0
     """Wall time of the compiles behind ``cost_from`` (0 without them)."""
+    images_per_step: int = 0
+    """Images one step trains on over the whole job (a diffusion step; 0 for a language model)."""
 
     @property
     def sources(self) -> dict[str, str]:
@@ -156,6 +167,12 @@ class SliceCompileReport:
         seconds = self.step_seconds
         return None if seconds is None else self.model_flops_per_chip / seconds / self.chip_peak_flops
 
+    @property
+    def images_per_second_per_chip(self) -> float | None:
+        """Images a second a chip at the estimated step time (``None`` for a language model)."""
+        seconds = self.step_seconds
+        return None if seconds is None or not self.images_per_step else self.images_per_step / self.chips / seconds
+
     def to_dict(self) -> dict[str, Any]:
         """The report as plain values for JSON, with the derived figures."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -167,13 +184,14 @@ class SliceCompileReport:
             "flops_ratio": self.flops_ratio,
             "estimated_step_seconds": self.step_seconds,
             "estimated_tokens_per_second_per_chip": self.tokens_per_second_per_chip,
+            "estimated_images_per_second_per_chip": self.images_per_second_per_chip,
             "estimated_mfu": self.estimated_mfu,
             "sources": self.sources,
         }
         return data
 
 
-def target_slice(recipe: Recipe, name: str) -> TpuSlice:
+def target_slice(recipe: Recipe | DiffusionRecipe, name: str) -> TpuSlice:
     """The slice ``--compile-for`` names: ``target`` is the recipe's own (``target.chip`` x ``target.chips``)."""
     if name == "target":
         return slice_of(recipe.target.chip, recipe.target.chips)
@@ -184,13 +202,7 @@ def for_tpu(recipe: Recipe, layers: int | None = None) -> Recipe:
     """The recipe as the pod runs it: its Pallas kernels compiled (never interpret mode), no step cache, and
     the model cut to ``layers`` transformer layers when given (then unrolled: those compiles are for the
     cost analysis, which counts a loop's body once)."""
-    kernels = recipe.kernels
-    kernels = dataclasses.replace(
-        kernels,
-        splash=dataclasses.replace(kernels.splash, interpret=False),
-        grouped_matmul=dataclasses.replace(kernels.grouped_matmul, interpret=False),
-        pallas_loss=dataclasses.replace(kernels.pallas_loss, interpret=False),
-    )
+    kernels = compiled_kernels(recipe.kernels)
     model = recipe.model
     if layers is not None:
         model = dataclasses.replace(model, shape=dataclasses.replace(model.shape, n_layers=layers))
@@ -198,6 +210,102 @@ def for_tpu(recipe: Recipe, layers: int | None = None) -> Recipe:
     if layers is not None:
         train = dataclasses.replace(train, scan_layers=False)
     return dataclasses.replace(recipe, kernels=kernels, model=model, train=train)
+
+
+@dataclass
+class SliceProgram:
+    """A recipe's training step ready to compile for a slice, and the figures its report sets beside the
+    compiler's: what ``compile_program`` takes, built by each runner's kind of recipe (``compile_for_slice`` for
+    the decoder LLMs, ``titanpod.runs.diffusion.slice_compile`` for FLUX)."""
+
+    recipe: str
+    """The recipe's name."""
+    model: nn.Module
+    """What the step trains (its ``loss`` is the step's loss), on the meta device: no weights."""
+    plan: Any
+    """The family's sharding plan (``titanpod.parallel.ShardingPlan``)."""
+    train: TrainConfig
+    """The step's settings as the pod runs them (``for_tpu``)."""
+    axes: dict[str, int]
+    """Mesh axis -> size over the slice's devices (every axis, size 1 too)."""
+    gather_dtype: torch.dtype
+    """The dtype FSDP gathers parameters in (``parallel.param_dtype``)."""
+    batch: BatchShape | NamedBatchShape
+    """The step's batch as the program takes it, over the whole mesh."""
+    kernels: dict[str, str]
+    """Slot -> kernel."""
+    layers: int
+    """Transformer blocks in the program."""
+    model_layers: int
+    """Transformer blocks of the recipe's model."""
+    model_flops_per_chip: float
+    """The model's training flops a step a chip (no recompute)."""
+    tokens_per_step: int
+    """Tokens one step trains on over the whole job."""
+    planner_bytes: int
+    """The dry-run planner's estimate of the step's memory a chip."""
+    batch_text: str
+    """The batch in words, for the table and the first line."""
+    images_per_step: int = 0
+    """Images one step trains on over the whole job (0 for a language model)."""
+
+
+def compile_program(
+    program: SliceProgram, tpu: TpuSlice, *, dump_dir: Path | None = None, say: Any = print
+) -> tuple[SliceCompileReport, Any]:
+    """Compile ``program``'s step for ``tpu`` with libtpu and report on it; also returns the ``jax.stages.Compiled``.
+
+    ``dump_dir`` keeps the compiler's HLO there (a temporary folder otherwise, for the collectives).
+    """
+    chip = CHIPS[tpu.chip]
+    devices = abstract_devices(tpu)
+    split = {axis: size for axis, size in program.axes.items() if size > 1} or {"fsdp": 1}
+    mesh = device_mesh(devices, split)
+    say(
+        f"compiling {program.recipe} ({program.layers} of {program.model_layers} layers) for {tpu.name}: mesh "
+        + " x ".join(f"{axis} {size}" for axis, size in split.items())
+        + f", batch {program.batch_text}"
+    )
+    backend = get_backend("xla")
+    step = AbstractXlaStep(
+        program.model, program.train, backend, program.plan, program.axes, mesh, program.gather_dtype
+    )
+    with tempfile.TemporaryDirectory(prefix="titanpod-hlo-") as scratch:
+        folder = dump_dir or Path(scratch)
+        compiled_step = step.compile(program.batch, folder, COST_MODEL_OPTIONS)
+        figures = program_figures(compiled_step.compiled, optimised_hlo(compiled_step.compiled, folder))
+    report = SliceCompileReport(
+        recipe=program.recipe,
+        slice=tpu.name,
+        chips=tpu.total_chips,
+        chip_hbm=chip.memory_bytes,
+        chip_peak_flops=chip.peak_flops,
+        mesh=split,
+        batch=program.batch,
+        layers=program.layers,
+        model_layers=program.model_layers,
+        kernels=program.kernels,
+        program=figures,
+        planner_bytes=program.planner_bytes,
+        model_flops_per_chip=program.model_flops_per_chip,
+        tokens_per_step=program.tokens_per_step,
+        trace_seconds=compiled_step.trace_seconds,
+        compile_seconds=compiled_step.compile_seconds,
+        peak_host_bytes=host_memory_stats().peak_bytes or 0,
+        scanned=step.layer_stack.stacks_any,
+        images_per_step=program.images_per_step,
+    )
+    return report, compiled_step.compiled
+
+
+def compiled_kernels(kernels: KernelConfig) -> KernelConfig:
+    """``kernels`` with every Pallas kernel compiled by Mosaic for the TPU (interpret mode off)."""
+    return dataclasses.replace(
+        kernels,
+        splash=dataclasses.replace(kernels.splash, interpret=False),
+        grouped_matmul=dataclasses.replace(kernels.grouped_matmul, interpret=False),
+        pallas_loss=dataclasses.replace(kernels.pallas_loss, interpret=False),
+    )
 
 
 def compile_for_slice(
@@ -208,6 +316,11 @@ def compile_for_slice(
     ``layers`` compiles the model cut to that many layers (a quick look; the full depth is the default).
     ``dump_dir`` keeps the compiler's HLO there (a temporary folder otherwise, for the collectives).
     """
+    return compile_program(llm_program(recipe, tpu, layers), tpu, dump_dir=dump_dir, say=say)
+
+
+def llm_program(recipe: Recipe, tpu: TpuSlice, layers: int | None = None) -> SliceProgram:
+    """A decoder LLM recipe's step as the pod runs it on ``tpu``, cut to ``layers`` layers when given."""
     if recipe.parallel.pp > 1:
         raise ValueError(
             f"{recipe.name} runs pipeline stages (parallel.pp={recipe.parallel.pp}), which run as eager steps, "
@@ -216,10 +329,7 @@ def compile_for_slice(
     chip = CHIPS[tpu.chip]
     full_depth = recipe.model.args().n_layers
     pod = for_tpu(recipe, layers)
-    devices = abstract_devices(tpu)
-    axes = pod.parallel.mesh_axes(len(devices))
-    split = {axis: size for axis, size in axes.items() if size > 1} or {"fsdp": 1}
-    mesh = device_mesh(devices, split)
+    axes = pod.parallel.mesh_axes(tpu.total_chips * chip.devices_per_chip)
     data_ranks = math.prod(axes[axis] for axis in DATA_AXES)
     shape = BatchShape(
         micro_batches=pod.train.grad_accum_steps,
@@ -228,43 +338,25 @@ def compile_for_slice(
         documents=pod.data.document_masking,
     )
     model = build_model(pod.model.family, pod.model.args(), model_ops(pod.kernels))
-    depth = model.args.n_layers
-    say(
-        f"compiling {recipe.name} ({depth} of {full_depth} layers) for {tpu.name}: mesh "
-        + " x ".join(f"{axis} {size}" for axis, size in split.items())
-        + f", batch {shape.micro_batches} x {shape.batch} x {shape.seq_len}"
-    )
-    backend = get_backend("xla")
-    gather_dtype = getattr(torch, pod.parallel.param_dtype)  # as the pretraining runner builds the step
-    step = AbstractXlaStep(model, pod.train, backend, sharding_plan(pod.model.family), axes, mesh, gather_dtype)
-    with tempfile.TemporaryDirectory(prefix="titanpod-hlo-") as scratch:
-        folder = dump_dir or Path(scratch)
-        compiled_step = step.compile(shape, folder, COST_MODEL_OPTIONS)
-        figures = program_figures(compiled_step.compiled, optimised_hlo(compiled_step.compiled, folder))
     tokens = shape.micro_batches * shape.batch * shape.seq_len
     on_xla = dataclasses.replace(pod, device=dataclasses.replace(pod.device, lane="xla"))  # the step compiled here
     planned = plan_run(on_xla, chip, tpu.total_chips, pod.target.mfu)
-    report = SliceCompileReport(
+    return SliceProgram(
         recipe=recipe.name,
-        slice=tpu.name,
-        chips=tpu.total_chips,
-        chip_hbm=chip.memory_bytes,
-        chip_peak_flops=chip.peak_flops,
-        mesh=split,
+        model=model,
+        plan=sharding_plan(pod.model.family),
+        train=pod.train,
+        axes=axes,
+        gather_dtype=getattr(torch, pod.parallel.param_dtype),  # as the pretraining runner builds the step
         batch=shape,
-        layers=depth,
-        model_layers=full_depth,
         kernels={slot: getattr(pod.kernels, slot) for slot in ("attention", "head_loss", "expert_matmul")},
-        program=figures,
-        planner_bytes=planned.memory.total,
-        model_flops_per_chip=model.flops_per_token(shape.seq_len) * tokens / len(devices),
+        layers=model.args.n_layers,
+        model_layers=full_depth,
+        model_flops_per_chip=model.flops_per_token(shape.seq_len) * tokens / math.prod(axes.values()),
         tokens_per_step=tokens,
-        trace_seconds=compiled_step.trace_seconds,
-        compile_seconds=compiled_step.compile_seconds,
-        peak_host_bytes=host_memory_stats().peak_bytes or 0,
-        scanned=step.layer_stack.stacks_any,
+        planner_bytes=planned.memory.total,
+        batch_text=f"{shape.micro_batches} x {shape.batch} x {shape.seq_len}",
     )
-    return report, compiled_step.compiled
 
 
 def with_costs_from(

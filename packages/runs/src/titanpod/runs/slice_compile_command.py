@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from titanpod.graph.xla.ahead_of_time import NamedBatchShape
+from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.recipes.recipe import Recipe
 from titanpod.runs.slice_compile import (
     COST_DEPTHS,
@@ -25,14 +29,21 @@ from titanpod.runs.slice_compile import (
 GiB = 1024**3
 
 
+CompileOne = Callable[..., tuple[SliceCompileReport, Any]]
+"""``compile_one(recipe, tpu, layers=None, dump_dir=None, say=print)``: one compile of a recipe's step for a
+slice, cut to ``layers`` when given (``compile_for_slice`` for the decoder LLMs)."""
+
+
 def compile_for_command(
-    recipe: Recipe,
+    recipe: Recipe | DiffusionRecipe,
     slice_name: str,
     console: Console,
     *,
     layers: tuple[int, ...] = (),
     output_dir: Path | None = None,
     keep_program: bool = False,
+    compile_one: CompileOne = compile_for_slice,
+    cost_depths: tuple[int, int] = COST_DEPTHS,
 ) -> int:
     """Compile ``recipe``'s step for the slice ``slice_name`` (``target``: the recipe's own), print and write
     the report; 0 when it fits a chip, 1 when not (saying what dominates), 2 for a request that cannot be met.
@@ -41,7 +52,9 @@ def compile_for_command(
     whole model's figures extrapolated by depth. Without ``layers``, a recipe with ``train.scan_layers`` is
     compiled at full depth with its blocks as one loop (memory a chip, compile time) and as unrolled copies of
     ``COST_DEPTHS`` layers (flops, time, collectives, extrapolated). ``keep_program`` also writes the optimised
-    HLO and the serialised executable beside the report.
+    HLO and the serialised executable beside the report. ``compile_one`` compiles the recipe's kind of step
+    (a decoder LLM's by default; ``titanpod.runs.diffusion.slice_compile`` for FLUX), ``cost_depths`` are the
+    unrolled depths whose costs a scanned compile takes.
     """
     tpu = target_slice(recipe, slice_name)
     folder = output_dir or Path(recipe.output.runs_dir) / f"compile-{recipe.name}-{tpu.name.replace(' ', '')}"
@@ -55,11 +68,11 @@ def compile_for_command(
     reports: list[SliceCompileReport] = []
     compiled = None
     costed = not layers and recipe.train.scan_layers
-    for depth in layers or ((None, *COST_DEPTHS) if costed else (None,)):
+    for depth in layers or ((None, *cost_depths) if costed else (None,)):
         hlo = folder / (f"hlo-{depth}-layers" if depth else "hlo") if keep_program else None
         with console.status(f"compiling {recipe.name} for {tpu.name} ({depth or 'all'} layers) with libtpu ..."):
             try:
-                report, compiled = compile_for_slice(recipe, tpu, layers=depth, dump_dir=hlo, say=console.print)
+                report, compiled = compile_one(recipe, tpu, layers=depth, dump_dir=hlo, say=console.print)
             except Exception as error:
                 if HBM_EXHAUSTED not in str(error):
                     raise
@@ -94,7 +107,9 @@ HBM_EXHAUSTED = "CompileTimeHbmOom"
 """What libtpu's error says when it cannot place a program's buffers in a chip's HBM at all."""
 
 
-def refused_for_memory(recipe: Recipe, slice_name: str, message: str, folder: Path, console: Console) -> int:
+def refused_for_memory(
+    recipe: Recipe | DiffusionRecipe, slice_name: str, message: str, folder: Path, console: Console
+) -> int:
     """The compiler refused the step for want of HBM: say so with its own words, write a report saying it does
     not fit, and return 1 (as for a step that compiled and does not fit)."""
     detail = next((line.strip() for line in message.splitlines() if "HBM" in line), message.strip()[:300])
@@ -122,12 +137,9 @@ def slice_table(report: SliceCompileReport) -> Table:
         depth += ", blocks as one loop"
     table = Table(title=f"{report.recipe} compiled for {report.slice} by libtpu", show_header=False)
     table.add_row("program", f"{depth}; mesh " + " x ".join(f"{a} {n}" for a, n in report.mesh.items()))
-    batch = report.batch
     table.add_row("memory from", report.sources["memory"])
     table.add_row("flops, time, collectives from", report.sources["cost"])
-    table.add_row(
-        "batch", f"{batch.micro_batches} x {batch.batch} x {batch.seq_len} tokens ({report.tokens_per_step:,} a step)"
-    )
+    table.add_row("batch", batch_words(report))
     table.add_row("kernels", ", ".join(f"{slot} {name}" for slot, name in report.kernels.items()))
     table.add_row("HBM a chip (compiler)", "")
     table.add_row("  arguments", _gib(memory.arguments))
@@ -145,8 +157,7 @@ def slice_table(report: SliceCompileReport) -> Table:
     if report.step_seconds is not None:
         table.add_row(
             "step (compiler's estimate)",
-            f"{report.step_seconds:.3f} s: {report.tokens_per_second_per_chip:,.0f} tokens/s a chip, "
-            f"est. MFU {report.estimated_mfu:.1%}",
+            f"{report.step_seconds:.3f} s: {throughput_words(report)}, est. MFU {report.estimated_mfu:.1%}",
         )
     if report.program.collectives:
         table.add_row("collectives a step", "")
@@ -159,6 +170,24 @@ def slice_table(report: SliceCompileReport) -> Table:
         compile_time += f" (+ {report.cost_compile_seconds:.1f} s traced and compiled for the cost)"
     table.add_row("compile", f"{compile_time}; peak host memory {_gib(report.peak_host_bytes)}")
     return table
+
+
+def batch_words(report: SliceCompileReport) -> str:
+    """The step's batch in words: tokens [A x B x S], or samples of named tensors (a diffusion step)."""
+    batch = report.batch
+    if isinstance(batch, NamedBatchShape):
+        return (
+            f"{batch.micro_batches} x {batch.batch} samples ({report.images_per_step:,} images, "
+            f"{report.tokens_per_step:,} image tokens a step)"
+        )
+    return f"{batch.micro_batches} x {batch.batch} x {batch.seq_len} tokens ({report.tokens_per_step:,} a step)"
+
+
+def throughput_words(report: SliceCompileReport) -> str:
+    """Images (a diffusion step) or tokens a second a chip at the compiler's estimated step time."""
+    if report.images_per_second_per_chip is not None:
+        return f"{report.images_per_second_per_chip:,.2f} images/s a chip"
+    return f"{report.tokens_per_second_per_chip:,.0f} tokens/s a chip"
 
 
 def _gib(size: float) -> str:

@@ -39,6 +39,27 @@ class BatchShape:
     """Whether the step also takes document ids [A, B, S] (document masking)."""
 
 
+@dataclass(frozen=True)
+class NamedBatchShape:
+    """The shape of one step's batch of named tensors (e.g. FLUX's latents, noise, timesteps, text), as the
+    program takes it: each [A, ...], the batch axis after A split over the data axes, except the model's
+    ``shared_batch_inputs`` (no batch axis), which are whole on every device."""
+
+    micro_batches: int
+    """A: micro-batches summed into one step (gradient accumulation)."""
+    batch: int
+    """B: samples per micro-batch over the whole mesh (every data rank's batch)."""
+    shapes: dict[str, tuple[int, ...]]
+    """Name -> the shape of one micro-batch's tensor (without A; B first unless the tensor is shared)."""
+    dtypes: dict[str, str]
+    """Name -> its dtype as JAX names it (``float32``, ``int32`` ...)."""
+
+    def __post_init__(self) -> None:
+        if set(self.shapes) != set(self.dtypes):
+            raise ValueError(f"A named batch needs a shape and a dtype for each tensor: {sorted(self.shapes)} and "
+                             f"{sorted(self.dtypes)} differ.")  # fmt: skip
+
+
 @dataclass
 class CompiledStep:
     """A step compiled for abstract devices, and how long that took."""
@@ -99,20 +120,31 @@ class AbstractXlaStep(XlaStep):
         moments = [jax.ShapeDtypeStruct(p.shape, jnp.float32, sharding=p.sharding) for p in self.jax_params]
         return AdamWState(jax.ShapeDtypeStruct((), jnp.float32, sharding=whole), moments, list(moments))  # type: ignore[arg-type]
 
-    def abstract_arguments(self, shape: BatchShape) -> tuple[Any, ...]:
+    def abstract_arguments(self, shape: BatchShape | NamedBatchShape) -> tuple[Any, ...]:
         """The program's arguments for batches of ``shape``: the state, the learning rate and [A, B, S] int32
-        tokens and labels (and document ids), all ``ShapeDtypeStruct``s."""
+        tokens and labels (and document ids), or one dict of named [A, ...] tensors, all ``ShapeDtypeStruct``s."""
         import jax
         import jax.numpy as jnp
 
+        lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated(self.mesh))
+        state = (self.jax_params, self.state.exp_avg, self.state.exp_avg_sq, self.state.step, lr)
+        if isinstance(shape, NamedBatchShape):
+            named = {
+                name: jax.ShapeDtypeStruct(
+                    (shape.micro_batches, *dims), jnp.dtype(shape.dtypes[name]), sharding=self.named_sharding(name)
+                )
+                for name, dims in shape.shapes.items()
+            }
+            return (*state, named)
         tokens = jax.ShapeDtypeStruct(
             (shape.micro_batches, shape.batch, shape.seq_len), jnp.int32, sharding=self.batch_sharding()
         )
         batch = (tokens, tokens, tokens) if shape.documents else (tokens, tokens)
-        lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated(self.mesh))
-        return (self.jax_params, self.state.exp_avg, self.state.exp_avg_sq, self.state.step, lr, *batch)
+        return (*state, *batch)
 
-    def compile(self, shape: BatchShape, dump_dir: Path | None = None, options: Mapping[str, Any] = ()) -> CompiledStep:
+    def compile(
+        self, shape: BatchShape | NamedBatchShape, dump_dir: Path | None = None, options: Mapping[str, Any] = ()
+    ) -> CompiledStep:
         """Trace, lower and compile the step for batches of ``shape``; ``dump_dir`` keeps the compiler's HLO.
 
         ``options`` are XLA compiler options (``DebugOptions`` fields, e.g. libtpu's ``xla_tpu_*`` flags).

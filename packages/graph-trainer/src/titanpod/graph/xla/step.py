@@ -39,7 +39,7 @@ from titanpod.graph.step_base import (
 )
 from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
 from titanpod.graph.xla.head import head_parameter, regathered_head
-from titanpod.graph.xla.layer_stack import STACKED, LayerStack
+from titanpod.graph.xla.layer_stack import LayerStack
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
 from titanpod.graph.xla.precision import bf16_autocast
 from titanpod.graph.xla.remat import remat_policy, rematerialised_blocks
@@ -93,7 +93,7 @@ class XlaStep(TrainStep):
         self._compiled: dict[tuple, Any] = {}  # batch arrays' (shape, dtype)s -> the program compiled for them
         named = list(model.named_parameters())
         self.layer_stack = (
-            LayerStack.of([n for n, _ in named], [tuple(p.shape) for _, p in named], _block_count(model))
+            LayerStack.of([n for n, _ in named], [tuple(p.shape) for _, p in named], block_list_counts(model))
             if config.scan_layers
             else LayerStack.flat([n for n, _ in named])
         )
@@ -170,11 +170,12 @@ class XlaStep(TrainStep):
         # too, for the embedding's use.
         head = head_parameter(model) if gather is not None else None
         tables = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Embedding)}
-        block_prefixes = (STACKED, *(f"{path}." for path, _ in transformer_blocks(model)))
+        block_prefixes = tuple(f"{path}." for path, _ in transformer_blocks(model))
         outside = [
-            gather is not None and not name.startswith(block_prefixes) and (name != head or name in tables)
-            for name in names
-        ]
+            gather is not None and not in_stack and not name.startswith(block_prefixes)
+            and (name != head or name in tables)
+            for name, in_stack in zip(names, stacked, strict=True)
+        ]  # fmt: skip
 
         def torch_loss(
             params: list[torch.Tensor],
@@ -204,7 +205,7 @@ class XlaStep(TrainStep):
                 if self.policy is not None or gather is not None:
                     stack.enter_context(rematerialised_blocks(model, wrapper, self.policy, gather, layout_input))
                 if any(stacked):
-                    blocks = [jax_view(p) for p, s in zip(params, stacked, strict=True) if s]
+                    blocks = {path: jax_view(arrays) for path, arrays in layer_stack.by_list(params).items()}
                     stack.enter_context(scanned_layers(model, blocks))
                 return torch.func.functional_call(wrapper, bound, inputs, named)
 
@@ -356,19 +357,23 @@ class XlaStep(TrainStep):
         stacked = [t for t in stack_micro_batches(micro_batches) if t is not None]
         return tuple(jax.device_put(np.asarray(t.cpu()), sharding) for t in stacked)
 
-    def _place_named(self, named_A: dict[str, torch.Tensor]) -> dict[str, Any]:
-        import jax
+    def named_sharding(self, name: str) -> Any:
+        """The sharding of the named batch tensor ``name`` [A, B, ...]: B split over the data axes, or whole on
+        every device for one of the model's ``shared_batch_inputs``."""
         from jax.sharding import NamedSharding, PartitionSpec
 
         from titanpod.parallel.xla_executor import batch_partition_spec
 
-        shared = set(getattr(self.model, "shared_batch_inputs", ()))
-        data_dims = batch_partition_spec(self.axes, 1)
-        placed = {}
-        for name, value in named_A.items():
-            spec = PartitionSpec() if name in shared else PartitionSpec(None, *data_dims)
-            placed[name] = jax.device_put(np.asarray(value.cpu()), NamedSharding(self.mesh, spec))
-        return placed
+        if name in set(getattr(self.model, "shared_batch_inputs", ())):
+            return NamedSharding(self.mesh, PartitionSpec())
+        return NamedSharding(self.mesh, PartitionSpec(None, *batch_partition_spec(self.axes, 1)))
+
+    def _place_named(self, named_A: dict[str, torch.Tensor]) -> dict[str, Any]:
+        import jax
+
+        return {
+            name: jax.device_put(np.asarray(value.cpu()), self.named_sharding(name)) for name, value in named_A.items()
+        }
 
     def _arguments(self, micro_batches: list[Batch], lr: float) -> tuple:
         import jax
@@ -450,10 +455,14 @@ class XlaStep(TrainStep):
                 param.data.copy_(torch.from_numpy(np.array(array)))  # np.array: a writable host copy
 
 
-def _block_count(model: nn.Module) -> int:
-    """How many transformer blocks ``model`` holds in ``model.layers`` (0 without them)."""
-    layers = getattr(model, "layers", None)
-    return len(layers) if isinstance(layers, nn.ModuleList) else 0
+def block_list_counts(model: nn.Module) -> dict[str, int]:
+    """Each list of transformer blocks of ``model`` (``titanpod.graph.blocks``: a decoder's ``layers``, FLUX's
+    ``transformer.double_blocks`` and ``transformer.single_blocks``) -> its blocks, in forward order."""
+    counts: dict[str, int] = {}
+    for path, _ in transformer_blocks(model):
+        owner = path.rpartition(".")[0]
+        counts[owner] = counts.get(owner, 0) + 1
+    return counts
 
 
 class _LossModule(nn.Module):

@@ -5,7 +5,9 @@ Legend: B batch, L image tokens, T text tokens, S = T + L, M model width, D head
 Every transformer parameter is sharded by the FLUX plan (FSDP over all devices; fp32 masters,
 gradients and two AdamW moments). Activations come from one double-stream and one single-stream block run
 on meta tensors with this device's micro-batch (see ``activations.py``): all they save, or only
-their inputs when blocks are recomputed (``blocks_recomputed``). The frozen encoders
+their inputs when blocks are recomputed (``blocks_recomputed``). Attention is planned as a flash-style
+kernel, except the reference on the xla lane, whose score matrices a block's backward holds
+(``materialises_scores``). The frozen encoders
 (T5-XXL, CLIP-L, the autoencoder) sit on every device in bf16 unless their outputs are cached.
 """
 
@@ -21,7 +23,7 @@ from rich.table import Table
 from titanpod.device import ChipSpec, backend_class
 from titanpod.models import parameter_count
 from titanpod.models.choice import choose
-from titanpod.models.flux import FLUX_FLAVORS, FluxOps, build_flux_transformer
+from titanpod.models.flux import FLUX_FLAVORS, FluxArgs, FluxOps, build_flux_transformer
 from titanpod.models.flux.layers import axes_rotary_cos_sin
 from titanpod.parallel import DATA_AXES
 from titanpod.recipes.diffusion.recipe import RANDOM_TEXT_ENCODERS, DiffusionRecipe
@@ -100,6 +102,24 @@ class FluxRunPlan:
         return self.flops_per_sample * samples / (self.devices * self.chip.peak_flops * self.target_mfu)
 
 
+REFERENCE_SCORE_ARRAYS = 4
+"""[B, H, S, S] arrays in the compute dtype that one block's backward holds at once when attention is the
+reference (scores, probabilities and the gradients of both): fitted to libtpu's figure for flux1_12b on the xla
+lane (3.6 GiB above the flash-attention plan, 3.7 such arrays), not derived."""
+
+
+def flux_attention_kernel(recipe: DiffusionRecipe) -> str:
+    """The attention a FLUX recipe's transformer runs: ``kernels.attention`` (``sdpa``, the PyTorch reference, or
+    ``splash``)."""
+    return recipe.kernels.attention
+
+
+def materialises_scores(recipe: DiffusionRecipe, lane: str) -> bool:
+    """Whether the run's attention builds the whole [B, H, S, S] score matrix: the reference on the xla lane, which
+    torchax runs as plain matmuls and a softmax (the torch lanes' SDPA is flash-style, as Splash is)."""
+    return lane == "xla" and flux_attention_kernel(recipe) != "splash"
+
+
 def blocks_recomputed(recipe: DiffusionRecipe) -> bool:
     """Whether the run keeps only each block's inputs: ``model.recompute_blocks`` (eager and per_block steps), or
     the whole step's ``train.memory_policy`` ``recompute`` or ``offload``. ``selective`` is planned as ``save``,
@@ -107,16 +127,41 @@ def blocks_recomputed(recipe: DiffusionRecipe) -> bool:
     return recipe.model.recompute_blocks or recipe.train.memory_policy in ("recompute", "offload")
 
 
-def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: float) -> FluxRunPlan:
-    """Plan ``recipe`` on ``chips`` chips of kind ``chip``; ``PlanError`` for a layout diffusion runs do not take."""
+@dataclass(frozen=True)
+class FluxSampleShape:
+    """What one training sample of a diffusion recipe is to its transformer."""
+
+    latent_channels: int
+    """Channels of the codec's latents (3 for pixels, 16 for the FLUX autoencoder); a token packs 2 x 2."""
+    image_tokens: int
+    """L: image tokens (2 x 2 latent patches)."""
+    text_tokens: int
+    """T: text tokens (T5's, padded to its length)."""
+
+
+def flux_sample_shape(recipe: DiffusionRecipe) -> FluxSampleShape:
+    """The tokens of one sample of ``recipe``: pixels or the autoencoder's 16 latent channels at an eighth of the
+    side, and T5's 512 tokens (the tiny random encoders' own lengths)."""
+    pixels = recipe.model.autoencoder == "pixels"
+    latent_side = recipe.data.resolution // (1 if pixels else 8)
+    text_tokens = RANDOM_TEXT_ENCODERS.get(recipe.model.text_encoders, T5_TOKENS)
+    return FluxSampleShape(3 if pixels else 16, (latent_side // 2) ** 2, text_tokens)
+
+
+def plan_flux(
+    recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: float, args: FluxArgs | None = None
+) -> FluxRunPlan:
+    """Plan ``recipe`` on ``chips`` chips of kind ``chip``; ``PlanError`` for a layout diffusion runs do not take.
+
+    ``args``: the transformer's shape when not the recipe flavor's (e.g. a copy cut to fewer blocks)."""
     lane = planned_lane(recipe.device.lane, chip)
     check_layout("diffusion", lane, backend_class(lane), recipe.parallel, recipe.train)  # as the runner will
     devices = chips * chip.devices_per_chip
-    latent_side = recipe.data.resolution // (1 if recipe.model.autoencoder == "pixels" else 8)
-    channels = 3 if recipe.model.autoencoder == "pixels" else 16
-    args = dataclasses.replace(choose("FLUX flavor", recipe.model.flavor, FLUX_FLAVORS), in_channels=channels * 4)
-    image_tokens = (latent_side // 2) ** 2
-    text_tokens = RANDOM_TEXT_ENCODERS.get(recipe.model.text_encoders, T5_TOKENS)
+    sample = flux_sample_shape(recipe)
+    if args is None:
+        args = choose("FLUX flavor", recipe.model.flavor, FLUX_FLAVORS)
+    args = dataclasses.replace(args, in_channels=sample.latent_channels * 4)
+    image_tokens, text_tokens = sample.image_tokens, sample.text_tokens
     model = build_flux_transformer(args, FluxOps(attention=flash_attention_stand_in))
     parameters = parameter_count(model)
     dtype = torch.bfloat16 if recipe.train.precision == "bf16" else torch.float32
@@ -137,6 +182,8 @@ def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: f
     else:
         kept = args.depth * saved_double.all_saved + args.depth_single * saved_single.all_saved
     working = max(saved_double.all_saved, saved_single.all_saved)  # a recomputed block, or a block's gradients
+    if materialises_scores(recipe, lane):
+        working += REFERENCE_SCORE_ARRAYS * B * args.n_heads * (text_tokens + image_tokens) ** 2 * dtype.itemsize
     mesh = recipe.parallel.mesh_axes(devices)
     plan = sharding_plan("flux")
     named = dict(model.named_parameters())

@@ -15,6 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from titanpod.data.images.pipeline import ImageData, gather_image_state
+from titanpod.graph.xla.ahead_of_time import NamedBatchShape
+from titanpod.models.flux import FluxArgs
 from titanpod.models.flux.flow_matching import (
     image_position_ids,
     pack_latents,
@@ -61,6 +63,25 @@ class EncodingCache:
             partial = self.folder / f".{key}.{os.getpid()}.partial"  # ranks sharing the folder may write one key
             save_file(tensors, partial)
             partial.replace(self.folder / f"{key}.safetensors")
+
+
+def flow_matching_batch_shape(
+    batch: int, args: FluxArgs, image_tokens: int, text_tokens: int, micro_batches: int = 1
+) -> NamedBatchShape:
+    """The step's batch of named tensors as ``FlowMatchingBatches`` makes it (float32), for ``batch`` samples a
+    micro-batch over the whole mesh of a transformer of shape ``args``: what ``--compile-for`` compiles with."""
+    shapes = {
+        "latents": (batch, image_tokens, args.in_channels),
+        "noise": (batch, image_tokens, args.in_channels),
+        "timesteps": (batch,),
+        "text": (batch, text_tokens, args.context_dim),
+        "pooled": (batch, args.pooled_dim),
+        "img_ids": (image_tokens, len(args.axes_dims)),
+        "txt_ids": (text_tokens, len(args.axes_dims)),
+    }
+    if args.guidance_embed:
+        shapes["guidance"] = (batch,)
+    return NamedBatchShape(micro_batches, batch, shapes, dict.fromkeys(shapes, "float32"))
 
 
 class FlowMatchingBatches:

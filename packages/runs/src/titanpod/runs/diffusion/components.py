@@ -18,7 +18,7 @@ from titanpod.data.images.shapes import caption_words
 from titanpod.kernels import flux_ops
 from titanpod.models import RegionValues, region_initializer
 from titanpod.models.choice import choose
-from titanpod.models.flux import FLUX_FLAVORS, FluxTransformer, build_flux_transformer
+from titanpod.models.flux import FLUX_FLAVORS, FluxArgs, FluxTransformer, build_flux_transformer
 from titanpod.models.flux.autoencoder import FLUX_AUTOENCODER_FLAVORS, FluxAutoencoder, build_flux_autoencoder
 from titanpod.models.flux.text_encoders import FluxTextEncoders, TinyTextEncoderConfig
 from titanpod.recipes.diffusion.recipe import RANDOM_TEXT_ENCODERS, DiffusionRecipe
@@ -116,6 +116,19 @@ def build_text_encoders(name: str, context_dim: int, pooled_dim: int, seed: int)
     return FluxTextEncoders.from_pretrained(name)
 
 
+def transformer_args(recipe: DiffusionRecipe, latent_channels: int) -> FluxArgs:
+    """The shape of the recipe's transformer for a codec of ``latent_channels`` (2 x 2 of them a token)."""
+    args = choose("FLUX flavor", recipe.model.flavor, FLUX_FLAVORS)
+    return dataclasses.replace(args, in_channels=latent_channels * 4, out_channels=None)
+
+
+def meta_transformer(recipe: DiffusionRecipe, args: FluxArgs) -> FluxTransformer:
+    """The recipe's transformer of shape ``args`` on the meta device, with the ops its step runs: what a run
+    trains and what ``--compile-for`` compiles (``titanpod.runs.diffusion.slice_compile``): its attention slot
+    filled by ``recipe.kernels``."""
+    return build_flux_transformer(args, flux_ops(recipe.kernels))
+
+
 def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device, sharded: bool = False) -> DiffusionModels:
     """The recipe's transformer (initialised or loaded, its attention slot filled by ``recipe.kernels``), codec
     and text encoders, on ``device``.
@@ -128,8 +141,7 @@ def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device, sharde
     model = recipe.model
     seed = recipe.train.seed
     codec = build_codec(model.autoencoder, seed)
-    args = choose("FLUX flavor", model.flavor, FLUX_FLAVORS)
-    args = dataclasses.replace(args, in_channels=codec.channels * 4, out_channels=None)
+    args = transformer_args(recipe, codec.channels)
     text_encoders = build_text_encoders(model.text_encoders, args.context_dim, args.pooled_dim, seed)
     if text_encoders.context_dim != args.context_dim or text_encoders.pooled_dim != args.pooled_dim:
         raise ValueError(
@@ -145,7 +157,7 @@ def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device, sharde
                 f"token but model.autoencoder {model.autoencoder!r} gives {args.in_channels}; pick the matching one."
             )
     else:
-        transformer = build_flux_transformer(args, flux_ops(recipe.kernels))
+        transformer = meta_transformer(recipe, args)
     initial_values = None
     if sharded and model.transformer_weights is None:
         initial_values = region_initializer(transformer, seed)
