@@ -20,8 +20,7 @@ from rich.table import Table
 
 from titanpod.device import ChipSpec, backend_class
 from titanpod.models import parameter_count
-from titanpod.models.choice import choose
-from titanpod.models.flux import FLUX_FLAVORS, FluxOps, build_flux_transformer
+from titanpod.models.flux import FluxOps, build_flux_transformer
 from titanpod.models.flux.layers import axes_rotary_cos_sin
 from titanpod.parallel import DATA_AXES
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
@@ -114,7 +113,7 @@ def plan_flux(recipe: DiffusionRecipe, chip: ChipSpec, chips: int, target_mfu: f
     devices = chips * chip.devices_per_chip
     latent_side = recipe.data.resolution // (1 if recipe.model.autoencoder == "pixels" else 8)
     channels = 3 if recipe.model.autoencoder == "pixels" else 16
-    args = dataclasses.replace(choose("FLUX flavor", recipe.model.flavor, FLUX_FLAVORS), in_channels=channels * 4)
+    args = dataclasses.replace(recipe.model.args(), in_channels=channels * 4)
     image_tokens = (latent_side // 2) ** 2
     text_tokens = T5_TOKENS if recipe.model.text_encoders != "random" else 32
     model = build_flux_transformer(args, FluxOps(attention=flash_attention_stand_in))

@@ -17,7 +17,7 @@ from titanpod.checkpoint.flux_files import load_flux_transformer
 from titanpod.kernels import flux_ops
 from titanpod.models import RegionValues, region_initializer
 from titanpod.models.choice import choose
-from titanpod.models.flux import FLUX_FLAVORS, FluxTransformer, build_flux_transformer
+from titanpod.models.flux import FluxTransformer, build_flux_transformer
 from titanpod.models.flux.autoencoder import FLUX_AUTOENCODER_FLAVORS, FluxAutoencoder, build_flux_autoencoder
 from titanpod.models.flux.text_encoders import FluxTextEncoders, TinyTextEncoderConfig
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
@@ -120,8 +120,7 @@ def build_diffusion_models(recipe: DiffusionRecipe, device: torch.device, sharde
     model = recipe.model
     seed = recipe.train.seed
     codec = build_codec(model.autoencoder, seed)
-    args = choose("FLUX flavor", model.flavor, FLUX_FLAVORS)
-    args = dataclasses.replace(args, in_channels=codec.channels * 4, out_channels=None)
+    args = dataclasses.replace(model.args(), in_channels=codec.channels * 4, out_channels=None)
     text_encoders = build_text_encoders(model.text_encoders, args.context_dim, args.pooled_dim, seed)
     if text_encoders.context_dim != args.context_dim or text_encoders.pooled_dim != args.pooled_dim:
         raise ValueError(
