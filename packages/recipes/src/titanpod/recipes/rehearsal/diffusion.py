@@ -29,6 +29,7 @@ from titanpod.parallel import FLUX_PLAN
 from titanpod.recipes.diffusion.flux_shape import FluxShape
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.recipes.layout_support import layout_problem
+from titanpod.recipes.rehearsal.scaling import NOTES as DECODER_NOTES
 from titanpod.recipes.rehearsal.scaling import (
     REHEARSAL_LANES,
     STEPS,
@@ -105,6 +106,7 @@ GROUPS = ("model.shape.", "output.")
 rehearsal's folder)."""
 
 NOTES = {
+    "kernels.attention": DECODER_NOTES["kernels.attention"],
     "model.autoencoder": "a tiny random autoencoder of the same architecture in the pipeline layout (4 levels, "
     "16 latent channels, FLUX's latent scale and shift), read from its folder",
     "model.text_encoders": "tiny random CLIP and T5 (gated-GELU) with their tokenizers in the pipeline layout, "
