@@ -25,7 +25,7 @@ from titanpod.device import backend_class
 from titanpod.graph import ProfileConfig
 from titanpod.kernels import KernelConfig
 from titanpod.models.flux import FluxArgs
-from titanpod.parallel import FLUX_PLAN
+from titanpod.parallel import FLUX_PLAN, ParallelConfig
 from titanpod.recipes.diffusion.flux_shape import FluxShape
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.recipes.layout_support import layout_problem
@@ -243,13 +243,13 @@ def check_diffusion_honourable(recipe: DiffusionRecipe, lanes: tuple[str, ...]) 
             "parallel.fsdp."
         )
     for lane in lanes:
-        scaled = scale_parallel(recipe, lane)
+        scaled = scale_parallel(recipe)
         problem = layout_problem("diffusion", lane, backend_class(lane), scaled, recipe.train)
         if problem is not None:
             raise RehearsalError(f"on the {lane} lane: {problem}")
 
 
-def scale_parallel(recipe: DiffusionRecipe, lane: str) -> Any:
+def scale_parallel(recipe: DiffusionRecipe) -> ParallelConfig:
     """``recipe.parallel`` with every degree at rehearsal scale (see ``scaled_degree``)."""
     parallel = recipe.parallel
     degrees = {axis: scaled_degree(getattr(parallel, axis)) for axis in PARALLEL_DEGREES}
@@ -266,7 +266,7 @@ def scale_diffusion_recipe(
     """
     check_known_settings(recipe)
     args = recipe.model.args()
-    parallel = scale_parallel(recipe, lane)
+    parallel = scale_parallel(recipe)
     shape = small_flux_shape(args, parallel.tp)
     model = dataclasses.replace(
         recipe.model,
