@@ -54,9 +54,10 @@ DOUBLE_BLOCKS = 1
 """Double-stream blocks of the small transformer; the single-stream blocks keep the flavor's ratio to them."""
 WIDTH_STEP = 8
 """The small transformer's text widths are rounded up to a multiple of this where no exact ratio fits."""
-SAMPLE_EVERY = 4
-"""Steps between sample grids: drawn after the resume (step 4), as well as where every run draws its last grid
-(the stop at step 3 and the end at step 6)."""
+SAMPLE_EVERY = STOP_AT
+"""Steps between sample grids: the uninterrupted run draws one mid-run (step 3) and trains on, the stopped run
+draws it before it stops and the resumed one only at the end, so equal resumed losses also show that drawing
+samples does not disturb training."""
 SAMPLE_STEPS = 4
 """Euler steps of a rehearsal's sample grids at most: the same sampler and schedule, fewer steps."""
 SMALL_MODEL_LR = 3e-3
@@ -113,7 +114,7 @@ NOTES = {
     "read from the folder (T5 reads 512 tokens)",
     "model.encodings_cache": "each rehearsal's own encodings folder",
     "train.lr": f"{SMALL_MODEL_LR} (the small model's peak rate; the schedule keeps its shape)",
-    "samples.every": f"{SAMPLE_EVERY} (grids at steps {SAMPLE_EVERY} and {STEPS}, and where the stopped run ends)",
+    "samples.every": f"{SAMPLE_EVERY} (grids at steps {SAMPLE_EVERY} and {STEPS}: mid-run, and at the stop and end)",
     "data.path": "a local folder of drawn shapes (PNG, twice the training side) with a metadata.jsonl of captions",
     "checkpoint.dir": "each rehearsal run's own checkpoints/ folder",
     "profile.steps": "None (a rehearsal traces nothing; W&B logging is off too)",
