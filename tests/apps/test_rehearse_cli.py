@@ -114,6 +114,7 @@ def test_flux1_12b_rehearsal_passes(lane, tmp_path):
     for kept in ("parallel.param_dtype", "train.precision", "train.memory_policy", "train.decay", "data.source"):
         assert settings[kept]["rehearsal"] == settings[kept]["recipe"], kept
     assert settings["model.double : single blocks"]["rehearsal"] == "1 : 2"
+    assert settings["kernels.attention"]["rehearsal"] == "splash (Pallas interpret mode)"
     assert settings["data.resolution"] == {"name": "data.resolution", "recipe": "1024", "rehearsal": "64"}
     assert "rehearsal passed" in result.stdout
 

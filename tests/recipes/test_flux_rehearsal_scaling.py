@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from titanpod.kernels import KernelConfig
 from titanpod.models.flux.text_encoders import FluxTextEncoders
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.recipes.diffusion.registry import get_diffusion_recipe
@@ -76,41 +75,42 @@ def test_a_setting_the_rehearsal_does_not_know_is_refused_by_name():
         check_diffusion_honourable(recipe, ("cpu", "xla"))
 
 
-def test_kernel_choices_are_rehearsed_like_the_language_models_where_a_recipe_makes_them():
-    with_kernels = dataclasses.make_dataclass(
-        "WithKernels", [("kernels", KernelConfig, dataclasses.field(default_factory=KernelConfig))],
-        bases=(DiffusionRecipe,), frozen=True,
-    )  # fmt: skip
-    base = get_diffusion_recipe("flux1_12b")
-    recipe = with_kernels(**{f.name: getattr(base, f.name) for f in dataclasses.fields(DiffusionRecipe)},
-                          kernels=KernelConfig(attention="splash_sdpa"))  # fmt: skip
-    check_diffusion_honourable(recipe, ("cpu", "xla"))
-    small, rows = scaled("xla", recipe)
-    assert small.kernels.attention == "splash"
+@pytest.mark.parametrize("lane", ["cpu", "xla"])
+def test_kernel_choices_and_tensor_parallelism_are_rehearsed_like_the_language_models(lane):
+    data = get_diffusion_recipe("flux1_12b").to_dict()
+    data["parallel"]["tp"] = 2
+    recipe = DiffusionRecipe.from_dict(data)
+    check_diffusion_honourable(recipe, (lane,))
+    small, rows = scaled(lane, recipe)
     table = {row.name: row for row in rows}
-    assert table["kernels.attention"].recipe == "splash_sdpa"
-    assert table["kernels.attention"].rehearsal.startswith("splash (torch_tpu's splash_sdpa runs on a TPU only")
+    assert small.kernels.attention == "splash"
+    assert table["kernels.attention"].rehearsal == "splash (Pallas interpret mode)"
+    assert table["kernels.splash.block_q"].recipe == "512" and small.kernels.splash.block_q == 128
+    assert table["parallel.tp"].rehearsal.startswith("2 ") and table["parallel.fsdp"].rehearsal.startswith(
+        "2 " if lane == "cpu" else "4 "
+    )
+    assert small.model.args().n_heads % 2 == 0  # whole heads on each tp rank
 
 
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
         ({"train": {"memory_policy": "offload", "step_mode": "whole_step"}}, "train.memory_policy 'offload'"),
-        ({"parallel": {"tp": 2}}, "parallel.tp=2: the FLUX sharding plan splits nothing over tp"),
+        ({"parallel": {"cp": 2}}, "does not split sequences over ranks: set parallel.cp to 1"),
         ({"parallel": {"pp": 2}}, "does not train with pipeline stages: set parallel.pp to 1"),
         ({"model": {"transformer_weights": "/weights"}}, "model.transformer_weights '/weights'"),
         ({"data": {"source": "hub", "path": "user/images"}}, "data.source 'hub' (user/images)"),
         ({"model": {"recompute_blocks": True}}, "on the xla lane: model.recompute_blocks"),
     ],
 )
-def test_settings_this_machine_cannot_honour_are_named(overrides, named):
+def test_settings_this_machine_cannot_honour_are_named(overrides, named, tmp_path):
     from titanpod.runs.rehearsal.diffusion import rehearse_diffusion
 
     data = get_diffusion_recipe("flux1_12b").to_dict()
     for section, values in overrides.items():
         data[section].update(values)
     recipe = DiffusionRecipe.from_dict(data)
-    folder = Path("/nonexistent/rehearsal")
+    folder = tmp_path / "rehearsal"
     with pytest.raises(RehearsalError) as refused:
         rehearse_diffusion(recipe, folder, console=None, lanes=rehearsal_lanes(recipe))  # type: ignore[arg-type]
     assert named in str(refused.value)
