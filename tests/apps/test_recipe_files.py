@@ -75,8 +75,9 @@ def test_posttrain_and_diffusion_read_recipe_files_and_print_them(tmp_path, caps
     assert diffusion_main(["--recipe", str(flux), "--samples.prompts", "2", "--print-recipe"]) == 0
     printed = tmp_path / "flux.json"
     printed.write_text(capsys.readouterr().out)
-    recipe, action = parse_train(["--recipe", str(printed)])
-    assert action == "train" and recipe == DiffusionRecipe.load(printed)
+    command = parse_train(["--recipe", str(printed)])
+    recipe = command.recipe
+    assert command.action == "train" and recipe == DiffusionRecipe.load(printed)
     assert (recipe.samples.steps, recipe.samples.prompts) == (5, 2)
 
 

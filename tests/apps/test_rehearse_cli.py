@@ -1,4 +1,4 @@
-"""``--rehearse``: each pod recipe runs on this machine as written, small, and resumes exactly.
+"""``--rehearse``: each pod recipe runs on this machine as written, small, and resumes exactly (the FLUX one too).
 
 Each rehearsal launches its own processes (4 gloo ranks for the torch executor, one
 process with 8 host devices for the xla lane), so these tests are slow: one to five minutes
@@ -40,10 +40,12 @@ CASES.append(  # pipeline stages are rehearsed on the cpu lane only (the xla exe
 )
 
 
-def rehearse(recipe: str, runs_dir, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+def rehearse(
+    recipe: str, runs_dir, *extra: str, cli: str = "titanpod.pretrain.cli"
+) -> tuple[subprocess.CompletedProcess, dict]:
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "COLUMNS": "160"}
     # The runs folder as a user names it, relative to where the command starts (the runs start elsewhere).
-    command = [sys.executable, "-m", "titanpod.pretrain.cli", "--recipe", recipe, "--rehearse",
+    command = [sys.executable, "-m", cli, "--recipe", recipe, "--rehearse",
                "--output.runs-dir", runs_dir.name, *extra]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=runs_dir.parent, timeout=1800)
     reports = list(runs_dir.glob(f"rehearse-{recipe}-*/rehearsal.json"))
@@ -89,10 +91,43 @@ def test_a_setting_that_cannot_be_honoured_stops_the_rehearsal_before_any_run(tm
     assert not list(tmp_path.glob("*/cpu"))
 
 
-def test_flux_rehearsal_names_the_parallel_plan_it_cannot_run(capsys):
-    assert diffusion_main(["--recipe", "flux1_12b", "--rehearse"]) == 2
-    err = capsys.readouterr().err
-    assert "parallel" in err and "cannot be rehearsed yet" in err and "Nothing was run" in err and "torchrun" in err
+@pytest.mark.slow
+@pytest.mark.parametrize(  # the cpu lane's sharded FLUX step is trained against one process in tests/runs
+    "lane", [pytest.param("cpu", marks=pytest.mark.rehearsal_full), "xla"]
+)
+def test_flux1_12b_rehearsal_passes(lane, tmp_path):
+    result, report = rehearse("flux1_12b", tmp_path, "--rehearse-lanes", lane, cli="titanpod.diffusion.cli")
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert report["passed"] and [entry["lane"] for entry in report["lanes"]] == [lane]
+    entry = report["lanes"][0]
+    assert not entry["problems"]
+    assert len(entry["losses"]) == STEPS and all(math.isfinite(loss) for loss in entry["losses"])
+    assert entry["losses"][-1] < entry["losses"][0]
+    # The same program on the same devices, resumed from its checkpoint: exact on both lanes.
+    assert entry["resume_difference"] == 0.0 and entry["weights_difference"] == 0.0
+    (folder,) = tmp_path.glob("rehearse-flux1_12b-*")
+    assert (folder / lane / "resumed" / "checkpoints" / f"step-{STOP_AT:06d}").is_dir()
+    for step in (STOP_AT, STEPS):  # a grid mid-run (the run trained on after it, to the same losses) and at the end
+        assert (folder / lane / "uninterrupted" / "samples" / f"step-{step:06d}.png").is_file()
+    settings = {row["name"]: row for row in report["settings"][lane]}
+    assert settings["device.lane"]["rehearsal"] == lane
+    devices = {"cpu": "4 (torch executor, gloo processes)", "xla": "8 (XLA SPMD, host devices)"}[lane]
+    assert settings["parallel.fsdp"] == {"name": "parallel.fsdp", "recipe": "all the rest", "rehearsal": devices}
+    for kept in ("parallel.param_dtype", "train.precision", "train.memory_policy", "train.decay", "data.source"):
+        assert settings[kept]["rehearsal"] == settings[kept]["recipe"], kept
+    assert settings["model.double : single blocks"]["rehearsal"] == "1 : 2"
+    assert settings["kernels.attention"]["rehearsal"] == "splash (Pallas interpret mode)"
+    assert settings["data.resolution"] == {"name": "data.resolution", "recipe": "1024", "rehearsal": "64"}
+    assert "rehearsal passed" in result.stdout
+
+
+def test_a_flux_setting_that_cannot_be_honoured_stops_the_rehearsal_before_any_run(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    offload = ["--train.step-mode", "whole_step", "--train.memory-policy", "offload"]  # no pinned memory on xla
+    argv = ["--recipe", "flux1_12b", "--rehearse", *offload, "--output.runs-dir", str(runs)]
+    assert diffusion_main(argv) == 2
+    assert "train.memory_policy 'offload'" in capsys.readouterr().err
+    assert not runs.exists()  # nothing was written, let alone run
 
 
 def test_a_missing_or_broken_recipe_file_is_named(tmp_path, capsys):

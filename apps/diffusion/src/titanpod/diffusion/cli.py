@@ -4,7 +4,7 @@ titanpod-diffusion                                   # flux_debug on the built-i
 titanpod-diffusion --list-recipes
 titanpod-diffusion --recipe flux1_12b --dry-run      # memory per device and step time on its target slice
 titanpod-diffusion --recipe flux1_12b --compile-for target  # the step compiled by libtpu for its slice (envs/tpu)
-titanpod-diffusion --recipe flux1_12b --rehearse     # refused for now, saying why (docs/rehearsal.md)
+titanpod-diffusion --recipe flux1_12b --rehearse     # run it here, small, with every setting, and check resume
 titanpod-diffusion --train.steps 100 --data.batch-size 8
 titanpod-diffusion --recipe mine.toml --print-recipe  # a TOML file (base = "flux_debug" plus what differs), resolved
 titanpod-diffusion sample --checkpoint runs/flux_debug-... --prompt "a large red circle on the left"
@@ -15,14 +15,20 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 import tyro
 from rich.console import Console
 from rich.table import Table
 
-from titanpod.recipes.command_line import PlainHelpRegistry, first_sentence, parse_args, recipe_argument
+from titanpod.recipes.command_line import (
+    PlainHelpRegistry,
+    first_sentence,
+    parse_args,
+    recipe_argument,
+    split_lanes,
+)
 from titanpod.recipes.diffusion import DiffusionRecipe
 from titanpod.recipes.diffusion.registry import DEFAULT_DIFFUSION_RECIPE, DIFFUSION_RECIPES, get_diffusion_recipe
 from titanpod.recipes.errors import print_error
@@ -48,7 +54,9 @@ class TrainCommand:
     dry_run: tyro.conf.FlagCreatePairsOff[bool] = False
     """Plan on the recipe's target slice instead of training: memory per device and step time."""
     rehearse: tyro.conf.FlagCreatePairsOff[bool] = False
-    """Run the recipe on this machine at a small size with every setting it makes."""
+    """Run the recipe on this machine at a small size with every setting it makes, and check it resumes exactly."""
+    rehearse_lanes: tuple[Literal["cpu", "xla"], ...] | None = None
+    """Lanes to rehearse on; ``None``: the recipe's, or both for a TPU recipe."""
     compile_for: str | None = None
     """Compile the whole training step for a TPU slice (``v5p-16``, ``v5p-8``; ``target``: the recipe's own) with
     libtpu on this host, without TPUs or weights, and report memory a chip, flops, the compiler's estimated step
@@ -103,14 +111,15 @@ def load_recipe(name: str) -> DiffusionRecipe:
     return get_diffusion_recipe(name)
 
 
-def parse_command(argv: list[str]) -> TrainCommand | None:
-    """The command line with every override applied to its recipe (``--chip`` and ``--chips`` too); ``None``
-    after ``--list-recipes``. A value tyro refuses raises ``SystemExit(2)``."""
+def parse_train(argv: list[str]) -> TrainCommand | None:
+    """The command: the recipe with every override applied and what to do with it (``action``: ``train``,
+    ``dry_run``, ``rehearse`` or ``print``); ``None`` after ``--list-recipes``. A value tyro refuses raises
+    ``SystemExit(2)``."""
     name = recipe_argument(argv, DEFAULT_DIFFUSION_RECIPE)
     command = parse_args(
         TrainCommand,
         TrainCommand(recipe=load_recipe(name), recipe_name=name),
-        argv,
+        split_lanes(argv),
         prog="titanpod-diffusion",
         description=(
             f"Train the diffusion recipe chosen with --recipe (default {DEFAULT_DIFFUSION_RECIPE}; see "
@@ -130,13 +139,6 @@ def parse_command(argv: list[str]) -> TrainCommand | None:
         chips = recipe.target.chips if command.chips is None else command.chips
         recipe = dataclasses.replace(recipe, target=dataclasses.replace(recipe.target, chip=chip, chips=chips))
     return dataclasses.replace(command, recipe=recipe)
-
-
-def parse_train(argv: list[str]) -> tuple[DiffusionRecipe, str] | None:
-    """The recipe with every override applied and what to do with it (``train``, ``dry_run``, ``compile``,
-    ``rehearse`` or ``print``); ``None`` after ``--list-recipes``. A value tyro refuses raises ``SystemExit(2)``."""
-    command = parse_command(argv)
-    return None if command is None else (command.recipe, command.action)
 
 
 def compile_command(command: TrainCommand, console: Console) -> int:
@@ -219,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv[:1] == ["sample"]:
             return sample_command(argv[1:], console)
-        command = parse_command(argv)
+        command = parse_train(argv)
         if command is None:
             return 0
         recipe, action = command.recipe, command.action
@@ -229,9 +231,10 @@ def main(argv: list[str] | None = None) -> int:
             print(recipe.to_json(), end="")
             return 0
         if action == "rehearse":
-            from titanpod.recipes.rehearsal.diffusion import rehearse_diffusion
+            from titanpod.runs.rehearsal.command import rehearse_command
+            from titanpod.runs.rehearsal.diffusion import rehearse_diffusion
 
-            rehearse_diffusion(recipe)
+            return rehearse_command(recipe, command.rehearse_lanes, console, rehearse_diffusion)
         if action == "dry_run":
             from titanpod.recipes.planner.flux import flux_plan_table, plan_flux
             from titanpod.recipes.planner.host_table import print_host

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -29,7 +28,7 @@ from rich.table import Table
 
 from titanpod.device import process_info
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
-from titanpod.recipes.command_line import first_sentence, optional_value, parse_args, recipe_argument
+from titanpod.recipes.command_line import first_sentence, optional_value, parse_args, recipe_argument, split_lanes
 from titanpod.recipes.errors import print_error
 from titanpod.recipes.planner.report import dry_run
 from titanpod.recipes.recipe_files import is_recipe_file
@@ -38,6 +37,7 @@ from titanpod.runs import PretrainResult, run_pretraining
 from titanpod.runs.pretrain import with_resume
 from titanpod.runs.process_exit import exit_rank, run_exit_code
 from titanpod.runs.rehearsal import rehearse
+from titanpod.runs.rehearsal.command import rehearse_command
 from titanpod.runs.summary_rows import loss_rows, mfu_text
 
 
@@ -114,14 +114,6 @@ def parse_command(argv: list[str]) -> Command | None:
     return dataclasses.replace(command, recipe=resumed)
 
 
-def split_lanes(argv: list[str]) -> list[str]:
-    """``argv`` with a comma-separated ``--rehearse-lanes cpu,xla`` written as tyro reads it (``cpu xla``)."""
-    out: list[str] = []
-    for arg in argv:
-        out += arg.split(",") if out[-1:] == ["--rehearse-lanes"] else [arg]
-    return out
-
-
 def load_recipe_file(path: Path) -> Recipe:
     """The recipe in ``path`` (a run's recipe.json, or a TOML file; see ``titanpod.recipes.recipe_files``);
     ``ValueError`` names the file and what is wrong."""
@@ -185,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if command.compile_for is not None:
         return compile_command(command, console)
     if command.rehearse:
-        return rehearse_command(recipe, command.rehearse_lanes, console)
+        return rehearse_command(recipe, command.rehearse_lanes, console, rehearse)
     main_process = process_info().is_main  # under torchrun only rank 0 speaks
     if main_process:
         console.print_json(recipe.to_json())
@@ -218,20 +210,6 @@ def compile_command(command: Command, console: Console) -> int:
     except (KeyError, ValueError, RuntimeError) as error:
         print_error(error)
         return 2
-
-
-def rehearse_command(recipe: Recipe, lanes: tuple[str, ...] | None, console: Console) -> int:
-    """``--rehearse``: 0 when every lane's small run of the recipe trained, learnt and resumed exactly."""
-    folder = Path(recipe.output.runs_dir) / f"rehearse-{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        report = rehearse(recipe, folder, console, lanes)
-    except (KeyError, ValueError, OSError) as error:  # RehearsalError is a ValueError
-        print_error(error)
-        return 2
-    except KeyboardInterrupt:  # the run in flight was stopped with its processes; its logs stay
-        print_error(RuntimeError(f"rehearsal interrupted; the runs and logs so far are in {folder}"))
-        return 130
-    return 0 if report.passed else 1
 
 
 if __name__ == "__main__":

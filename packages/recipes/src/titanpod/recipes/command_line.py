@@ -162,3 +162,11 @@ def parse_args(
     flags = {**boolean_flags(recipe_type), **boolean_flags(kind)}
     args = flags_from_values(argv, flags)
     return tyro.cli(kind, default=default, args=args, prog=prog, description=description, registry=PlainHelpRegistry())
+
+
+def split_lanes(argv: list[str]) -> list[str]:
+    """``argv`` with a comma-separated ``--rehearse-lanes cpu,xla`` written as tyro reads it (``cpu xla``)."""
+    out: list[str] = []
+    for arg in argv:
+        out += arg.split(",") if out[-1:] == ["--rehearse-lanes"] else [arg]
+    return out

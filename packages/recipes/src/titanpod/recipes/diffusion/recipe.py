@@ -8,7 +8,10 @@ from typing import Literal
 from titanpod.data.images.config import ImageDataConfig
 from titanpod.kernels import KernelConfig
 from titanpod.kernels.flux_swaps import flux_kernel_problems
+from titanpod.models.choice import choose
+from titanpod.models.flux import FLUX_FLAVORS, FluxArgs
 from titanpod.parallel import ParallelConfig
+from titanpod.recipes.diffusion.flux_shape import FluxShape
 from titanpod.recipes.recipe import RunRecipe, TargetConfig
 
 FluxFlavor = Literal["debug", "schnell", "dev"]
@@ -25,6 +28,9 @@ class FluxModelConfig:
 
     flavor: FluxFlavor = "debug"
     """Transformer shape: ``debug``, ``schnell`` or ``dev`` (titanpod.models.flux.FLUX_FLAVORS)."""
+    shape: FluxShape = field(default_factory=FluxShape)
+    """Sizes that replace the flavor's (all ``None``: the flavor as published); rehearsals shrink the transformer
+    with it."""
     autoencoder: str = "pixels"
     """``pixels`` (no autoencoder: the transformer models 2x2 pixel patches, so a CPU run's samples are
     readable without pretrained weights), an autoencoder flavor (``debug``, ``flux``; randomly initialised),
@@ -45,6 +51,10 @@ class FluxModelConfig:
     encodings_cache: str | None = None
     """A folder where the frozen encoders' outputs (latents per image, text states per caption) are kept as
     safetensors, so later epochs and runs do not encode again; ``None`` keeps them in memory for this run."""
+
+    def args(self) -> FluxArgs:
+        """The transformer's shape: the flavor's with ``shape`` applied (``in_channels`` is the codec's to set)."""
+        return self.shape.apply(choose("FLUX flavor", self.flavor, FLUX_FLAVORS))
 
 
 @dataclass(frozen=True)

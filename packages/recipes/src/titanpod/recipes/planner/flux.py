@@ -22,8 +22,7 @@ from rich.table import Table
 
 from titanpod.device import ChipSpec, backend_class
 from titanpod.models import parameter_count
-from titanpod.models.choice import choose
-from titanpod.models.flux import FLUX_FLAVORS, FluxArgs, FluxOps, build_flux_transformer
+from titanpod.models.flux import FluxArgs, FluxOps, build_flux_transformer
 from titanpod.models.flux.layers import axes_rotary_cos_sin
 from titanpod.parallel import DATA_AXES
 from titanpod.recipes.diffusion.recipe import RANDOM_TEXT_ENCODERS, DiffusionRecipe
@@ -159,7 +158,7 @@ def plan_flux(
     devices = chips * chip.devices_per_chip
     sample = flux_sample_shape(recipe)
     if args is None:
-        args = choose("FLUX flavor", recipe.model.flavor, FLUX_FLAVORS)
+        args = recipe.model.args()
     args = dataclasses.replace(args, in_channels=sample.latent_channels * 4)
     image_tokens, text_tokens = sample.image_tokens, sample.text_tokens
     model = build_flux_transformer(args, FluxOps(attention=flash_attention_stand_in))

@@ -19,6 +19,7 @@ from typing import Any
 
 from titanpod.device import backend_class
 from titanpod.graph import ProfileConfig
+from titanpod.kernels import KernelConfig
 from titanpod.models.common.args import DecoderArgs
 from titanpod.recipes.model_shape import EXPERT_SIZES, ModelShape
 from titanpod.recipes.recipe import Recipe
@@ -168,13 +169,18 @@ def rehearsal_lanes(recipe: Recipe) -> tuple[str, ...]:
     )
 
 
-def check_honourable(recipe: Recipe, lanes: tuple[str, ...]) -> None:
-    """``RehearsalError`` naming the first setting this machine cannot run as the recipe sets it."""
-    if recipe.train.memory_policy == "offload" and not all(REHEARSAL_LANES[name].pinned_host_memory for name in lanes):
+def check_memory_policy(memory_policy: str, lanes: tuple[str, ...]) -> None:
+    """``RehearsalError`` naming ``train.memory_policy`` when it needs what one of ``lanes`` lacks here."""
+    if memory_policy == "offload" and not all(REHEARSAL_LANES[name].pinned_host_memory for name in lanes):
         raise RehearsalError(
             "train.memory_policy 'offload' moves activations to pinned host memory, which the xla lane's CPU "
             "devices do not have; rehearse it on the cpu lane only (--device.lane cpu)."
         )
+
+
+def check_honourable(recipe: Recipe, lanes: tuple[str, ...]) -> None:
+    """``RehearsalError`` naming the first setting this machine cannot run as the recipe sets it."""
+    check_memory_policy(recipe.train.memory_policy, lanes)
     if recipe.data.source == "hub" and recipe.data.shuffle_buffer:
         raise RehearsalError(
             "data.shuffle_buffer is refilled on resume, so the rehearsal could not check that a resumed run "
@@ -190,20 +196,21 @@ def check_honourable(recipe: Recipe, lanes: tuple[str, ...]) -> None:
         raise RehearsalError("parallel.tp with a mixture-of-experts model is not supported; split experts with ep.")
 
 
-def _text(value: object) -> str:
+def text_of(value: object) -> str:
+    """A setting's value as the table shows it (``none`` for ``None``)."""
     return "none" if value is None else str(value)
 
 
-def _leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Every setting of a recipe's ``to_dict`` by dotted path (``train.lr``)."""
-    leaves: dict[str, Any] = {}
+    found: dict[str, Any] = {}
     for key, value in data.items():
         path = f"{prefix}{key}"
         if isinstance(value, dict):
-            leaves.update(_leaves(value, f"{path}."))
+            found.update(leaves(value, f"{path}."))
         else:
-            leaves[path] = value
-    return leaves
+            found[path] = value
+    return found
 
 
 def _model_rows(args: DecoderArgs, shape: ModelShape) -> list[Setting]:
@@ -216,8 +223,8 @@ def _model_rows(args: DecoderArgs, shape: ModelShape) -> list[Setting]:
         rows.append(
             Setting(
                 f"model.{'moe.' if expert else ''}{name}",
-                _text(full),
-                _text(getattr(small.moe if expert else small, name)),
+                text_of(full),
+                text_of(getattr(small.moe if expert else small, name)),
             )
         )
     features = {
@@ -240,7 +247,7 @@ def _model_rows(args: DecoderArgs, shape: ModelShape) -> list[Setting]:
             "model.moe.aux_loss_coef": lambda a: a.moe.aux_loss_coef,
             "model.moe.capacity_factor": lambda a: getattr(a.moe, "capacity_factor", None),
         })  # fmt: skip
-    rows += [Setting(name, _text(read(args)), _text(read(small))) for name, read in features.items()]
+    rows += [Setting(name, text_of(read(args)), text_of(read(small))) for name, read in features.items()]
     return rows
 
 
@@ -259,23 +266,51 @@ def settings_rows(recipe: Recipe, scaled: Recipe, args: DecoderArgs, lane: str) 
     executor = REHEARSAL_LANES[lane].executor
     axes = scaled.parallel.mesh_axes(REHEARSAL_LANES[lane].devices)
     rows = _model_rows(args, scaled.model.shape)
-    old, new = _leaves(recipe.to_dict()), _leaves(scaled.to_dict())
+    old, new = leaves(recipe.to_dict()), leaves(scaled.to_dict())
     for path, value in old.items():
         if path.startswith("model.shape.") or path.startswith("output."):
             continue  # the sizes are in the model rows; outputs go to the rehearsal's folder
-        rehearsal = _text(new[path])
-        axis = path.removeprefix("parallel.")
-        if axis in axes:
-            rehearsal = f"{axes[axis]} ({executor})"
-            value = "all the rest" if value == -1 else value
-        elif path.startswith("kernels.") and new[path] in PALLAS_CHOICES:
-            rehearsal += " (Pallas interpret mode)"
-        if path in NOTES and new[path] != value:
-            rehearsal = NOTES[path]
-        if path == "train.steps":
-            rehearsal += f" (stop at {STOP_AT} with a checkpoint, resume)"
-        rows.append(Setting(path, _text(value), rehearsal))
+        rows.append(setting_row(path, value, new[path], axes, executor, NOTES))
     return rows
+
+
+def setting_row(
+    path: str, value: object, new: object, axes: dict[str, int], executor: str, notes: dict[str, str]
+) -> Setting:
+    """The table row of setting ``path``: ``value`` in the recipe, ``new`` in the rehearsal. A parallel degree
+    shows the mesh axis size it ran with on ``executor``, a Pallas kernel says it ran in interpret mode, and a
+    changed setting in ``notes`` shows its note."""
+    rehearsal = text_of(new)
+    axis = path.removeprefix("parallel.")
+    if axis in axes:
+        rehearsal = f"{axes[axis]} ({executor})"
+        value = "all the rest" if value == -1 else value
+    elif path.startswith("kernels.") and new in PALLAS_CHOICES:
+        rehearsal += " (Pallas interpret mode)"
+    if path in notes and new != value:
+        rehearsal = notes[path]
+    if path == "train.steps":
+        rehearsal += f" (stop at {STOP_AT} with a checkpoint, resume)"
+    return Setting(path, text_of(value), rehearsal)
+
+
+def scale_kernels(kernels: KernelConfig) -> KernelConfig:
+    """The kernel choices at rehearsal scale: the same kernels (a TPU-only attention as the same kernel through
+    JAX), with Splash and gmm tiles no larger than the small model's sequences and expert buffers."""
+    splash = dataclasses.replace(
+        kernels.splash,
+        block_q=min(kernels.splash.block_q, SPLASH_BLOCK),
+        block_kv=min(kernels.splash.block_kv, SPLASH_BLOCK),
+    )
+    grouped = kernels.grouped_matmul
+    tiles = dataclasses.replace(
+        grouped,
+        tile_rows=min(grouped.tile_rows, GMM_TILE),
+        tile_in=min(grouped.tile_in, GMM_TILE),
+        tile_out=min(grouped.tile_out, GMM_TILE),
+    )
+    attention = TPU_ONLY_ATTENTION.get(kernels.attention, kernels.attention)
+    return dataclasses.replace(kernels, splash=splash, grouped_matmul=tiles, attention=attention)
 
 
 def scale_recipe(
@@ -291,19 +326,6 @@ def scale_recipe(
     pp = scaled_degree(parallel.pp)
     stages = pp * (parallel.pp_stages_per_rank or (2 if parallel.pp_schedule == "interleaved_1f1b" else 1))
     shape = small_shape(args, scaled_degree(parallel.tp), scaled_degree(parallel.ep), stages if pp > 1 else 1)
-    kernels = recipe.kernels
-    splash = dataclasses.replace(
-        kernels.splash,
-        block_q=min(kernels.splash.block_q, SPLASH_BLOCK),
-        block_kv=min(kernels.splash.block_kv, SPLASH_BLOCK),
-    )
-    grouped = kernels.grouped_matmul
-    tiles = dataclasses.replace(
-        grouped,
-        tile_rows=min(grouped.tile_rows, GMM_TILE),
-        tile_in=min(grouped.tile_in, GMM_TILE),
-        tile_out=min(grouped.tile_out, GMM_TILE),
-    )
     data = recipe.data
     new_data = dataclasses.replace(
         data,
@@ -326,12 +348,7 @@ def scale_recipe(
             tp=scaled_degree(parallel.tp),
             pp=pp,
         ),
-        kernels=dataclasses.replace(
-            kernels,
-            splash=splash,
-            grouped_matmul=tiles,
-            attention=TPU_ONLY_ATTENTION.get(kernels.attention, kernels.attention),
-        ),
+        kernels=scale_kernels(recipe.kernels),
         data=new_data,
         train=dataclasses.replace(
             train,

@@ -18,7 +18,7 @@ from titanpod.data.images.shapes import caption_words
 from titanpod.kernels import flux_ops
 from titanpod.models import RegionValues, region_initializer
 from titanpod.models.choice import choose
-from titanpod.models.flux import FLUX_FLAVORS, FluxArgs, FluxTransformer, build_flux_transformer
+from titanpod.models.flux import FluxArgs, FluxTransformer, build_flux_transformer
 from titanpod.models.flux.autoencoder import FLUX_AUTOENCODER_FLAVORS, FluxAutoencoder, build_flux_autoencoder
 from titanpod.models.flux.text_encoders import FluxTextEncoders, TinyTextEncoderConfig
 from titanpod.recipes.diffusion.recipe import RANDOM_TEXT_ENCODERS, DiffusionRecipe
@@ -117,9 +117,9 @@ def build_text_encoders(name: str, context_dim: int, pooled_dim: int, seed: int)
 
 
 def transformer_args(recipe: DiffusionRecipe, latent_channels: int) -> FluxArgs:
-    """The shape of the recipe's transformer for a codec of ``latent_channels`` (2 x 2 of them a token)."""
-    args = choose("FLUX flavor", recipe.model.flavor, FLUX_FLAVORS)
-    return dataclasses.replace(args, in_channels=latent_channels * 4, out_channels=None)
+    """The shape of the recipe's transformer (its flavor with ``model.shape``) for a codec of ``latent_channels``
+    (2 x 2 of them a token)."""
+    return dataclasses.replace(recipe.model.args(), in_channels=latent_channels * 4, out_channels=None)
 
 
 def meta_transformer(recipe: DiffusionRecipe, args: FluxArgs) -> FluxTransformer:

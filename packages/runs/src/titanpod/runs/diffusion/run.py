@@ -15,6 +15,7 @@ from titanpod.data.images import build_image_data, fixed_prompts, save_image_gri
 from titanpod.data.images.prompt_check import PromptCheck
 from titanpod.device import get_backend, process_info
 from titanpod.graph import TrainSummary, build_step
+from titanpod.graph.capture import autocast_context
 from titanpod.models import parameter_count
 from titanpod.models.flux.flow_matching import FlowMatchingModel
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
@@ -63,10 +64,14 @@ def write_samples(
     """Draw the fixed prompts and, with ``write``, save them as one PNG grid with their captions at ``path``;
     the path and the images [B, 3, H, W] in [-1, 1].
 
-    A sharded transformer's forward is a collective: every rank draws, one (``write``) saves.
+    A sharded transformer's forward is a collective: every rank draws, one (``write``) saves. The images are drawn
+    in the training step's precision (``train.precision``): FSDP's ``param_dtype`` bfloat16 gathers bf16 weights,
+    which take bf16 inputs.
     """
     prompts = fixed_prompts(recipe.samples.prompts)
-    images = generate(models, prompts, recipe.data.resolution, recipe.samples, recipe.model.guidance)
+    device_type = next(models.transformer.parameters()).device.type
+    with autocast_context(recipe.train, device_type):
+        images = generate(models, prompts, recipe.data.resolution, recipe.samples, recipe.model.guidance)
     return (save_image_grid(images, path, captions=prompts) if write else path), images
 
 

@@ -42,11 +42,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch_command(lane: str, recipe_file: Path, processes: int | None = None) -> list[str]:
-    """The command that trains ``recipe_file`` on ``lane`` (see ``REHEARSAL_LANES``): torch.distributed.run
-    with the lane's processes (gloo on the cpu lane; ``processes`` when given), or one process driving the
-    lane's host devices (xla)."""
-    worker = ["-m", "titanpod.runs.rehearsal.worker", str(recipe_file)]
+def launch_command(lane: str, recipe_file: Path, processes: int | None = None, runner: str = "pretrain") -> list[str]:
+    """The command that trains ``recipe_file`` with ``runner`` (``pretrain`` or ``diffusion``) on ``lane`` (see
+    ``REHEARSAL_LANES``): torch.distributed.run with the lane's processes (gloo on the cpu lane; ``processes``
+    when given), or one process driving the lane's host devices (xla)."""
+    worker = ["-m", "titanpod.runs.rehearsal.worker", str(recipe_file), runner]
     processes = processes or REHEARSAL_LANES[lane].processes
     if processes > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),

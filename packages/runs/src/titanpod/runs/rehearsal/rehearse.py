@@ -193,8 +193,16 @@ def _describe_failure(name: str, launch: Launch) -> str:
     return f"the {name} run exited with status {launch.returncode}; its last lines:\n{launch.tail()}"
 
 
-def rehearse_lane(recipe: Recipe, lane: str, folder: Path, say: Any) -> LaneResult:
-    """Run the scaled ``recipe`` on ``lane`` three times (uninterrupted, stopped, resumed) and judge it."""
+FINAL_WEIGHTS = {
+    "pretrain": "model/model.safetensors",
+    "diffusion": "transformer/diffusion_pytorch_model.safetensors",
+}
+"""Runner -> where in a run directory it writes the final weights the rehearsal compares."""
+
+
+def rehearse_lane(recipe: Any, lane: str, folder: Path, say: Any, runner: str = "pretrain") -> LaneResult:
+    """Run the scaled ``recipe`` on ``lane`` three times (uninterrupted, stopped, resumed) with ``runner``
+    (``pretrain`` or ``diffusion``, see ``FINAL_WEIGHTS``) and judge it."""
     result = LaneResult(lane)
     runs = folder / lane
     runs.mkdir(parents=True, exist_ok=True)
@@ -224,7 +232,8 @@ def rehearse_lane(recipe: Recipe, lane: str, folder: Path, say: Any) -> LaneResu
         recipe_file.write_text(run.to_json(), encoding="utf-8")
         say(f"[{lane}] {name} run ({what}) ...")
         processes = REHEARSAL_LANES[lane].processes // pp if name == "without_pp" else None
-        launch = run_logged(launch_command(lane, recipe_file, processes), env, runs / f"{name}.log", folder)
+        command = launch_command(lane, recipe_file, processes, runner)
+        launch = run_logged(command, env, runs / f"{name}.log", folder)
         say(f"[{lane}] {name} run: exit {launch.returncode} after {launch.seconds:.0f} s (log: {launch.log})")
         if launch.returncode != 0:
             result.problems.append(_describe_failure(name, launch))
@@ -235,7 +244,7 @@ def rehearse_lane(recipe: Recipe, lane: str, folder: Path, say: Any) -> LaneResu
     checkpoint = resumed / "checkpoints" / f"step-{STOP_AT:06d}"
     if not checkpoint.is_dir():
         result.problems.append(f"the stopped run left no checkpoint at {checkpoint}")
-    weights = (reference / "model" / "model.safetensors", resumed / "model" / "model.safetensors")
+    weights = (reference / FINAL_WEIGHTS[runner], resumed / FINAL_WEIGHTS[runner])
     judge(result, read_losses(reference), read_losses(resumed), weights)
     if pp > 1:
         judge_without_pp(result, read_losses(reference), read_losses(runs / "without_pp"))
@@ -256,14 +265,27 @@ def rehearse(recipe: Recipe, folder: Path, console: Console, lanes: tuple[str, .
     if recipe.data.source == "hub":
         write_hub_layout(data_dir, recipe.data.name, recipe.data.split, recipe.data.validation_split)
     scaled = {lane: scale_recipe(recipe, lane, folder / lane, data_dir, builtin_tokenizer_path()) for lane in lanes}
+    return run_rehearsal(recipe.name, scaled, folder, console)
+
+
+def run_rehearsal(
+    name: str,
+    scaled: dict[str, tuple[Any, list[Setting]]],
+    folder: Path,
+    console: Console,
+    runner: str = "pretrain",
+) -> RehearsalReport:
+    """Rehearse recipe ``name`` in ``folder``: on each lane of ``scaled`` (lane -> the recipe scaled for it and
+    its table rows) run it with ``runner`` (see ``rehearse_lane``), then write ``rehearsal.json`` and print it."""
     settings = {lane: rows for lane, (_, rows) in scaled.items()}
+    lanes = list(scaled)
 
     def say(message: str) -> None:
         console.print(message, soft_wrap=True, highlight=False, markup=False)
 
-    say(f"rehearsing {recipe.name} on the {' and '.join(lanes)} lane{'s' if len(lanes) > 1 else ''} in {folder}")
-    results = [rehearse_lane(scaled[lane][0], lane, folder, say) for lane in lanes]
-    report = RehearsalReport(recipe.name, folder, settings, results)
+    say(f"rehearsing {name} on the {' and '.join(lanes)} lane{'s' if len(lanes) > 1 else ''} in {folder}")
+    results = [rehearse_lane(scaled[lane][0], lane, folder, say, runner) for lane in lanes]
+    report = RehearsalReport(name, folder, settings, results)
     (folder / "rehearsal.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
     print_report(report, console)
     return report
