@@ -60,8 +60,9 @@ def test_every_setting_is_a_row_and_the_transformer_keeps_its_structure(lane):
     assert small.model.text_encoders == str(MATERIALS.pipeline)
     assert 0 < small.samples.every <= STEPS and small.checkpoint.every == STOP_AT
     assert table["device.lane"].rehearsal == lane
-    step_mode = table["train.step_mode"].rehearsal
-    assert step_mode == ("eager" if lane == "cpu" else "eager (the xla lane runs every step as one program)")
+    assert recipe.train.step_mode == "whole_step" and recipe.train.scan_layers  # as the pod runs it
+    for kept in ("train.step_mode", "train.scan_layers"):
+        assert table[kept].kept and table[kept].rehearsal == table[kept].recipe, kept
     # Every setting of the recipe is accounted for (outputs go to the rehearsal's own folder).
     assert recipe.to_dict().keys() == small.to_dict().keys()
 
@@ -100,7 +101,7 @@ def test_kernel_choices_and_tensor_parallelism_are_rehearsed_like_the_language_m
         ({"parallel": {"pp": 2}}, "does not train with pipeline stages: set parallel.pp to 1"),
         ({"model": {"transformer_weights": "/weights"}}, "model.transformer_weights '/weights'"),
         ({"data": {"source": "hub", "path": "user/images"}}, "data.source 'hub' (user/images)"),
-        ({"model": {"recompute_blocks": True}}, "on the xla lane: model.recompute_blocks"),
+        ({"model": {"recompute_blocks": True}}, "lane: model.recompute_blocks"),  # whole_step recomputes already
     ],
 )
 def test_settings_this_machine_cannot_honour_are_named(overrides, named, tmp_path):
