@@ -82,21 +82,9 @@ class SplashAttention:
             shape = f"{S}_{G}_{D}" if at is None else f"{at[0].length}x{at[1].length}_{G}_{D}_positioned"
             shape += "" if self.config.causal else "_full"
             name = free_op_name(f"splash_{shape}_{str(dtype).split('.')[-1]}{'_documents' if documents else ''}")
-            kernel = self._kernel(S, G, D, dtype.itemsize, documents, interpret, at)
+            kernel = splash_attention_fn(self.config, S, G, D, dtype.itemsize, documents, interpret, at)
             self._ops[key] = jax_op(name, kernel, shard=_per_shard)
         return self._ops[key]
-
-    def _kernel(
-        self,
-        S: int,
-        G: int,
-        D: int,
-        itemsize: int,
-        documents: bool,
-        interpret: bool,
-        at: tuple[SequenceChunks, SequenceChunks] | None,
-    ) -> Any:
-        return splash_attention_fn(self.config, S, G, D, itemsize, documents, interpret, at)
 
     def at_positions(
         self,
