@@ -50,8 +50,8 @@ from titanpod.rl.rollout.wire import tensor_to_bytes
 VLLM_MISSING = (
     "rollout.mode 'vllm' needs vLLM, which is not installed. On a machine with a CUDA GPU, install the extra: "
     "`pip install 'titanpod-rl[vllm]'` (or 'titanpod-posttrain[vllm]'); on a CPU machine, run from the "
-    "environment in envs/vllm (vLLM's CPU build: `uv sync --locked --project envs/vllm`); elsewhere use "
-    "rollout.mode 'local' or 'ray'."
+    "environment in envs/vllm (vLLM's CPU build: `uv sync --locked --project envs/vllm`); elsewhere (a TPU VM "
+    "included: vLLM's TPU build cannot take titanpod's weight sync) use rollout.mode 'local' or 'ray'."
 )
 
 VLLM_TPU_UNSUPPORTED = (
