@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -320,3 +321,13 @@ def test_a_vllm_without_in_place_reloading_is_named(vllm, monkeypatch):
     monkeypatch.setattr(StandInLLM, "__init__", older_runner)
     with pytest.raises(RuntimeError, match=r"cannot load weights in place.*upgrade vLLM"):
         VLLMEngine(tiny_model(DENSE), "llama3")
+
+
+def test_vllms_tpu_build_is_refused_before_vllm_starts(vllm, monkeypatch):
+    built = []
+    monkeypatch.setattr(StandInLLM, "__init__", lambda self, *args, **kwargs: built.append(kwargs))
+    tpu = SimpleNamespace(is_tpu=lambda: True, is_cpu=lambda: False)  # what vllm-tpu's current_platform answers
+    monkeypatch.setitem(sys.modules, "vllm.platforms", SimpleNamespace(current_platform=tpu))
+    with pytest.raises(RuntimeError, match=r"TPU build.*no reload_weights.*rollout\.mode 'local' \(or 'ray'\)"):
+        VLLMEngine(tiny_model(DENSE), "llama3")
+    assert built == []

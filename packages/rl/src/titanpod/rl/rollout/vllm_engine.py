@@ -1,4 +1,5 @@
-"""A rollout engine backed by vLLM's offline ``LLM`` (V1 engine): a CUDA build, or vLLM's CPU build (envs/vllm).
+"""A rollout engine backed by vLLM's offline ``LLM`` (V1 engine): a CUDA build, or vLLM's CPU build (envs/vllm); vLLM's
+TPU build is refused (``check_not_tpu_build``).
 
 How the weights get in: titanpod exports the policy as a Hugging Face folder (config.json + safetensors, in the
 engine's dtype) and vLLM starts from it with its own loader. titanpod's worker extension
@@ -49,8 +50,16 @@ from titanpod.rl.rollout.wire import tensor_to_bytes
 VLLM_MISSING = (
     "rollout.mode 'vllm' needs vLLM, which is not installed. On a machine with a CUDA GPU, install the extra: "
     "`pip install 'titanpod-rl[vllm]'` (or 'titanpod-posttrain[vllm]'); on a CPU machine, run from the "
-    "environment in envs/vllm (vLLM's CPU build: `uv sync --locked --project envs/vllm`); elsewhere use "
-    "rollout.mode 'local' or 'ray'."
+    "environment in envs/vllm (vLLM's CPU build: `uv sync --locked --project envs/vllm`); elsewhere (a TPU VM "
+    "included: vLLM's TPU build cannot take titanpod's weight sync) use rollout.mode 'local' or 'ray'."
+)
+
+VLLM_TPU_UNSUPPORTED = (
+    "rollout.mode 'vllm' cannot run on vLLM's TPU build (vllm-tpu / tpu-inference): titanpod pushes the trainer's "
+    "weights into vLLM's workers with the worker's reload_weights and reads them back from its torch parameters, "
+    "and tpu-inference's TPU worker has no reload_weights (0.32.0: its model runner holds the weights as JAX "
+    "arrays, updated out of band). On a TPU VM, sample GRPO's rollouts with rollout.mode 'local' (or 'ray'); "
+    "rollout.mode 'vllm' runs on a CUDA GPU or on vLLM's CPU build (envs/vllm)."
 )
 
 WORKER_EXTENSION = "titanpod.rl.rollout.vllm_worker.TitanpodWorkerExtension"
@@ -123,6 +132,17 @@ def check_cpu_head_size(head_dim: int) -> None:
         )
 
 
+def check_not_tpu_build() -> None:
+    """Refuse, before vLLM starts, vLLM's TPU build (``VLLM_TPU_UNSUPPORTED`` says why and what to run instead).
+    Nothing is refused where ``vllm.platforms`` cannot be imported (vLLM then decides for itself)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return
+    if current_platform.is_tpu():
+        raise RuntimeError(VLLM_TPU_UNSUPPORTED)
+
+
 class VLLMEngine:
     """The ``RolloutEngine`` protocol over one ``vllm.LLM`` in this process, holding ``model``'s weights as version 0.
 
@@ -156,6 +176,7 @@ class VLLMEngine:
             import vllm
         except ImportError as error:
             raise ImportError(VLLM_MISSING) from error
+        check_not_tpu_build()
         self._vllm = vllm
         self.args = model.args
         self.dtype = VLLM_DTYPES[dtype]
