@@ -22,7 +22,6 @@ weights with the tokenizer, loadable as the next run's ``--model.init-from``) an
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable
@@ -42,11 +41,12 @@ from titanpod.rl.grpo.metrics import GRPOStepMetrics
 from titanpod.rl.grpo.objective import GRPOObjective
 from titanpod.rl.grpo.result import GRPOResult
 from titanpod.rl.grpo.rewards import Reward
-from titanpod.rl.grpo.setup import GRPOSetup, prepare_grpo, rank_share
-from titanpod.rl.grpo.sharding import shard_policy, sync_engine
+from titanpod.rl.grpo.setup import GRPOSetup, prepare_grpo, rank_share, reference_model
+from titanpod.rl.grpo.sharding import trainer_sharding
 from titanpod.rl.grpo.trainer import GRPOTrainer
 from titanpod.rl.rollout import BuiltinEngine, RolloutEngine
 from titanpod.rl.rollout.engines import close_rollout, open_rollout
+from titanpod.rl.rollout.streamed import sync_engine
 from titanpod.runs.final_weights import write_final_weights
 from titanpod.runs.hf_export import post_training_tokenizer, training_extras
 from titanpod.runs.placement import Placement
@@ -68,10 +68,10 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
     with RunSession(recipe, setup.backend, console) as session:
         if session.is_main:
             setup.tokenizer.save(session.run_dir)
-        reference = copy.deepcopy(setup.model).requires_grad_(False).eval() if recipe.grpo.kl_beta > 0 else None
+        reference = reference_model(setup)
         rows = recipe.grpo.prompts_per_step // setup.data_ranks * recipe.grpo.group_size
-        # before sharding: whole weights
-        engine = open_rollout(recipe.rollout, setup.model, rows, session.say, family=setup.family)
+        # Every rank: the built-in engine is filled by a streamed sync from the (sharded) policy.
+        engine = open_rollout(recipe.rollout, setup.model, rows, session.say, family=setup.family, device=setup.device)
         try:
             return train_grpo(setup, session, engine, reference)
         finally:
@@ -115,7 +115,7 @@ def train_grpo(
         eval_examples=len(setup.test_examples),
         checksum=engine.checksum(),
     )
-    sharding, placement = shard_policy(policy, setup.family, setup.layout)
+    sharding, placement = trainer_sharding(setup.placement, setup.device), setup.placement
     objective = GRPOObjective(policy, recipe.grpo.clip_eps, recipe.grpo.kl_beta, recipe.grpo.temperature)
     step = build_step(objective, train, setup.backend)
     start = session.resume(policy, step, setup.plan)
