@@ -231,6 +231,7 @@ class BuiltinEngine:
             param.copy_(tensor)
             received.add(name)
             copied += tensor.numel() * tensor.element_size()
+            del tensor  # let the gathered weight go before the next one is made
         missing = sorted(set(params) - received)
         if missing:
             raise ValueError(f"The sync to version {version} left out {', '.join(missing[:6])}: send every weight.")
