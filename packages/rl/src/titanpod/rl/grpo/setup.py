@@ -18,7 +18,7 @@ from titanpod.data.task_files import TaskSource, load_file_task
 from titanpod.data.tasks import Example, Task, get_task
 from titanpod.data.tokenizer import check_fits
 from titanpod.device import Backend, get_backend, process_info
-from titanpod.models import Transformer
+from titanpod.models import DecoderArgs, Transformer
 from titanpod.parallel import DATA_AXES
 from titanpod.recipes.families import build_model, decoder_adapters
 from titanpod.recipes.posttrain.grpo_recipe import MISSING_INIT_FROM, GRPOConfig, GRPORecipe
@@ -162,6 +162,25 @@ class GRPOSetup:
     """The launch's checked layout, which places the policy."""
 
 
+def plan_prompts(recipe: GRPORecipe, task: Task, tokenizer: SFTTokenizer, args: DecoderArgs) -> PromptPlan:
+    """Every step's prompts of ``task`` for a policy of shape ``args``, each checked to fit its ``max_seq_len`` with
+    ``grpo.max_new_tokens``; ``ValueError`` when the tokenizer does not fit the vocabulary or cannot write the
+    task's text, or a prompt is too long."""
+    check_fits(tokenizer.tokenizer, tokenizer.spec, args.vocab_size)
+    check_covers(tokenizer, task)
+    config = recipe.grpo
+    return PromptPlan(
+        task,
+        tokenizer,
+        steps=recipe.train.steps,
+        prompts_per_step=config.prompts_per_step,
+        seed=recipe.train.seed,
+        prompt_format=config.format,
+        max_new_tokens=config.max_new_tokens,
+        max_seq_len=args.max_seq_len,
+    )
+
+
 def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
     """Check the SFT model folder and its tokenizer, draw and check every step's prompts, then load and place the
     policy (sharded under torchrun: each rank reads only its own shards), before any run directory is written.
@@ -183,18 +202,7 @@ def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
     torch.manual_seed(recipe.train.seed)
     folder = open_policy_folder(recipe)
     tokenizer = load_tokenizer(recipe)
-    check_fits(tokenizer.tokenizer, tokenizer.spec, folder.args.vocab_size)
-    check_covers(tokenizer, task)
-    plan = PromptPlan(
-        task,
-        tokenizer,
-        steps=recipe.train.steps,
-        prompts_per_step=config.prompts_per_step,
-        seed=recipe.train.seed,
-        prompt_format=config.format,
-        max_new_tokens=config.max_new_tokens,
-        max_seq_len=folder.args.max_seq_len,
-    )
+    plan = plan_prompts(recipe, task, tokenizer, folder.args)
     eval_task = get_task(recipe.eval.task) if recipe.eval.task is not None else task
     check_covers(tokenizer, eval_task)
     test_examples = eval_task.examples("test", recipe.eval.examples, recipe.eval.seed) if recipe.eval.enabled else []
