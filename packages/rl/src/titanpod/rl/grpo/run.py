@@ -7,11 +7,12 @@ prompt and sample, so every engine and every split of the prompts draws the same
 them with the task's reward (a reward that raises is logged and the sample skipped and counted, never
 scored 0), turn rewards into group-relative advantages, and train ``updates_per_step`` graph steps on
 the same rollouts (the functional AdamW, schedule, clipping, precision and step mode of ``train``).
-Then the engine gets the whole weights as version ``step`` and must report the trainer's checksum.
+Then the weights stream into the engine as version ``step``, one gathered tensor at a time in the engine's
+dtype (``rollout.dtype``), and it must report the trainer's checksum of them.
 
-Under torchrun the policy is sharded by its family's plan and ``parallel``; each data rank samples
-its block of the step's prompts with its own engine and trains on it, and the loss is the step-wide
-token mean whatever the split (see ``titanpod.rl.grpo.batches``).
+Under torchrun the policy is sharded by its family's plan and ``parallel`` and each rank reads only its own
+shards from ``model.init_from``; each data rank samples its block of the step's prompts with its own engine and
+trains on it, and the loss is the step-wide token mean whatever the split (see ``titanpod.rl.grpo.batches``).
 
 The run directory (a ``titanpod.runs.session.RunSession``) holds recipe.json, tokenizer.json (+
 tokenizer_config.json), metrics.jsonl (one line per step), checkpoints/ (trainer state and the

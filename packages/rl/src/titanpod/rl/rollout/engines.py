@@ -22,15 +22,17 @@ def open_rollout(
     say: Callable[[str], None],
     *,
     family: str,
-    device: torch.device,
+    device: torch.device | None = None,
 ) -> RolloutEngine:
     """The rollout engine ``config`` asks for, holding ``model``'s weights as version 0: a ``BuiltinEngine`` on
-    ``device`` in ``rollout.dtype``, filled by a streamed sync (``model`` may be sharded: every process must call
-    this, and each gets its own engine), a ``RayRollout`` whose workers were checked to hold them in
-    ``rollout.dtype``, or a ``VLLMEngine`` whose vLLM workers were (in ``rollout.vllm_dtype``; vLLM is given the
-    model in the Hugging Face form ``family``'s spec states). Close it with ``close_rollout``."""
+    ``device`` (default: where ``model``'s embeddings are) in ``rollout.dtype``, filled by a streamed sync
+    (``model`` may be sharded: every process must call this, and each gets its own engine), a ``RayRollout`` whose
+    workers were checked to hold them in ``rollout.dtype``, or a ``VLLMEngine`` whose vLLM workers were (in
+    ``rollout.vllm_dtype``; vLLM is given the model in the Hugging Face form ``family``'s spec states). Close it
+    with ``close_rollout``."""
     if config.mode == "local":
-        engine = BuiltinEngine.empty(model.args, getattr(torch, config.dtype), device, max_batch, ops=model.ops)
+        where = model.tok_embeddings.weight.device if device is None else device
+        engine = BuiltinEngine.empty(model.args, getattr(torch, config.dtype), where, max_batch, ops=model.ops)
         sync_engine(model, engine, 0)
         return engine
     if config.mode == "vllm":
