@@ -1,5 +1,6 @@
 """Run a few GRPO steps of a tiny model, in one process or sharded under torchrun, and write (rank 0) each
-step's loss and rollout figures as JSON.
+step's loss and rollout figures as JSON. With ``--meter`` every rank also writes what it read of the SFT folder
+(bytes, per model placed) and the most bytes of gathered weights alive at once during its syncs.
 
     python tests/rl/grpo_worker.py --init-from <sft model folder> --runs-dir runs --out one.json
     torchrun --nproc-per-node 2 tests/rl/grpo_worker.py --init-from <folder> --runs-dir runs --fsdp 2 --out two.json
@@ -11,9 +12,11 @@ import argparse
 import dataclasses
 import faulthandler
 import json
+import weakref
 from pathlib import Path
 
 from titanpod.checkpoint import CheckpointConfig
+from titanpod.checkpoint.pretrained import PretrainedFolder
 from titanpod.device import DeviceConfig, process_info
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.posttrain.grpo_recipe import GRPOConfig, GRPOModelConfig
@@ -21,12 +24,42 @@ from titanpod.recipes.posttrain.registry import grpo_debug
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig
 from titanpod.recipes.recipe import OutputConfig
 from titanpod.rl.grpo.run import run_grpo
+from titanpod.rl.rollout import streamed
 from titanpod.runs.process_exit import exit_rank
 
 
 def lowercase_share(prompt: str, completion: str, answer: str) -> float:
     """A dense reward: the share of lowercase letters in the completion."""
     return sum(char.islower() for char in completion) / max(len(completion), 1)
+
+
+class Meter:
+    """What this rank reads of the folder and holds during its weight syncs."""
+
+    def __init__(self) -> None:
+        self.readers: list = []
+        self.sync_peak_bytes = 0
+        reader, gather = PretrainedFolder.reader, streamed.gathered_weights
+
+        def counted_reader(folder, model, *args, **kwargs):
+            made = reader(folder, model, *args, **kwargs)
+            self.readers.append(made)
+            return made
+
+        def metered_gather(model, dtype):
+            alive: list[weakref.ref] = []
+            for name, tensor in gather(model, dtype):
+                alive.append(weakref.ref(tensor))
+                held = sum(t.numel() * t.element_size() for t in (ref() for ref in alive) if t is not None)
+                self.sync_peak_bytes = max(self.sync_peak_bytes, held)
+                yield name, tensor
+                del tensor
+
+        PretrainedFolder.reader = counted_reader  # type: ignore[method-assign]
+        streamed.gathered_weights = metered_gather  # type: ignore[assignment]
+
+    def record(self) -> dict:
+        return {"bytes_read": [r.bytes_read for r in self.readers], "sync_peak_bytes": self.sync_peak_bytes}
 
 
 def main() -> None:
@@ -38,7 +71,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--step-mode", default="eager")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--meter", action="store_true")
     args = parser.parse_args()
+    meter = Meter() if args.meter else None
     base = grpo_debug()
     recipe = dataclasses.replace(
         base,
@@ -54,6 +89,9 @@ def main() -> None:
         output=OutputConfig(runs_dir=args.runs_dir, run_name=args.run_name, tensorboard=False),
     )
     result = run_grpo(recipe, reward=lowercase_share)
+    if meter is not None:
+        rank_out = args.out.with_name(f"{args.out.stem}.rank{process_info().rank}.json")
+        rank_out.write_text(json.dumps(meter.record()), encoding="utf-8")
     if process_info().is_main:
         rows = [
             {"loss": row.loss, "reward_mean": row.reward_mean, "samples": row.samples, "clip": row.clip_fraction,

@@ -1,6 +1,7 @@
 """GRPO sharded under torchrun (FSDP over 2 gloo processes) equals one process: each data rank samples its
 block of a step's prompts (seeds by step and prompt, not by rank), so the completions are the same, and the
-loss is the step-wide token mean however the step is split."""
+loss is the step-wide token mean however the step is split. Each rank reads only part of the SFT folder, and its
+engine receives the weights one gathered tensor at a time, never a whole copy."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def run_worker(tmp_path: Path, folder: Path, name: str, *args: str, processes: i
 @pytest.mark.slow
 def test_fsdp2_on_two_processes_equals_one_process(tmp_path, sft_folder):  # noqa: F811
     one = run_worker(tmp_path, sft_folder, "one")
-    two = run_worker(tmp_path, sft_folder, "two", "--fsdp", "2", processes=2)
+    two = run_worker(tmp_path, sft_folder, "two", "--fsdp", "2", "--meter", processes=2)
     assert len(one["steps"]) == len(two["steps"]) == 5
     for got, want in zip(two["steps"], one["steps"], strict=True):
         # The same completions on both launches: rollout figures agree (rewards summed in another order).
@@ -51,3 +52,13 @@ def test_fsdp2_on_two_processes_equals_one_process(tmp_path, sft_folder):  # noq
     _, whole = load_model(Path(one["weights"]).parent)
     for (name, a), b in zip(sharded.state_dict().items(), whole.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4, msg=name)
+    # Sharded loading and streamed syncs: each rank read less than the whole fp32 policy (the two together read
+    # all of it), and no sync held more than the largest single weight's gathered bytes.
+    params = list(whole.parameters())
+    whole_fp32 = sum(p.numel() for p in params) * 4
+    largest_fp32 = max(p.numel() for p in params) * 4
+    ranks = [json.loads((tmp_path / f"two.rank{rank}.json").read_text()) for rank in (0, 1)]
+    policy_reads = [rank["bytes_read"][0] for rank in ranks]  # the policy's reader (the KL reference's is second)
+    assert all(0 < read < whole_fp32 for read in policy_reads), (policy_reads, whole_fp32)
+    assert sum(policy_reads) >= whole_fp32
+    assert all(0 < rank["sync_peak_bytes"] <= largest_fp32 < whole_fp32 for rank in ranks), ranks

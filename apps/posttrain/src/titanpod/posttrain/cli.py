@@ -11,6 +11,8 @@ titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft_arith/model   
 titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft_arith/model --rollout.mode ray --rollout.workers 2
 titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft/model --grpo.data-path mine.jsonl
     --grpo.reward-function my_rewards:score        # your prompts and answers (one command), your reward
+titanpod-posttrain --recipe grpo_debug --model.init-from runs/sft_arith/model --dry-run --devices 2
+                                                   # memory per device: trainer and rollout engine
 titanpod-posttrain --recipe mine.toml --print-recipe  # a TOML file (base = "sft_debug" plus what differs), resolved
 titanpod-posttrain --help                            # every flag, and every field of the recipe"""
 
@@ -27,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from titanpod.device import process_info
+from titanpod.posttrain.dry_run import grpo_dry_run
 from titanpod.recipes.command_line import first_sentence, optional_value, parse_args, recipe_argument
 from titanpod.recipes.errors import print_error
 from titanpod.recipes.posttrain.grpo_recipe import GRPORecipe
@@ -79,6 +82,11 @@ class Command(Generic[RecipeT]):
     """List the named recipes and exit."""
     print_recipe: tyro.conf.FlagCreatePairsOff[bool] = False
     """Print the resolved recipe as JSON (a recipe file --recipe reads back) and exit without running."""
+    dry_run: tyro.conf.FlagCreatePairsOff[bool] = False
+    """GRPO recipes: print the memory one device needs (the trainer's share, the KL reference, the rollout
+    engine's weights in its inference dtype and its KV cache) on --devices devices, and exit without running."""
+    devices: int = 1
+    """The devices (one process each) --dry-run plans for."""
     resume: Annotated[str | None, tyro.conf.arg(metavar="[NAME]")] = None
     """Continue a run from its newest checkpoint: --resume NAME, the run directory NAME under --output.runs-dir
     (or the run started as --output.run-name NAME); --resume alone, --output.run-name or else the newest run of
@@ -151,6 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command.print_recipe:
         print(command.recipe.to_json(), end="")
+        return 0
+    if command.dry_run:
+        if command.kind != "grpo":
+            print_error(ValueError("--dry-run plans GRPO recipes: pick one with --recipe (e.g. grpo_debug)."))
+            return 2
+        try:
+            grpo_dry_run(command.recipe, command.devices, console)
+        except (KeyError, ValueError, OSError) as error:
+            print_error(error)
+            return 2
         return 0
     main_process = process_info().is_main  # under torchrun only rank 0 speaks
     if main_process:

@@ -13,9 +13,10 @@ from titanpod.checkpoint.pretrained import PretrainedFolder, open_pretrained
 from titanpod.checkpoint.region_reader import RegionReader, read_into_model
 from titanpod.device import Backend, process_info
 from titanpod.kernels import model_ops
-from titanpod.models import DecoderArgs, Transformer
+from titanpod.models import DecoderArgs, RegionValues, Transformer
 from titanpod.recipes.families import build_model, decoder_adapters
 from titanpod.recipes.recipe import Recipe
+from titanpod.runs.placement import LayoutStart, Placement
 
 
 class _Model(Protocol):
@@ -91,3 +92,26 @@ def build_pretrained_model(
     model.to_empty(device=backend.parameter_device(process_info().local_rank))
     read_into_model(model, reader)
     return model, None
+
+
+def place_from_folder(
+    model: Transformer,
+    family: str,
+    layout: LayoutStart,
+    pretrained: PretrainedFolder | None,
+    console: Console | None,
+    seeded: RegionValues | None = None,
+) -> Placement:
+    """Place ``model`` (on the meta device; ``titanpod.runs.placement``) by ``family``'s plan and create its
+    parameters from ``pretrained`` (in fp32), or else from ``seeded`` (a meta model's region init): under torchrun
+    each rank makes and reads only its own shard of each parameter, so no rank holds the whole model; one process
+    reads the folder whole. Names and shapes are checked first; rank 0 prints progress on ``console``."""
+    say = console.print if console is not None and process_info().is_main else None
+    reader = seeded if pretrained is None else pretrained.reader(model, progress=say)
+    if say is not None and pretrained is not None:
+        say(f"reading the weights of {pretrained.describe()}")
+    if layout.world_size == 1 and pretrained is not None:  # one process reads the folder whole
+        model.to_empty(device=layout.backend.parameter_device(process_info().local_rank))
+        read_into_model(model, reader)  # type: ignore[arg-type]
+        reader = None
+    return layout.place(model, family, reader)

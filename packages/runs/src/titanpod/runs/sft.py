@@ -18,12 +18,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from titanpod.checkpoint.pretrained import PretrainedFolder, open_pretrained
-from titanpod.checkpoint.region_reader import read_into_model
 from titanpod.data.sft.batches import build_sft_data
 from titanpod.data.sft.records import check_covers
 from titanpod.data.sft.tokenizer import CHARS, SFTTokenizer, load_sft_tokenizer
 from titanpod.data.tasks import Task, get_task
-from titanpod.device import Backend, get_backend, process_info
+from titanpod.device import Backend, get_backend
 from titanpod.graph import TrainSummary, build_step
 from titanpod.kernels import model_ops
 from titanpod.models import RegionValues, Transformer, parameter_count
@@ -33,8 +32,8 @@ from titanpod.runs.checkpoint_tokenizer import check_run_tokenizer
 from titanpod.runs.evaluation import Evaluation, evaluate
 from titanpod.runs.final_weights import write_final_weights
 from titanpod.runs.hf_export import post_training_tokenizer, training_extras
-from titanpod.runs.init_from import following
-from titanpod.runs.placement import LayoutStart, Placement, start_placement
+from titanpod.runs.init_from import following, place_from_folder
+from titanpod.runs.placement import start_placement
 from titanpod.runs.pretrain import build_seeded_model, describe_step
 from titanpod.runs.process_exit import run_exit_code
 from titanpod.runs.session import RunSession
@@ -136,9 +135,9 @@ def build_sft_model(
 
     Without ``model.init_from`` it is the recipe's family and flavor from ``train.seed`` (``build_seeded_model``):
     in one process initialised whole on the backend's device; under torchrun on the meta device with the
-    region init of the seed, from which ``place_sft_model`` creates each rank's shards. With it, the folder's
+    region init of the seed, from which ``place_from_folder`` creates each rank's shards. With it, the folder's
     model (titanpod model.json, or Hugging Face config.json: its family and shape) with the recipe's kernels in
-    its slots, on the meta device: ``place_sft_model`` creates it from the folder, sharded or whole. ``folder`` is
+    its slots, on the meta device: ``place_from_folder`` creates it from the folder, sharded or whole. ``folder`` is
     that folder when the caller has opened it already.
     """
     if recipe.model.init_from is None:
@@ -152,29 +151,6 @@ def build_sft_model(
         folder,
         None,
     )
-
-
-def place_sft_model(
-    model: Transformer,
-    recipe: SFTRecipe,
-    layout: LayoutStart,
-    pretrained: PretrainedFolder | None,
-    console: Console | None,
-    seeded: RegionValues | None = None,
-) -> Placement:
-    """Place ``model`` (``titanpod.runs.placement``) and, when it starts from ``pretrained``, create its parameters
-    from the folder (in fp32), or else from ``seeded`` (a meta model's region init): under torchrun each rank
-    makes and reads only its own shard of each parameter, so no rank holds the whole model; one process reads
-    the folder whole. Names and shapes are checked first."""
-    say = console.print if console is not None and process_info().is_main else None
-    reader = seeded if pretrained is None else pretrained.reader(model, progress=say)
-    if say is not None and pretrained is not None:
-        say(f"reading the weights of {pretrained.describe()}")
-    if layout.world_size == 1 and pretrained is not None:  # one process reads the folder whole
-        model.to_empty(device=layout.backend.parameter_device(process_info().local_rank))
-        read_into_model(model, reader)  # type: ignore[arg-type]
-        reader = None
-    return layout.place(model, recipe.model.family, reader)
 
 
 def eval_task_and_examples(recipe: SFTRecipe, tokenizer: SFTTokenizer) -> tuple[Task | None, list]:
@@ -208,7 +184,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
             f"data.seq_len {recipe.data.seq_len} is longer than the model's max_seq_len {model.args.max_seq_len}."
         )
     parameters = parameter_count(model)
-    placement = place_sft_model(model, recipe, layout, pretrained, console, seeded)
+    placement = place_from_folder(model, recipe.model.family, layout, pretrained, console, seeded)
     data = build_sft_data(recipe.data, tokenizer, recipe.train.seed, placement.data_rank, placement.data_world)
     task, test_examples = eval_task_and_examples(recipe, tokenizer)
     with RunSession(recipe, backend, console) as session:

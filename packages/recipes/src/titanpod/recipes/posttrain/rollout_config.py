@@ -11,6 +11,10 @@ RolloutMode = Literal["local", "ray", "vllm"]
 """Where rollouts run (``rollout.mode``)."""
 VllmDtype = Literal["bfloat16", "float16", "float32"]
 """The dtypes a vLLM rollout engine may hold its weights in (``rollout.vllm_dtype``)."""
+RolloutDtype = Literal["float32", "bfloat16", "float16"]
+"""The dtypes a built-in rollout engine may hold its weights in (``rollout.dtype``)."""
+ROLLOUT_DTYPES: tuple[str, ...] = get_args(RolloutDtype)
+"""The dtypes a built-in rollout engine may hold its weights in (``rollout.dtype``)."""
 ROLLOUT_MODES: tuple[str, ...] = get_args(RolloutMode)
 """Where rollouts run (``rollout.mode``)."""
 VLLM_DTYPES: tuple[str, ...] = get_args(VllmDtype)
@@ -36,6 +40,11 @@ class RolloutConfig:
     """CPUs each Ray worker reserves."""
     worker_gpus: float = 0.0
     """GPUs each Ray worker reserves; above 0 the worker decodes on cuda."""
+    dtype: RolloutDtype = "float32"
+    """The inference dtype of the built-in engine (``local`` and ``ray`` modes): it holds its weights and its KV
+    cache in it, and every sync gathers and sends the weights in it (``float32``, the default, samples with the
+    trainer's own fp32 values; ``bfloat16`` halves the engine's memory and each sync's traffic). The checksum each
+    sync checks is of the weights in this dtype. ``vllm`` mode takes ``vllm_dtype`` instead."""
     vllm_dtype: VllmDtype = "bfloat16"
     """The dtype vLLM holds the weights in (``vllm`` mode): ``bfloat16``, ``float16`` or ``float32``. The rollout
     logprobs come from these weights; ``float32`` matches the trainer's fp32 logprobs most closely."""
@@ -50,9 +59,20 @@ class RolloutConfig:
     ``vllm_gpu_memory_utilization``, on its CPU build from ``VLLM_CPU_KVCACHE_SPACE`` or the free memory after a
     warm-up pass. Set it on a CPU machine shared with the trainer (a few MiB hold a small model's rollouts)."""
 
+    @property
+    def inference_dtype(self) -> str:
+        """The dtype the engine holds its weights and KV cache in: ``vllm_dtype`` in ``vllm`` mode, else ``dtype``."""
+        return self.vllm_dtype if self.mode == "vllm" else self.dtype
+
     def __post_init__(self) -> None:
         choice("rollout.mode", self.mode, ROLLOUT_MODES)
         choice("rollout.vllm_dtype", self.vllm_dtype, VLLM_DTYPES)
+        choice("rollout.dtype", self.dtype, ROLLOUT_DTYPES)
+        if self.mode == "vllm" and self.dtype != "float32":
+            raise ValueError(
+                f"rollout.dtype {self.dtype!r} applies to the built-in engine; a vLLM engine holds its weights in "
+                "rollout.vllm_dtype: set --rollout.vllm-dtype instead."
+            )
         if self.workers < 1 or self.worker_cpus < 0 or self.worker_gpus < 0:
             raise ValueError(
                 f"rollout: workers must be >= 1 and worker_cpus, worker_gpus >= 0; got {self.workers}, "

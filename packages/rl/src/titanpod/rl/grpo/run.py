@@ -7,11 +7,12 @@ prompt and sample, so every engine and every split of the prompts draws the same
 them with the task's reward (a reward that raises is logged and the sample skipped and counted, never
 scored 0), turn rewards into group-relative advantages, and train ``updates_per_step`` graph steps on
 the same rollouts (the functional AdamW, schedule, clipping, precision and step mode of ``train``).
-Then the engine gets the whole weights as version ``step`` and must report the trainer's checksum.
+Then the weights stream into the engine as version ``step``, one gathered tensor at a time in the engine's
+dtype (``rollout.dtype``), and it must report the trainer's checksum of them.
 
-Under torchrun the policy is sharded by its family's plan and ``parallel``; each data rank samples
-its block of the step's prompts with its own engine and trains on it, and the loss is the step-wide
-token mean whatever the split (see ``titanpod.rl.grpo.batches``).
+Under torchrun the policy is sharded by its family's plan and ``parallel`` and each rank reads only its own
+shards from ``model.init_from``; each data rank samples its block of the step's prompts with its own engine and
+trains on it, and the loss is the step-wide token mean whatever the split (see ``titanpod.rl.grpo.batches``).
 
 The run directory (a ``titanpod.runs.session.RunSession``) holds recipe.json, tokenizer.json (+
 tokenizer_config.json), metrics.jsonl (one line per step), checkpoints/ (trainer state and the
@@ -22,7 +23,6 @@ weights with the tokenizer, loadable as the next run's ``--model.init-from``) an
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable
@@ -42,11 +42,12 @@ from titanpod.rl.grpo.metrics import GRPOStepMetrics
 from titanpod.rl.grpo.objective import GRPOObjective
 from titanpod.rl.grpo.result import GRPOResult
 from titanpod.rl.grpo.rewards import Reward
-from titanpod.rl.grpo.setup import GRPOSetup, prepare_grpo, rank_share
-from titanpod.rl.grpo.sharding import shard_policy, sync_engine
+from titanpod.rl.grpo.setup import GRPOSetup, prepare_grpo, rank_share, reference_model
+from titanpod.rl.grpo.sharding import trainer_sharding
 from titanpod.rl.grpo.trainer import GRPOTrainer
 from titanpod.rl.rollout import BuiltinEngine, RolloutEngine
 from titanpod.rl.rollout.engines import close_rollout, open_rollout
+from titanpod.rl.rollout.streamed import sync_engine
 from titanpod.runs.final_weights import write_final_weights
 from titanpod.runs.hf_export import post_training_tokenizer, training_extras
 from titanpod.runs.placement import Placement
@@ -68,10 +69,10 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
     with RunSession(recipe, setup.backend, console) as session:
         if session.is_main:
             setup.tokenizer.save(session.run_dir)
-        reference = copy.deepcopy(setup.model).requires_grad_(False).eval() if recipe.grpo.kl_beta > 0 else None
+        reference = reference_model(setup)
         rows = recipe.grpo.prompts_per_step // setup.data_ranks * recipe.grpo.group_size
-        # before sharding: whole weights
-        engine = open_rollout(recipe.rollout, setup.model, rows, session.say, family=setup.family)
+        # Every rank: the built-in engine is filled by a streamed sync from the (sharded) policy.
+        engine = open_rollout(recipe.rollout, setup.model, rows, session.say, family=setup.family, device=setup.device)
         try:
             return train_grpo(setup, session, engine, reference)
         finally:
@@ -115,7 +116,7 @@ def train_grpo(
         eval_examples=len(setup.test_examples),
         checksum=engine.checksum(),
     )
-    sharding, placement = shard_policy(policy, setup.family, setup.layout)
+    sharding, placement = trainer_sharding(setup.placement, setup.device), setup.placement
     objective = GRPOObjective(policy, recipe.grpo.clip_eps, recipe.grpo.kl_beta, recipe.grpo.temperature)
     step = build_step(objective, train, setup.backend)
     start = session.resume(policy, step, setup.plan)

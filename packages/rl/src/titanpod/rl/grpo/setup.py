@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from titanpod.checkpoint import load_model
 from titanpod.checkpoint.model_files import MODEL_FILE
+from titanpod.checkpoint.pretrained import PretrainedFolder, open_pretrained
 from titanpod.data.answers import number_reward
 from titanpod.data.sft.records import check_covers
 from titanpod.data.sft.tokenizer import TOKENIZER_FILE, SFTTokenizer, load_sft_tokenizer
@@ -17,18 +18,20 @@ from titanpod.data.task_files import TaskSource, load_file_task
 from titanpod.data.tasks import Example, Task, get_task
 from titanpod.data.tokenizer import check_fits
 from titanpod.device import Backend, get_backend, process_info
-from titanpod.models import Transformer
+from titanpod.models import DecoderArgs, Transformer
 from titanpod.parallel import DATA_AXES
+from titanpod.recipes.families import build_model, decoder_adapters
 from titanpod.recipes.posttrain.grpo_recipe import MISSING_INIT_FROM, GRPOConfig, GRPORecipe
 from titanpod.rl.grpo.batches import GRPOBatch
 from titanpod.rl.grpo.prompts import PromptPlan, PromptShare, prompt_share
 from titanpod.rl.grpo.reward_import import check_reward, import_reward
 from titanpod.rl.grpo.rewards import AnyReward, Reward
-from titanpod.runs.placement import LayoutStart, start_placement
+from titanpod.runs.init_from import place_from_folder
+from titanpod.runs.placement import LayoutStart, Placement, start_placement
 
 
-def load_policy(recipe: GRPORecipe, device: torch.device) -> tuple[str, Transformer, SFTTokenizer]:
-    """The SFT model of ``model.init_from`` (fp32, on ``device``), its family and its tokenizer.
+def open_policy_folder(recipe: GRPORecipe) -> PretrainedFolder:
+    """The SFT model folder of ``model.init_from``, described from its small files (nothing large is read).
 
     ``ValueError`` when ``init_from`` is unset or is not a titanpod model folder (saying how to make one).
     """
@@ -40,16 +43,41 @@ def load_policy(recipe: GRPORecipe, device: torch.device) -> tuple[str, Transfor
             f"model.init_from {recipe.model.init_from!r} is not a titanpod model folder (no {MODEL_FILE} in it). "
             + MISSING_INIT_FROM.split(". ", 1)[1]
         )
+    return open_pretrained(str(folder), decoder_adapters())
+
+
+def load_tokenizer(recipe: GRPORecipe) -> SFTTokenizer:
+    """The SFT run's tokenizer: ``model.tokenizer``, else the one in ``model.init_from``'s folder."""
     spec = recipe.model.tokenizer
     if spec is None:
+        folder = Path(str(recipe.model.init_from))
         if not (folder / TOKENIZER_FILE).is_file():
             raise ValueError(
                 f"{folder} holds no {TOKENIZER_FILE}; name the tokenizer the SFT run used with --model.tokenizer."
             )
         spec = str(folder)
-    family, model = load_model(folder, "cpu")
-    model = model.float().to(device)
-    return family, model, load_sft_tokenizer(spec)
+    return load_sft_tokenizer(spec)
+
+
+def place_policy(folder: PretrainedFolder, layout: LayoutStart) -> tuple[Transformer, Placement]:
+    """``folder``'s model in fp32, placed (``titanpod.runs.placement``): under torchrun built on the meta device and
+    sharded by its family's plan, each rank reading only its own shards from the folder; in one process read whole.
+    No rank ever holds the whole fp32 model unless it is the only one."""
+    model = build_model(folder.family, folder.args)
+    assert isinstance(model, Transformer)
+    return model, place_from_folder(model, folder.family, layout, folder, None)
+
+
+def reference_model(setup: GRPOSetup) -> Transformer | None:
+    """The frozen starting model of the KL term (``None`` when ``grpo.kl_beta`` is 0): in one process a copy of the
+    policy as loaded (call it before training), under torchrun a second model sharded as the policy is and read
+    from the same folder (its forward is a collective, as the policy's)."""
+    if setup.recipe.grpo.kl_beta <= 0:
+        return None
+    if setup.layout.world_size == 1:
+        return copy.deepcopy(setup.model).requires_grad_(False).eval()
+    reference, _ = place_policy(setup.folder, setup.layout)
+    return reference.requires_grad_(False).eval()
 
 
 def load_task(config: GRPOConfig) -> Task:
@@ -110,8 +138,12 @@ class GRPOSetup:
     """The trainer's device."""
     family: str
     """The model family of ``model.init_from``."""
+    folder: PretrainedFolder
+    """The SFT model folder of ``model.init_from``."""
     model: Transformer
-    """The policy being trained (fp32, whole until the run shards it)."""
+    """The policy being trained, in fp32: sharded in place under torchrun, whole in one process."""
+    placement: Placement
+    """Where the policy lives (``titanpod.runs.placement``)."""
     tokenizer: SFTTokenizer
     """The SFT run's tokenizer."""
     task: Task
@@ -130,8 +162,28 @@ class GRPOSetup:
     """The launch's checked layout, which places the policy."""
 
 
+def plan_prompts(recipe: GRPORecipe, task: Task, tokenizer: SFTTokenizer, args: DecoderArgs) -> PromptPlan:
+    """Every step's prompts of ``task`` for a policy of shape ``args``, each checked to fit its ``max_seq_len`` with
+    ``grpo.max_new_tokens``; ``ValueError`` when the tokenizer does not fit the vocabulary or cannot write the
+    task's text, or a prompt is too long."""
+    check_fits(tokenizer.tokenizer, tokenizer.spec, args.vocab_size)
+    check_covers(tokenizer, task)
+    config = recipe.grpo
+    return PromptPlan(
+        task,
+        tokenizer,
+        steps=recipe.train.steps,
+        prompts_per_step=config.prompts_per_step,
+        seed=recipe.train.seed,
+        prompt_format=config.format,
+        max_new_tokens=config.max_new_tokens,
+        max_seq_len=args.max_seq_len,
+    )
+
+
 def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
-    """Load the SFT model and its tokenizer, and draw and check every step's prompts, before any work.
+    """Check the SFT model folder and its tokenizer, draw and check every step's prompts, then load and place the
+    policy (sharded under torchrun: each rank reads only its own shards), before any run directory is written.
 
     ``ValueError`` names what does not fit: the launch, the lane, the task's file or columns, the reward
     function, ``init_from``, the tokenizer, a prompt, how the prompts split over data ranks and micro-batches.
@@ -148,28 +200,21 @@ def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
     chosen = reward or choose_reward(config, task)
     device = backend.device(info.local_rank)
     torch.manual_seed(recipe.train.seed)
-    family, model, tokenizer = load_policy(recipe, device)
-    check_fits(tokenizer.tokenizer, tokenizer.spec, model.args.vocab_size)
-    check_covers(tokenizer, task)
-    plan = PromptPlan(
-        task,
-        tokenizer,
-        steps=recipe.train.steps,
-        prompts_per_step=config.prompts_per_step,
-        seed=recipe.train.seed,
-        prompt_format=config.format,
-        max_new_tokens=config.max_new_tokens,
-        max_seq_len=model.args.max_seq_len,
-    )
+    folder = open_policy_folder(recipe)
+    tokenizer = load_tokenizer(recipe)
+    plan = plan_prompts(recipe, task, tokenizer, folder.args)
     eval_task = get_task(recipe.eval.task) if recipe.eval.task is not None else task
     check_covers(tokenizer, eval_task)
     test_examples = eval_task.examples("test", recipe.eval.examples, recipe.eval.seed) if recipe.eval.enabled else []
+    model, placement = place_policy(folder, layout)  # last: the only large read, after every check
     return GRPOSetup(
         recipe,
         backend,
         device,
-        family,
+        folder.family,
+        folder,
         model,
+        placement,
         tokenizer,
         task,
         chosen,

@@ -1,5 +1,5 @@
-"""The GRPO trainer over several processes: the policy sharded by its family's plan, sums over the data
-ranks, and whole weights for the rollout engines.
+"""The GRPO trainer over several processes: the policy sharded by its family's plan and sums over the data
+ranks (the weights reach the rollout engines through ``titanpod.rl.rollout.streamed.sync_engine``).
 
 In one process nothing is sharded and every helper here is the identity.
 """
@@ -10,14 +10,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.tensor import DTensor
 
-from titanpod.models import Transformer
 from titanpod.parallel.torch_executor import ParallelModel
 from titanpod.rl.grpo.metrics import RolloutTotals
-from titanpod.rl.rollout import RolloutEngine, SyncReport, trainer_state
-from titanpod.runs.placement import LayoutStart, Placement
+from titanpod.runs.placement import Placement
 
 
 @dataclass
@@ -52,27 +48,6 @@ class TrainerSharding:
         return RolloutTotals.from_list(values.tolist())
 
 
-def shard_policy(policy: Transformer, family: str, layout: LayoutStart) -> tuple[TrainerSharding, Placement]:
-    """Place ``policy`` by ``family``'s plan (``titanpod.runs.placement``): sharded in place over every process
-    under torchrun, left whole in one process."""
-    device = policy.tok_embeddings.weight.device
-    placement = layout.place(policy, family)
-    return TrainerSharding(placement.sharded, device), placement
-
-
-def whole_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """``model``'s weights under plain parameter names, each whole: sharded ones are gathered (a collective, so
-    every process must call it), others are the model's own tensors."""
-    return {
-        name: tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-        for name, tensor in trainer_state(model).items()
-    }
-
-
-@torch.no_grad()
-def sync_engine(model: nn.Module, engine: RolloutEngine, version: int) -> SyncReport:
-    """Copy ``model``'s whole weights into ``engine`` as ``version``; the engine verifies them by checksum.
-
-    Every process calls it (gathering sharded weights is a collective); each syncs its own engine.
-    """
-    return engine.load_weights(whole_weights(model), version)
+def trainer_sharding(placement: Placement, device: torch.device) -> TrainerSharding:
+    """Where this process stands, from the policy's placement (``titanpod.runs.placement``)."""
+    return TrainerSharding(placement.sharded, device)

@@ -15,8 +15,9 @@ from titanpod.rl.grpo.objective import CLIP_FRACTION, KL, token_logprobs
 from titanpod.rl.grpo.prompts import PromptShare
 from titanpod.rl.grpo.rewards import ScoredRollouts, score_rollouts
 from titanpod.rl.grpo.setup import GRPOSetup
-from titanpod.rl.grpo.sharding import TrainerSharding, sync_engine
+from titanpod.rl.grpo.sharding import TrainerSharding
 from titanpod.rl.rollout import BuiltinEngine, Completion, RolloutEngine, SamplingParams
+from titanpod.rl.rollout.streamed import sync_engine
 
 SHOWN_REWARD_ERRORS = 5
 """Reward errors a step's metrics keep in full; later ones are only counted."""

@@ -4,7 +4,8 @@
 runs on); ``RayRollout`` runs BuiltinEngines in Ray actors; ``VLLMEngine`` adapts vLLM's offline
 API (the ``[vllm]`` extra, a CUDA GPU). All follow ``RolloutEngine``; ``engines.open_rollout`` builds
 the one a ``RolloutConfig`` asks for. ``sync_weights`` copies a trainer's weights into an engine, which
-verifies them by checksum and refuses stale versions.
+verifies them by checksum and refuses stale versions; ``streamed.sync_engine`` streams a (sharded) trainer's
+weights in the engine's dtype, one gathered tensor at a time.
 """
 
 from titanpod.rl.rollout.builtin import BuiltinEngine, validate_prompts

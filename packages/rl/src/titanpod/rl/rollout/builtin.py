@@ -6,7 +6,7 @@ Legend: B rows (completions in one batch), S prompt positions (padded), V vocabu
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,7 @@ from titanpod.models import DecoderArgs, ModelOps, Transformer
 from titanpod.models.common.kv_cache import KVCache
 from titanpod.rl.rollout.sampling import choose_tokens, completion_generator, sampled_logprobs
 from titanpod.rl.rollout.sync import (
+    ChecksumStream,
     check_state_matches,
     check_version,
     state_bytes,
@@ -98,15 +99,34 @@ class BuiltinEngine:
         engine._build(args, None, state, torch.device(device), max_batch, max_seq_len, weights_version)
         return engine
 
+    @classmethod
+    def empty(
+        cls,
+        args: DecoderArgs,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        max_batch: int = 64,
+        *,
+        ops: ModelOps | None = None,
+        max_seq_len: int | None = None,
+    ) -> BuiltinEngine:
+        """An engine for a model of shape ``args`` whose weights (and KV cache) are ``dtype`` and not yet loaded:
+        it refuses to generate until a sync (``load_stream``, as version 0 or later) fills it. How a trainer whose
+        policy is sharded builds its engine without ever holding the policy whole in fp32."""
+        engine = cls.__new__(cls)
+        engine._build(args, ops, None, torch.device(device), max_batch, max_seq_len, -1, dtype)
+        return engine
+
     def _build(
         self,
         args: DecoderArgs,
         ops: ModelOps | None,
-        source: Mapping[str, torch.Tensor],
+        source: Mapping[str, torch.Tensor] | None,
         device: torch.device,
         max_batch: int,
         max_seq_len: int | None,
         weights_version: int,
+        dtype: torch.dtype | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}.")
@@ -121,15 +141,25 @@ class BuiltinEngine:
         self._verified = True
         with torch.device("meta"):
             self.model = Transformer(args, ops)
+        if dtype is not None:
+            self.model.to(dtype)
         self.model.to_empty(device=self.device)
         for name, param in self.model.named_parameters():  # keep the source's dtype per tensor
-            if name in source and param.dtype != source[name].dtype:
+            if source is not None and name in source and param.dtype != source[name].dtype:
                 param.data = torch.empty_like(param, dtype=source[name].dtype)
         self.model.requires_grad_(False).eval()
+        if source is None:
+            self._verified = False
+            return
         check_state_matches(source, self.model.state_dict())
         self._copy_in(source)
 
     # weights
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the engine holds its weights (and its KV cache) in: its embeddings'."""
+        return self.model.tok_embeddings.weight.dtype
 
     def checksum(self) -> str:
         """``weights_checksum`` of the engine's own weights."""
@@ -170,6 +200,51 @@ class BuiltinEngine:
         self._verified = True
         self.weights_version = version
         return SyncReport(version=version, checksum=actual, bytes=state_bytes(state), seconds=seconds)
+
+    @torch.no_grad()
+    def load_stream(self, tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncReport:
+        """Copy in ``(name, tensor)`` pairs one at a time, as a trainer gathers them, and take ``version``.
+
+        The pairs must come in sorted name order, each in the engine's own dtype and shape, and must cover every
+        weight (``ValueError`` naming the first that does not fit, or those missing). The trainer's checksum is
+        built from the pairs as they arrive (``ChecksumStream``), so neither side holds the whole state at once;
+        after the last copy the engine's own checksum must equal it (``RuntimeError`` otherwise). Until a load
+        succeeds the engine refuses to generate.
+        """
+        check_version(version, self.weights_version)
+        start = time.perf_counter()
+        params = dict(self.model.named_parameters())
+        expected = ChecksumStream()
+        received: set[str] = set()
+        copied = 0
+        self._verified = False
+        for name, tensor in tensors:
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"The engine's model holds no weight {name!r}: sync from a model of the same shape.")
+            if tensor.shape != param.shape or tensor.dtype != param.dtype:
+                raise ValueError(
+                    f"{name}: got {list(tensor.shape)} {tensor.dtype}, the engine holds {list(param.shape)} "
+                    f"{param.dtype}: send each weight in the engine's dtype (rollout.dtype)."
+                )
+            expected.add(name, tensor)
+            param.copy_(tensor)
+            received.add(name)
+            copied += tensor.numel() * tensor.element_size()
+            del tensor  # let the gathered weight go before the next one is made
+        missing = sorted(set(params) - received)
+        if missing:
+            raise ValueError(f"The sync to version {version} left out {', '.join(missing[:6])}: send every weight.")
+        actual = self.checksum()
+        if actual != expected.hexdigest():
+            raise RuntimeError(
+                f"Weight sync to version {version} failed verification: the trainer's checksum is "
+                f"{expected.hexdigest()} but the engine's is {actual} after the copy. The engine stays at version "
+                f"{self.weights_version} and will not generate until a sync succeeds."
+            )
+        self._verified = True
+        self.weights_version = version
+        return SyncReport(version=version, checksum=actual, bytes=copied, seconds=time.perf_counter() - start)
 
     # generation
 

@@ -4,23 +4,37 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from titanpod.models import Transformer
 from titanpod.recipes.posttrain.rollout_config import RolloutConfig
 from titanpod.rl.rollout.builtin import BuiltinEngine
 from titanpod.rl.rollout.ray_rollout import RayRollout
+from titanpod.rl.rollout.streamed import sync_engine
 from titanpod.rl.rollout.types import RolloutEngine
 from titanpod.rl.rollout.vllm_engine import VLLMEngine
 
 
 def open_rollout(
-    config: RolloutConfig, model: Transformer, max_batch: int, say: Callable[[str], None], *, family: str
+    config: RolloutConfig,
+    model: Transformer,
+    max_batch: int,
+    say: Callable[[str], None],
+    *,
+    family: str,
+    device: torch.device | None = None,
 ) -> RolloutEngine:
-    """The rollout engine ``config`` asks for, holding ``model``'s weights as version 0: a ``BuiltinEngine`` in
-    this process, a ``RayRollout`` whose workers were checked to hold them, or a ``VLLMEngine`` whose vLLM
-    workers were (vLLM is given the model in the Hugging Face form ``family``'s spec states). Close it with
-    ``close_rollout``."""
+    """The rollout engine ``config`` asks for, holding ``model``'s weights as version 0: a ``BuiltinEngine`` on
+    ``device`` (default: where ``model``'s embeddings are) in ``rollout.dtype``, filled by a streamed sync
+    (``model`` may be sharded: every process must call this, and each gets its own engine), a ``RayRollout`` whose
+    workers were checked to hold them in ``rollout.dtype``, or a ``VLLMEngine`` whose vLLM workers were (in
+    ``rollout.vllm_dtype``; vLLM is given the model in the Hugging Face form ``family``'s spec states). Close it
+    with ``close_rollout``."""
     if config.mode == "local":
-        return BuiltinEngine(model, max_batch=max_batch)
+        where = model.tok_embeddings.weight.device if device is None else device
+        engine = BuiltinEngine.empty(model.args, getattr(torch, config.dtype), where, max_batch, ops=model.ops)
+        sync_engine(model, engine, 0)
+        return engine
     if config.mode == "vllm":
         engine = VLLMEngine(
             model,
@@ -41,6 +55,7 @@ def open_rollout(
         worker_gpus=config.worker_gpus,
         max_batch=max_batch,
         say=say,
+        dtype=getattr(torch, config.dtype),
     )
     say(rollout.describe())
     return rollout

@@ -132,8 +132,10 @@ class RayRollout:
         worker_gpus: float = 0.0,
         max_batch: int = 64,
         say: Callable[[str], None] | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
-        """Start ``workers`` actors holding ``model``'s weights as version 0, and check each one's checksum.
+        """Start ``workers`` actors holding ``model``'s weights in ``dtype`` as version 0, and check each one's
+        checksum (of the weights in ``dtype``).
 
         Joins the Ray cluster this process is already connected to; otherwise calls ``ray.init(address)``
         (``None``: the cluster ``RAY_ADDRESS`` names, else a new local one, shut down by ``close``).
@@ -153,8 +155,10 @@ class RayRollout:
         self.args = model.args
         self.max_seq_len = model.args.max_seq_len
         self.weights_version = 0
+        self.dtype = dtype
+        """The dtype the workers hold the weights in; ``load_weights`` takes them in it."""
         try:
-            state = trainer_state(model)
+            state = {name: tensor.to(dtype) for name, tensor in trainer_state(model).items()}
             weights = ray.put(state_to_wire(state))
             actor = ray.remote(num_cpus=worker_cpus, num_gpus=worker_gpus)(RolloutWorker)
             device = "cuda" if worker_gpus > 0 else "cpu"

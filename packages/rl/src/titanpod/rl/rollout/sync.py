@@ -21,20 +21,41 @@ def plain_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().cpu()
 
 
+class ChecksumStream:
+    """``weights_checksum`` built one tensor at a time: feed the tensors in sorted name order (``add``), then read
+    ``hexdigest``. Equal to ``weights_checksum`` of the same tensors, without holding them all at once."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.blake2b(digest_size=32)
+        self._last: str | None = None
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        """Hash ``name`` and ``tensor`` (its dtype, shape and bytes); ``ValueError`` when ``name`` does not come
+        after the previous one in sorted order."""
+        if self._last is not None and name <= self._last:
+            raise ValueError(f"Checksum stream got {name!r} after {self._last!r}: feed tensors in sorted name order.")
+        self._last = name
+        plain = plain_tensor(tensor)
+        header = f"{name}\0{plain.dtype}\0{tuple(plain.shape)}\0{plain.numel() * plain.element_size()}\n"
+        self._digest.update(header.encode())
+        if plain.numel():
+            self._digest.update(plain.reshape(-1).view(torch.uint8).numpy().data)
+
+    def hexdigest(self) -> str:
+        """The checksum of the tensors added so far."""
+        return self._digest.hexdigest()
+
+
 def weights_checksum(state: Mapping[str, torch.Tensor]) -> str:
     """A blake2b digest of every tensor's name, dtype, shape and bytes, in sorted name order.
 
     Independent of the mapping's order; any change of a value, dtype, shape or name changes
     it. Costs one read of every tensor (copied to the CPU one at a time).
     """
-    digest = hashlib.blake2b(digest_size=32)
+    stream = ChecksumStream()
     for name in sorted(state):
-        tensor = plain_tensor(state[name])
-        header = f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0{tensor.numel() * tensor.element_size()}\n"
-        digest.update(header.encode())
-        if tensor.numel():
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
-    return digest.hexdigest()
+        stream.add(name, state[name])
+    return stream.hexdigest()
 
 
 def state_bytes(state: Mapping[str, torch.Tensor]) -> int:
