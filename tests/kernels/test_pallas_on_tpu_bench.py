@@ -14,7 +14,7 @@ import pytest
 from titanpod.models import IGNORE_INDEX
 
 BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "pallas_on_tpu.py"
-CASES = {"splash_causal", "splash_full", "splash_full_ragged", "pallas_loss", "gmm"}
+CASES = {"splash_causal", "splash_full", "splash_full_ragged", "pallas_loss", "pallas_loss_kept", "gmm"}
 
 
 def _bench():

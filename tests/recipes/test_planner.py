@@ -314,3 +314,18 @@ def test_flux_plan_under_tensor_parallelism_counts_data_ranks_for_the_batch_and_
     table.print(flux_plan_table(tp))
     out = table.export_text()
     assert "fsdp 4 x tp 2" in out and "1 per data rank; 4 per step" in out
+
+
+def test_the_xla_plan_counts_the_logits_a_pallas_loss_keeps():
+    """With ``kernels.pallas_loss.keep_logits`` the xla step keeps a chip's [tokens, vocab] logits in bf16 to the
+    backward; the torch lanes' loss op keeps only its inputs, so their plan is unchanged."""
+    import dataclasses as dc
+
+    base = with_changes(get_recipe("llama3_8b"), data={"batch_size": 1, "seq_len": 8192})
+    kernels = dc.replace(base.kernels, pallas_loss=dc.replace(base.kernels.pallas_loss, keep_logits=True))
+    kept = dc.replace(base, kernels=kernels)
+    chip = chip_by_name("v5p")
+    for lane, extra in (("xla", 8192 * 128256 * 2), ("tpu", 0)):
+        on = with_changes(kept, device={"lane": lane})
+        off = with_changes(base, device={"lane": lane})
+        assert plan_run(on, chip, 4, 0.4).memory.activations - plan_run(off, chip, 4, 0.4).memory.activations == extra

@@ -213,6 +213,11 @@ def build_cases(
 
     cases.append(Case("pallas_loss", f"N{N} M{M} V{V} {dtype_name}", head, loss_reference(chunk), loss_inputs,
                       forward_flops=2.0 * N * M * V, backward_flops=4.0 * N * M * V, integer_tail=1))  # fmt: skip
+    kept = loss.PallasLossConfig(interpret=interpret, keep_logits=True)
+    kept_head = loss.make_pallas_cross_entropy(kept, V, M, interpret, dtype.itemsize)
+    cases.append(Case("pallas_loss_kept", f"N{N} M{M} V{V} {dtype_name}, logits kept", kept_head,
+                      loss_reference(chunk), loss_inputs, forward_flops=2.0 * N * M * V,
+                      backward_flops=4.0 * N * M * V, integer_tail=1))  # fmt: skip
 
     tiles = {}
     if gmm_tiling:

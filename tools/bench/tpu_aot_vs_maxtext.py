@@ -10,8 +10,10 @@ compiler's own, the same on every host: no quiet machine is needed.
 
 Attention is counted alike on both sides: Pallas rows use titanpod's Splash (which declares its
 cost) against MaxText's tokamax Splash (which declares one too); ``xla`` rows use XLA's own
-dot-product attention on both (titanpod's ``sdpa``, MaxText's ``dot_product``). Layers are unrolled
-on both sides; ``--layers 2,4`` compiles two shallow copies of each and extrapolates by depth.
+dot-product attention on both (titanpod's ``sdpa``, MaxText's ``dot_product``). The head + loss is
+counted alike too: MaxText keeps its logits for the backward, and titanpod's Pallas loss is told to
+(``--kernels.pallas-loss.keep-logits true``; ``--no-keep-logits`` compiles it recomputing them). Layers
+are unrolled on both sides; ``--layers 2,4`` compiles two shallow copies of each and extrapolates by depth.
 
     uv run python tools/bench/tpu_aot_vs_maxtext.py                      # Llama 3 8B, Qwen 3 8B on v5p-8
     uv run python tools/bench/tpu_aot_vs_maxtext.py --cases llama3_8b --layers 2 --attention pallas
@@ -60,12 +62,16 @@ CASES = {
 }
 
 
-def titanpod_figures(case: Case, attention: str, layers: list[int], folder: Path, reuse: bool = False) -> dict:
+def titanpod_figures(
+    case: Case, attention: str, layers: list[int], folder: Path, reuse: bool = False, keep_logits: bool = True
+) -> dict:
     """titanpod's report.json for the case (full depth, or extrapolated from ``layers``); with ``reuse``, the one
-    an earlier run left in ``folder``."""
+    an earlier run left in ``folder``. ``keep_logits``: the Pallas loss keeps its logits for the backward, as
+    MaxText's step does (``kernels.pallas_loss.keep_logits``)."""
     if reuse and (folder / "report.json").exists():
         return json.loads((folder / "report.json").read_text())
     kernels = ["--kernels.attention", "splash" if attention == "pallas" else "sdpa"]
+    kernels += ["--kernels.pallas-loss.keep-logits", "true" if keep_logits else "false"]
     command = [
         "uv", "run", "--project", str(ROOT / "envs/tpu"), "titanpod-pretrain", "--recipe", case.recipe,
         "--compile-for", case.slice, "--data.batch-size", str(case.batch), "--data.seq-len", str(case.seq_len),
@@ -133,9 +139,11 @@ def row(side: str, hbm: float, temporaries: float, flops: float, seconds: float,
     )
 
 
-def compare(case: Case, attention: str, layers: list[int], folder: Path, reuse: bool = False) -> list[str]:
+def compare(
+    case: Case, attention: str, layers: list[int], folder: Path, reuse: bool = False, keep_logits: bool = True
+) -> list[str]:
     """The case's two rows and the ratio row, as Markdown."""
-    ours = titanpod_figures(case, attention, layers, folder / "titanpod", reuse)
+    ours = titanpod_figures(case, attention, layers, folder / "titanpod", reuse, keep_logits)
     theirs = maxtext_figures(case, attention, layers, folder, ours["model_layers"], reuse)
     model_flops, peak = ours["model_flops_per_chip"], ours["chip_peak_flops"]
     memory = theirs["memory_per_chip"]
@@ -188,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", default="", help="two depths to extrapolate from (e.g. 2,4); empty: full depth")
     parser.add_argument("--keep", type=Path, help="keep every report in this folder")
     parser.add_argument("--reuse", action="store_true", help="with --keep: print from the reports already there")
+    parser.add_argument(
+        "--keep-logits",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="titanpod's Pallas loss keeps its logits for the backward as MaxText does (6 N V M flops, N x V more "
+        "memory); --no-keep-logits recomputes them (10 N V M flops)",
+    )
     args = parser.parse_args(argv)
     layers = [int(n) for n in args.layers.split(",") if n]
     lines: list[str] = []
@@ -198,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 folder = base / f"{name}-{attention}"
                 folder.mkdir(parents=True, exist_ok=True)
                 print(f"compiling {name} ({attention}) for {CASES[name].slice} on both sides ...", file=sys.stderr)
-                lines += compare(CASES[name], attention, layers, folder, args.reuse)
+                lines += compare(CASES[name], attention, layers, folder, args.reuse, args.keep_logits)
                 print("\n".join(lines[-7:]), flush=True)
     print("\n".join(lines))
     return 0

@@ -5,7 +5,8 @@ vocabulary the largest parameter a chip gathers (1 GiB in bf16 at 128K x 4,096).
 forward and kept for the backward, it stays live from the loss to the end of the step. Here the slot runs
 under ``jax.checkpoint`` with the gather inside, as a transformer block does (``titanpod.graph.xla.remat``):
 the backward gathers the head again. Only what the loss kernels return (per-row columns such as the
-logsumexp) is kept, so the loss's forward kernels are not run twice.
+logsumexp, and the [N, V] logits when the Pallas loss keeps them, ``PallasLossConfig.keep_logits``) is kept,
+so the loss's forward kernels are not run twice.
 """
 
 from __future__ import annotations

@@ -175,6 +175,11 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     sequence_parallel = recipe.parallel.sequence_parallel and lane != "xla"
     block = block_saved_bytes(model.args, data.batch_size, local_seq, dtype, mesh["tp"], sequence_parallel)
     head = head_saved_bytes(model.args, data.batch_size, local_seq, dtype, model.ops.head_loss)
+    if lane == "xla" and recipe.kernels.head_loss == "pallas" and recipe.kernels.pallas_loss.keep_logits:
+        # the xla step keeps the loss kernels' outputs for the backward (titanpod.graph.xla.head): with
+        # keep_logits those hold the [rows, vocab] logits, which the torch op's saved inputs do not show
+        logits = data.batch_size * local_seq * model.args.vocab_size * dtype.itemsize
+        head = dataclasses.replace(head, all_saved=head.all_saved + logits)
     gathered = 0
     if mesh["fsdp"] * mesh["cp"] * mesh["ep"] > 1:  # parameters are gathered a block at a time, one prefetched
         gathered = 2 * _gathered_block_numel(plan, model, mesh) * _BYTES[recipe.parallel.param_dtype]
