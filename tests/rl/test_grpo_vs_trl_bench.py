@@ -43,6 +43,7 @@ def test_both_trainers_get_the_recipes_settings():
     assert kwargs["epsilon"] == grpo.clip_eps and kwargs["beta"] == grpo.kl_beta
     assert kwargs["seed"] == 3 and kwargs["shuffle_dataset"] is False
     assert kwargs["loss_type"] == "dapo" and kwargs["scale_rewards"] == "group"
+    assert kwargs["gradient_checkpointing"] is False  # titanpod keeps activations too
 
 
 def test_trl_is_given_titanpods_warmup():

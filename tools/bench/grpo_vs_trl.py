@@ -163,6 +163,7 @@ def trl_config_kwargs(settings: MatchedSettings, seed: int, output_dir: str) -> 
         "mask_truncated_completions": False,
         "shuffle_dataset": False,
         "disable_dropout": True,
+        "gradient_checkpointing": False,  # TRL's default recomputes activations; titanpod's step keeps them
         "use_cpu": True,
         "bf16": False,
         "fp16": False,
@@ -258,19 +259,34 @@ def speed_ratio(runs: Sequence[TrainerRun]) -> float:
 # ---- running the two trainers (needs envs/trl) -------------------------------------------------------------
 
 
-def bench_recipe(name: str, sft_dir: Path, seed: int, steps: int | None, runs_dir: Path) -> Any:
-    """The titanpod GRPO recipe ``name`` from ``sft_dir``'s model, seeded ``seed``, writing under ``runs_dir``."""
+def bench_recipe(
+    name: str,
+    sft_dir: Path,
+    seed: int,
+    runs_dir: Path,
+    steps: int | None = None,
+    prompts_per_step: int | None = None,
+    eval_examples: int | None = None,
+) -> Any:
+    """The titanpod GRPO recipe ``name`` from ``sft_dir``'s model, seeded ``seed``, writing under ``runs_dir``;
+    ``steps``, ``prompts_per_step`` and ``eval_examples`` replace the recipe's when given."""
     from titanpod.recipes.posttrain.grpo_recipe import GRPOModelConfig
     from titanpod.recipes.posttrain.registry import get_posttrain_recipe
 
     recipe = get_posttrain_recipe(name).build()
-    train = dataclasses.replace(recipe.train, seed=seed, steps=steps or recipe.train.steps)
+    steps = steps or recipe.train.steps
+    warmup = min(recipe.train.resolved_warmup_steps, steps // 3)  # a shortened run keeps its warmup inside it
+    train = dataclasses.replace(recipe.train, seed=seed, steps=steps, warmup_steps=warmup)
     output = dataclasses.replace(
         recipe.output, runs_dir=str(runs_dir), run_name=f"titanpod_seed{seed}", start_over=True, tensorboard=False
     )
     checkpoint = dataclasses.replace(recipe.checkpoint, at_end=False, export_hf=False)
+    grpo = dataclasses.replace(recipe.grpo, prompts_per_step=prompts_per_step or recipe.grpo.prompts_per_step)
+    evaluation = dataclasses.replace(recipe.eval, examples=eval_examples or recipe.eval.examples)
     return dataclasses.replace(
         recipe,
+        grpo=grpo,
+        eval=evaluation,
         model=GRPOModelConfig(init_from=str(sft_dir / MODEL_FOLDER)),
         train=train,
         output=output,
@@ -482,7 +498,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sft", type=Path, required=True, help="SFT run directory (with model/ and hf/)")
     parser.add_argument("--recipe", default="grpo_debug", help="titanpod GRPO recipe whose settings both get")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=None, help="override the recipe's GRPO steps")
+    parser.add_argument("--steps", type=int, default=None, help="replace the recipe's GRPO steps")
+    parser.add_argument("--prompts-per-step", type=int, default=None, help="replace the recipe's prompts per step")
+    parser.add_argument("--eval-examples", type=int, default=None, help="replace the recipe's held-out prompts")
     parser.add_argument("--out", type=Path, default=Path("runs/grpo_vs_trl"))
     return parser.parse_args(argv)
 
@@ -497,7 +515,9 @@ def main(argv: Sequence[str] | None = None) -> list[TrainerRun]:
     runs: list[TrainerRun] = []
     trl_before: tuple[float, float] | None = None
     for seed in args.seeds:
-        recipe = bench_recipe(args.recipe, args.sft, seed, args.steps, args.out)
+        recipe = bench_recipe(
+            args.recipe, args.sft, seed, args.out, args.steps, args.prompts_per_step, args.eval_examples
+        )
         settings = MatchedSettings.from_recipe(recipe)
         scorer = HeldOutScorer(recipe)
         if trl_before is None:
@@ -520,9 +540,9 @@ def main(argv: Sequence[str] | None = None) -> list[TrainerRun]:
                 {"settings": dataclasses.asdict(settings), "runs": [dataclasses.asdict(r) for r in runs]}, indent=1
             )
         )
-    print_table(runs, settings)
-    draw_curves(runs, args.out / "reward_curves.png")
-    print(f"wrote {args.out / 'results.json'} and {args.out / 'reward_curves.png'}")
+        print_table(runs, settings)  # after every seed, so a run cut short still leaves its table and curves
+        draw_curves(runs, args.out / "reward_curves.png")
+        print(f"wrote {args.out / 'results.json'} and {args.out / 'reward_curves.png'}", flush=True)
     return runs
 
 
