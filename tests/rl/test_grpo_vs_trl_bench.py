@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -99,3 +100,12 @@ def test_the_table_shows_each_seed_and_the_gain():
     # the first step (warm-up) is left out of seconds per step
     assert rows["seconds per step"][0] == "1.50 +- 0.50 (1.00, 2.00)"
     assert bench.speed_ratio(runs) == pytest.approx(3.0 / 1.5)
+
+
+def test_added_seeds_keep_the_earlier_runs(tmp_path):
+    bench = _bench()
+    earlier = bench.TrainerRun("trl", 0, 0.1, 0.2, 0.05, 0.15, rewards=[0.1, 0.3], step_seconds=[4.0, 2.0])
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"settings": {}, "runs": [dataclasses.asdict(earlier)]}))
+    assert bench.earlier_runs(path) == [earlier]
+    assert bench.earlier_runs(tmp_path / "absent.json") == []

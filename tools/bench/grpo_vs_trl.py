@@ -492,6 +492,13 @@ def print_table(runs: Sequence[TrainerRun], settings: MatchedSettings) -> None:
     print(f"TRL's seconds per step / titanpod's: {speed_ratio(runs):.2f}")
 
 
+def earlier_runs(path: Path) -> list[TrainerRun]:
+    """The runs a previous ``results.json`` holds (none when it does not exist)."""
+    if not path.is_file():
+        return []
+    return [TrainerRun(**row) for row in json.loads(path.read_text())["runs"]]
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -501,6 +508,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="replace the recipe's GRPO steps")
     parser.add_argument("--prompts-per-step", type=int, default=None, help="replace the recipe's prompts per step")
     parser.add_argument("--eval-examples", type=int, default=None, help="replace the recipe's held-out prompts")
+    parser.add_argument(
+        "--add", action="store_true", help="keep the runs of --out's results.json and run only the seeds it lacks"
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/grpo_vs_trl"))
     return parser.parse_args(argv)
 
@@ -512,9 +522,9 @@ def main(argv: Sequence[str] | None = None) -> list[TrainerRun]:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     check_same_weights(args.sft)
-    runs: list[TrainerRun] = []
+    runs = earlier_runs(args.out / "results.json") if args.add else []
     trl_before: tuple[float, float] | None = None
-    for seed in args.seeds:
+    for seed in [s for s in args.seeds if s not in {r.seed for r in runs}]:
         recipe = bench_recipe(
             args.recipe, args.sft, seed, args.out, args.steps, args.prompts_per_step, args.eval_examples
         )
