@@ -24,8 +24,9 @@ def qwen3_8b() -> Recipe:
     blocks run as one loop (``train.scan_layers``).
 
     Recomputed, libtpu's full-depth compile of the step needs 7.3 GiB a chip of a v6e's 32 (``--compile-for
-    target``). Blocks are recomputed because a compile with the selective policy, extrapolated from 2 and 4
-    layers, needed 36.7 GiB; that figure is an upper bound (see docs/recipes.md), not yet checked at full depth."""
+    target``; the planner: 6.8). Blocks are recomputed because a compile with the selective policy, extrapolated
+    from 2 and 4 layers, needed 36.7 GiB; that figure is an upper bound (see docs/recipes.md), not yet checked at
+    full depth."""
     return pod_recipe(
         "qwen3_8b", "qwen3", "8B", TargetConfig(chip="v6e", chips=64),
         tokenizer="Qwen/Qwen3-8B", seq_len=4096, batch_size=2, lr=3e-4, steps=10_000, warmup_steps=500,
@@ -35,7 +36,8 @@ def qwen3_8b() -> Recipe:
 
 def qwen3_32b() -> Recipe:
     """Qwen 3 32B on a TPU v5p-256 (128 chips): FSDP, recomputed blocks, 4K sequences, Pallas kernels; on the
-    xla lane its 64 blocks run as one loop (``train.scan_layers``)."""
+    xla lane its 64 blocks run as one loop (``train.scan_layers``): 22.8 GiB a chip of a v5p's 95 by libtpu's
+    full-depth compile (``--compile-for target``; the planner: 22.0)."""
     return pod_recipe(
         "qwen3_32b", "qwen3", "32B", TargetConfig(chip="v5p", chips=128),
         tokenizer="Qwen/Qwen3-32B", seq_len=4096, batch_size=4, lr=2e-4, steps=10_000, warmup_steps=1000,
