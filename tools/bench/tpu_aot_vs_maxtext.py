@@ -13,7 +13,8 @@ cost) against MaxText's tokamax Splash (which declares one too); ``xla`` rows us
 dot-product attention on both (titanpod's ``sdpa``, MaxText's ``dot_product``). The head + loss is
 counted alike too: MaxText keeps its logits for the backward, and titanpod's Pallas loss is told to
 (``--kernels.pallas-loss.keep-logits true``; ``--no-keep-logits`` compiles it recomputing them). Layers
-are unrolled on both sides; ``--layers 2,4`` compiles two shallow copies of each and extrapolates by depth.
+are unrolled on both sides (titanpod's with ``--train.scan-layers false``, whatever the recipe says), so
+the two programs have the same shape; ``--layers 2,4`` compiles two shallow copies of each and extrapolates by depth.
 
     uv run python tools/bench/tpu_aot_vs_maxtext.py                      # Llama 3 8B, Qwen 3 8B on v5p-8
     uv run python tools/bench/tpu_aot_vs_maxtext.py --cases llama3_8b --layers 2 --attention pallas
@@ -75,7 +76,8 @@ def titanpod_figures(
     command = [
         "uv", "run", "--project", str(ROOT / "envs/tpu"), "titanpod-pretrain", "--recipe", case.recipe,
         "--compile-for", case.slice, "--data.batch-size", str(case.batch), "--data.seq-len", str(case.seq_len),
-        "--train.memory-policy", "recompute", "--train.grad-accum-steps", "1", *kernels,
+        "--train.memory-policy", "recompute", "--train.grad-accum-steps", "1", "--train.scan-layers", "false",
+        *kernels,
         "--compile-output", str(folder),
     ]  # fmt: skip
     if layers:
