@@ -73,6 +73,26 @@ def test_encodings_cache_on_disk_is_reused_and_gives_the_same_batches(tmp_path):
         assert again[name].equal(tensor), name
 
 
+def test_captions_the_cache_lacks_are_encoded_together_as_each_is_alone():
+    recipe = small_recipe()
+    models = build_diffusion_models(recipe, CPU)
+    cache = EncodingCache(None)
+    batches = batches_of(recipe, models, cache)
+    captions = [
+        "a large red circle on the left on a white background",
+        "",
+        "a small blue square at the top on a grey background",
+    ]
+    cached_text, cached_pooled = models.text_encoders.encode(captions[:1])
+    cache.put(EncodingCache.key("text", captions[0].encode()), {"text": cached_text[0], "pooled": cached_pooled[0]})
+    text, pooled = batches.encode_captions([*captions, captions[2]])  # one cached, two new, one new twice
+    assert text.shape[0] == pooled.shape[0] == 4 and text[3].equal(text[2]) and pooled[3].equal(pooled[2])
+    for row, caption in enumerate(captions):
+        alone_text, alone_pooled = models.text_encoders.encode([caption])
+        assert text[row].equal(alone_text[0]) and pooled[row].equal(alone_pooled[0]), caption
+    assert len(cache.memory) == 3
+
+
 def test_recomputed_blocks_give_the_same_loss_and_gradients():
     recipe = small_recipe()
     batch = next(batches_of(recipe, build_diffusion_models(recipe, CPU), EncodingCache(None)))
