@@ -60,7 +60,7 @@ def test_posttrain_and_diffusion_help_list_their_flags_and_choices(capsys, monke
                  "--model.recompute-blocks, --model.no-recompute-blocks"):  # fmt: skip
         assert flag in diffusion, flag
     sample = help_text(diffusion_main, ["sample"], capsys, monkeypatch)
-    for flag in ("--checkpoint", "--prompt", "--steps", "--cfg-scale", "--seed", "--out"):
+    for flag in ("--checkpoint", "--prompt", "--steps", "--cfg-scale", "--cfg-stop", "--seed", "--out"):
         assert flag in sample, flag
     assert "``" not in posttrain + diffusion + sample
 

@@ -1,8 +1,8 @@
 """The default ``titanpod-diffusion`` run, whole, as a user starts it: its sample grid follows the prompts.
 
-About 6 minutes of two cores, so it is marked ``long_run`` and runs with ``pytest -m slow --long-runs``. It
-asserts what the default run reaches today, measured on seeds 0 and 1: every prompt's background, colour and
-position, and 4 of 6 prompts whole (the shapes of the rest come out as blobs); the aim is 5 of 6.
+Under 6 min 30 s of two cores on an idle machine (9 min 41 s on a shared one), so it is marked ``long_run`` and
+runs with ``pytest -m slow --long-runs``. It asserts what the default run reaches, measured on training seeds 0, 1
+and 2: every prompt's background, colour and position, and at least 5 of the 6 prompts whole (shape too).
 """
 
 import json
@@ -27,7 +27,7 @@ def test_the_default_run_draws_samples_whose_background_colour_and_position_foll
     for check in report["checks"]:
         matches = check["matches"]
         assert matches["background"] and matches["colour"] and matches["position"], json.dumps(check, indent=1)
-    assert report["passed"] == len(passed) >= 4, json.dumps(report, indent=1)
+    assert report["passed"] == len(passed) >= 5, json.dumps(report, indent=1)
     for prompt in passed:
         assert f"pass: {prompt!r}" in result.stdout  # each prompt's check is printed, a line each
     assert f"{len(passed)} of 6 prompts match" in result.stdout

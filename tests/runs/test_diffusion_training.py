@@ -3,10 +3,11 @@
 import dataclasses
 import json
 
+import pytest
 import torch
 
 from titanpod.data.images import build_image_data
-from titanpod.models.flux.flow_matching import FlowMatchingModel
+from titanpod.models.flux.flow_matching import FlowMatchingModel, sampling_schedule
 from titanpod.recipes.diffusion.recipe import SampleConfig
 from titanpod.recipes.diffusion.registry import get_diffusion_recipe
 from titanpod.runs.diffusion.batches import EncodingCache, FlowMatchingBatches
@@ -73,6 +74,26 @@ def test_encodings_cache_on_disk_is_reused_and_gives_the_same_batches(tmp_path):
         assert again[name].equal(tensor), name
 
 
+def test_captions_the_cache_lacks_are_encoded_together_as_each_is_alone():
+    recipe = small_recipe()
+    models = build_diffusion_models(recipe, CPU)
+    cache = EncodingCache(None)
+    batches = batches_of(recipe, models, cache)
+    captions = [
+        "a large red circle on the left on a white background",
+        "",
+        "a small blue square at the top on a grey background",
+    ]
+    cached_text, cached_pooled = models.text_encoders.encode(captions[:1])
+    cache.put(EncodingCache.key("text", captions[0].encode()), {"text": cached_text[0], "pooled": cached_pooled[0]})
+    text, pooled = batches.encode_captions([*captions, captions[2]])  # one cached, two new, one new twice
+    assert text.shape[0] == pooled.shape[0] == 4 and text[3].equal(text[2]) and pooled[3].equal(pooled[2])
+    for row, caption in enumerate(captions):
+        alone_text, alone_pooled = models.text_encoders.encode([caption])
+        assert text[row].equal(alone_text[0]) and pooled[row].equal(alone_pooled[0]), caption
+    assert len(cache.memory) == 3
+
+
 def test_recomputed_blocks_give_the_same_loss_and_gradients():
     recipe = small_recipe()
     batch = next(batches_of(recipe, build_diffusion_models(recipe, CPU), EncodingCache(None)))
@@ -102,3 +123,30 @@ def test_sampling_is_seeded_and_gives_images_in_range():
     b = generate(models, prompts, 16, config)
     assert a.shape == (2, 3, 16, 16) and a.equal(b)
     assert a.min() >= -1 and a.max() <= 1
+
+
+def test_guidance_stops_at_cfg_stop():
+    recipe = small_recipe()
+    models = build_diffusion_models(recipe, CPU)
+    forward = models.transformer.forward
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(float(args[4][0]))  # the step's timestep
+        return forward(*args, **kwargs)
+
+    models.transformer.forward = counting
+    prompts = ["a large red circle on the left on a white background"]
+    generate(models, prompts, 16, SampleConfig(prompts=1, steps=6, cfg_scale=3.0, seed=1))
+    assert len(calls) == 12  # a conditional and an unconditional pass every step
+    calls.clear()
+    config = SampleConfig(prompts=1, steps=6, cfg_scale=3.0, cfg_stop=0.5, seed=1)
+    generate(models, prompts, 16, config)
+    schedule = sampling_schedule(6, 64)[:-1].tolist()
+    above = sum(t > 0.5 for t in schedule)
+    assert 0 < above < 6 and len(calls) == 6 + above  # the steps from t <= 0.5 on: the conditional pass alone
+    calls.clear()
+    generate(models, prompts, 16, SampleConfig(prompts=1, steps=6, cfg_scale=1.0, seed=1))
+    assert len(calls) == 6  # no guidance: the conditional pass alone, every step
+    with pytest.raises(ValueError, match="cfg_stop"):
+        SampleConfig(cfg_stop=1.0)

@@ -98,6 +98,8 @@ class SampleCommand:
     """Euler steps; ``None``: the recipe's ``samples.steps``."""
     cfg_scale: float | None = None
     """Classifier-free guidance; ``None``: the recipe's ``samples.cfg_scale``."""
+    cfg_stop: float | None = None
+    """The timestep where guidance stops (0: guidance on every step); ``None``: the recipe's ``samples.cfg_stop``."""
     seed: int = 0
     """Seed of the starting noise."""
     out: str | None = None
@@ -186,6 +188,7 @@ def sample_command(argv: list[str], console: Console) -> int:
         prompts=len(prompts),
         steps=args.steps or recipe.samples.steps,
         cfg_scale=recipe.samples.cfg_scale if args.cfg_scale is None else args.cfg_scale,
+        cfg_stop=recipe.samples.cfg_stop if args.cfg_stop is None else args.cfg_stop,
         seed=args.seed,
     )
     images = generate(models, prompts, recipe.data.resolution, config, recipe.model.guidance)

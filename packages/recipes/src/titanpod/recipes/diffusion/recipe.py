@@ -69,8 +69,19 @@ class SampleConfig:
     """Euler steps from noise to image."""
     cfg_scale: float = 3.0
     """Classifier-free guidance: velocity = uncond + scale x (cond - uncond); 1 turns it off."""
+    cfg_stop: float = 0.0
+    """The timestep (1 noise, 0 image) where guidance stops: the Euler steps that start at t <= cfg_stop take the
+    conditional velocity alone, as with scale 1 (0: guidance on every step). Guidance then shapes the image's
+    layout at high noise and leaves its fine detail to the model; it also skips those steps' unconditional pass."""
     seed: int = 0
     """Seed of the starting noise (the same every time, so grids are comparable across steps)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.cfg_stop < 1.0:
+            raise ValueError(
+                f"samples.cfg_stop is a timestep from 0 (guidance on every step) up to, not including, 1 (pure "
+                f"noise), e.g. 0.5; got {self.cfg_stop}."
+            )
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,14 @@ def flux_debug() -> DiffusionRecipe:
         device=DeviceConfig(lane="auto"),
         # 8,192 drawn images: the sample prompts are mostly combinations that 512 images never show.
         data=ImageDataConfig(source="shapes", resolution=16, batch_size=32, caption_dropout=0.1, shapes_count=8192),
+        # 10,000 steps: the grid passes the pixel check for 5 or 6 of its 6 prompts on seeds 0, 1 and 2 (5,000 steps:
+        # 4); under 6 min 30 s on an idle 2-core machine (twice the 5,000-step run at most).
         train=TrainConfig(
-            steps=5000, lr=2e-3, warmup_steps=50, decay="cosine", min_lr_ratio=0.1, weight_decay=0.0, log_every=100
+            steps=10_000, lr=2e-3, warmup_steps=50, decay="cosine", min_lr_ratio=0.1, weight_decay=0.0, log_every=100
         ),
-        samples=SampleConfig(every=0, prompts=6, steps=24, cfg_scale=5.0),
+        # Guidance 3 while t > 0.5, none below: constant guidance 5 turned many circles square (it sharpens fine
+        # detail too); with it, seeds 1 and 2 drew 64 and 68 of the first 90 prompts whole, with this 88 and 80.
+        samples=SampleConfig(every=0, prompts=6, steps=24, cfg_scale=3.0, cfg_stop=0.5),
         output=OutputConfig(),
         target=TargetConfig(chip="cpu", chips=1),
     )

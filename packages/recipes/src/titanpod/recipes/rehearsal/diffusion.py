@@ -83,7 +83,7 @@ KEPT = frozenset({
     "train.grad_accum_steps", "train.precision", "train.stop_at_step", "train.skip_nonfinite",
     "checkpoint.at_end", "checkpoint.keep_last", "checkpoint.async_save", "checkpoint.resume",
     "checkpoint.export_hf", "checkpoint.allow_changes",
-    "samples.prompts", "samples.cfg_scale", "samples.seed",
+    "samples.prompts", "samples.cfg_scale", "samples.cfg_stop", "samples.seed",
     "target.chip", "target.chips", "target.mfu",
 })  # fmt: skip
 """Settings the rehearsal runs as the recipe writes them (``stop_at_step`` and ``resume`` are set per run;

@@ -115,18 +115,23 @@ class FlowMatchingBatches:
         return torch.stack(latents).to(self.device)
 
     def encode_captions(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """T5 states [B, T, D] and pooled vectors [B, D_pooled] of each caption, from the cache where it has them."""
-        text, pooled = [], []
-        for caption in captions:
-            key = EncodingCache.key("text", caption.encode())
-            found = self.cache.get(key)
-            if found is None:
-                states, vector = self.models.text_encoders.encode([caption])
-                found = {"text": states[0], "pooled": vector[0]}
-                self.cache.put(key, found)
-            text.append(found["text"])
-            pooled.append(found["pooled"])
-        return torch.stack(text).to(self.device), torch.stack(pooled).to(self.device)
+        """T5 states [B, T, D] and pooled vectors [B, D_pooled] of each caption, from the cache where it has them.
+
+        The captions the cache lacks are encoded together, in one call of the encoders: every caption is padded to
+        the encoders' fixed lengths, so each one's states are those it gets alone, and a run's first epoch (most
+        of its captions new) costs one encoder call a batch rather than one a caption.
+        """
+        keys = {caption: EncodingCache.key("text", caption.encode()) for caption in captions}
+        found = {caption: self.cache.get(key) for caption, key in keys.items()}
+        missing = [caption for caption, entry in found.items() if entry is None]
+        if missing:
+            states, vectors = self.models.text_encoders.encode(missing)
+            for caption, state, vector in zip(missing, states, vectors, strict=True):
+                found[caption] = {"text": state.clone(), "pooled": vector.clone()}  # not views of the batch
+                self.cache.put(keys[caption], found[caption])
+        text = torch.stack([found[caption]["text"] for caption in captions])
+        pooled = torch.stack([found[caption]["pooled"] for caption in captions])
+        return text.to(self.device), pooled.to(self.device)
 
     def sample_positions(self, batch_size: int) -> range:
         """Positions in the run's stream of global batches of this rank's next ``batch_size`` samples: global

@@ -22,7 +22,10 @@ from titanpod.runs.diffusion.components import DiffusionModels
 def generate(
     models: DiffusionModels, prompts: list[str], resolution: int, config: SampleConfig, guidance: float = 1.0
 ) -> torch.Tensor:
-    """One image per prompt, [B, 3, resolution, resolution] in [-1, 1], the same for the same ``config.seed``."""
+    """One image per prompt, [B, 3, resolution, resolution] in [-1, 1], the same for the same ``config.seed``.
+
+    Each Euler step that starts above ``config.cfg_stop`` is guided by ``config.cfg_scale``; the rest take the
+    conditional velocity alone."""
     if not prompts:
         raise ValueError("Give at least one prompt.")
     transformer = models.transformer
@@ -43,7 +46,7 @@ def generate(
 
     def velocity(x_BLP: torch.Tensor, t_B: torch.Tensor) -> torch.Tensor:
         conditioned = transformer(x_BLP, img_ids, text_BTD.to(device), txt_ids, t_B, pooled_BD.to(device), guidance_B)
-        if config.cfg_scale == 1.0:
+        if config.cfg_scale == 1.0 or float(t_B[0]) <= config.cfg_stop:  # every sample of a step shares its t
             return conditioned
         plain = transformer(x_BLP, img_ids, empty_BTD.to(device), txt_ids, t_B, empty_pooled_BD.to(device), guidance_B)
         return plain + config.cfg_scale * (conditioned - plain)
