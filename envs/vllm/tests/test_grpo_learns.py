@@ -60,8 +60,8 @@ def start(where) -> None:
     (where / "lower.py").write_text(REWARD, encoding="utf-8")
 
 
-def grpo(where, mode: str) -> list[dict]:
-    """One GRPO run with rollouts from ``mode``'s engine; its steps' metrics.
+def grpo(where, mode: str, seed: int = SEED) -> list[dict]:
+    """One GRPO run with rollouts from ``mode``'s engine at ``seed``; its steps' metrics.
 
     Every setting that moves learning is given here rather than taken from the recipe, so a re-tuned
     ``grpo_debug`` leaves the test's figures as they were measured."""
@@ -69,18 +69,18 @@ def grpo(where, mode: str) -> list[dict]:
     vllm += ["--rollout.vllm-kv-cache-mib", "16"]
     run_python(
         "-m", "titanpod.posttrain.cli", "--recipe", "grpo_debug", "--model.init-from", "model",
-        "--train.steps", str(STEPS), "--train.seed", str(SEED), "--train.lr", "5e-3", "--train.warmup-steps", "1",
+        "--train.steps", str(STEPS), "--train.seed", str(seed), "--train.lr", "5e-3", "--train.warmup-steps", "1",
         "--train.decay", "constant", "--train.weight-decay", "0", "--train.grad-clip", "1.0", "--train.beta2", "0.99",
         "--train.log-every", "1",
         "--grpo.prompts-per-step", "4", "--grpo.group-size", "8", "--grpo.max-new-tokens", "4",
         "--grpo.temperature", "1.0", "--grpo.top-p", "1.0", "--grpo.clip-eps", "0.2", "--grpo.kl-beta", "0",
         "--grpo.updates-per-step", "1", "--grpo.reward-function", "lower:lowercase", "--grpo.eval-samples", "0",
         "--eval.examples", "4", "--eval.max-new-tokens", "4",
-        "--device.lane", "cpu", "--checkpoint.export-hf", "False", "--output.run-name", mode,
+        "--device.lane", "cpu", "--checkpoint.export-hf", "False", "--output.run-name", f"{mode}-{seed}",
         "--rollout.mode", mode, *(vllm if mode == "vllm" else []),
         cwd=where,
     )  # fmt: skip
-    rows = [json.loads(line) for line in (where / "runs" / mode / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (where / "runs" / f"{mode}-{seed}" / "metrics.jsonl").read_text().splitlines()]
     return [row for row in rows if "reward_mean" in row]
 
 
