@@ -154,6 +154,17 @@ def test_load_balancing_loss_is_top_k_when_balanced_and_larger_when_not():
     assert load_balancing_loss([collapsed], n_experts=4, top_k=1).item() > 3.5
 
 
+def test_load_balancing_loss_pools_every_layers_tokens():
+    torch.manual_seed(0)
+    layers = [torch.randn(6, 4) for _ in range(3)]
+    # by hand over the 18 pooled rows: f[k, e] the share of rows whose k-th choice is e, P[e] the mean probability
+    pooled = torch.cat(layers).softmax(-1)
+    chosen = pooled.topk(2, dim=-1).indices
+    share_KE = torch.stack([torch.bincount(chosen[:, k], minlength=4).float() / 18 for k in range(2)])
+    want = 4 * (share_KE * pooled.mean(dim=0)).sum()
+    torch.testing.assert_close(load_balancing_loss(layers, n_experts=4, top_k=2), want)
+
+
 def test_moe_model_loss_adds_the_weighted_auxiliary_term():
     model = build_model("qwen3_moe", "debug", device="cpu")
     model.init_weights(0)

@@ -52,6 +52,15 @@ def test_moe_plan_counts_active_parameters():
     assert round(plan.active_parameters / 1e9, 2) == 22.19  # published: 22.19B active
 
 
+def test_an_xla_expert_mesh_holds_the_vocabulary_gradients_whole():
+    recipe = get_recipe("qwen3_235b_a22b")  # fsdp 16 x ep 8 on a v5p-256
+    v5p = chip_by_name("v5p")
+    xla = plan_run(with_changes(recipe, device={"lane": "xla"}), v5p, 128, 0.4)
+    cpu = plan_run(with_changes(recipe, device={"lane": "cpu"}), v5p, 128, 0.4)
+    # an fp32 embedding gradient and a bf16 head gradient, each 151,936 x 4,096 whole
+    assert xla.memory.transient - cpu.memory.transient == 151936 * 4096 * (4 + 2)
+
+
 def test_state_memory_is_each_parameters_share_on_the_mesh():
     recipe = get_recipe("llama3_405b")  # fsdp 64 x tp 8 on 512 chips
     plan = plan_run(recipe, chip_by_name("v5p"), 512, 0.4)

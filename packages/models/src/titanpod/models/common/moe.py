@@ -183,9 +183,14 @@ def load_balancing_loss(
     expert e, P the mean router probability of e, both over every token of every layer and,
     through ``batch_mean``, of the whole global batch. Equals ``top_k`` when routing is
     perfectly balanced.
+
+    The layers' logits are stacked on a new leading dimension, not concatenated along the token one: every
+    layer routes the same tokens, so the means are the same, and the token dimension (split over the data
+    ranks) keeps its layout; concatenated, it would be cut at other boundaries than each layer's, which the
+    compiler reshuffles between chips piece by piece (tens of GiB a chip for 94 layers).
     """
-    probs_LNE = F.softmax(torch.cat(router_logits).float(), dim=-1)
-    chosen = probs_LNE.topk(top_k, dim=-1).indices
-    fraction_KE = batch_mean(F.one_hot(chosen, n_experts).float().mean(dim=0))
-    mean_prob_E = batch_mean(probs_LNE.mean(dim=0))
+    probs_LNE = F.softmax(torch.stack(router_logits).float(), dim=-1)
+    chosen_LNK = probs_LNE.topk(top_k, dim=-1).indices
+    fraction_KE = batch_mean(F.one_hot(chosen_LNK, n_experts).float().mean(dim=(0, 1)))
+    mean_prob_E = batch_mean(probs_LNE.mean(dim=(0, 1)))
     return n_experts * (fraction_KE * mean_prob_E).sum()

@@ -184,6 +184,8 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     if mesh["fsdp"] * mesh["cp"] * mesh["ep"] > 1:  # parameters are gathered a block at a time, one prefetched
         gathered = 2 * _gathered_block_numel(plan, model, mesh) * _BYTES[recipe.parallel.param_dtype]
     kv_bytes = _kv_bytes(model, data.batch_size, data.seq_len, dtype, mesh["tp"]) if mesh["cp"] > 1 else 0
+    if lane == "xla" and mesh["ep"] > 1:
+        gathered += _whole_vocab_gradient_bytes(model)
     if kv_bytes:  # attention keeps the gathered keys and values (whole rows) for backward, not just its own
         others = kv_bytes * (mesh["cp"] - 1) // mesh["cp"]
         block = dataclasses.replace(block, all_saved=block.all_saved + others, matmul_saved=block.matmul_saved + others)
@@ -248,6 +250,14 @@ def _kv_bytes(model: Transformer, batch: int, seq_len: int, dtype: torch.dtype, 
     args = model.args
     kv_heads = max(1, args.n_kv_heads // tp)
     return 2 * batch * seq_len * kv_heads * args.resolved_head_dim * dtype.itemsize
+
+
+def _whole_vocab_gradient_bytes(model: Transformer) -> int:
+    """Bytes libtpu holds for the vocabulary tables' gradients on an ``ep`` mesh, whose tokens span ``ep`` while
+    the tables are split over ``fsdp`` only: the embedding's gradient as a whole fp32 [vocab, dim] table and the
+    head's as a whole bf16 one, reduced before they are split (Qwen3-235B-A22B on v5p-256, docs/recipes.md)."""
+    whole = model.args.vocab_size * model.args.dim
+    return 4 * whole + (0 if model.args.tie_embeddings else 2 * whole)
 
 
 def _gathered_block_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str, int]) -> int:
