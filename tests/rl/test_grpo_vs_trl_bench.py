@@ -88,18 +88,32 @@ def test_mean_and_standard_error():
 def test_the_table_shows_each_seed_and_the_gain():
     bench = _bench()
     runs = [
-        bench.TrainerRun("titanpod", 1, 0.30, 0.50, 0.20, 0.40, step_seconds=[9.0, 2.0, 2.0]),
-        bench.TrainerRun("titanpod", 0, 0.30, 0.40, 0.20, 0.30, step_seconds=[9.0, 1.0, 1.0]),
-        bench.TrainerRun("trl", 0, 0.30, 0.35, 0.20, 0.25, step_seconds=[5.0, 3.0]),
-        bench.TrainerRun("trl", 1, 0.30, 0.35, 0.20, 0.25, step_seconds=[5.0, 3.0]),
+        bench.TrainerRun(
+            "titanpod", 1, 0.30, 0.50, 0.20, 0.40, step_seconds=[9.0, 2.0, 2.0], step_cpu_seconds=[8.0, 1.0, 3.0]
+        ),
+        bench.TrainerRun(
+            "titanpod", 0, 0.30, 0.40, 0.20, 0.30, step_seconds=[9.0, 1.0, 1.0], step_cpu_seconds=[8.0, 1.0, 1.0]
+        ),
+        bench.TrainerRun("trl", 0, 0.30, 0.35, 0.20, 0.25, step_seconds=[5.0, 3.0], step_cpu_seconds=[6.0, 4.5]),
+        bench.TrainerRun("trl", 1, 0.30, 0.35, 0.20, 0.25, step_seconds=[5.0, 3.0], step_cpu_seconds=[6.0, 4.5]),
     ]
     rows = {label: (ours, theirs) for label, ours, theirs in bench.summary_rows(runs)}
     # gains 10 and 20 points in seed order 0, 1; standard error of (10, 20) is 5
     assert rows["greedy gain (points)"][0] == "15.0 +- 5.0 (10.0, 20.0)"
     assert rows["greedy gain (points)"][1] == "5.0 +- 0.0 (5.0, 5.0)"
     # the first step (warm-up) is left out of seconds per step
-    assert rows["seconds per step"][0] == "1.50 +- 0.50 (1.00, 2.00)"
+    assert rows["wall seconds per step"][0] == "1.50 +- 0.50 (1.00, 2.00)"
     assert bench.speed_ratio(runs) == pytest.approx(3.0 / 1.5)
+    # CPU seconds: steps 2 to N of seed 0 (1, 1) and seed 1 (1, 3) average 1.0 and 2.0
+    assert rows["CPU seconds per step"][0] == "1.50 +- 0.50 (1.00, 2.00)"
+    assert rows["CPU seconds per step"][1] == "4.50 +- 0.00 (4.50, 4.50)"
+    assert bench.speed_ratio(runs, "cpu_seconds_per_step") == pytest.approx(4.5 / 1.5)
+
+
+def test_runs_without_cpu_times_show_nan_not_a_crash():
+    bench = _bench()
+    run = bench.TrainerRun("trl", 0, 0.1, 0.2, 0.05, 0.15, step_seconds=[4.0, 2.0])
+    assert math.isnan(run.cpu_seconds_per_step)
 
 
 def test_added_seeds_keep_the_earlier_runs(tmp_path):
