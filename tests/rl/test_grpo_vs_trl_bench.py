@@ -50,9 +50,9 @@ def test_both_trainers_get_the_recipes_settings():
 def test_trl_is_given_titanpods_warmup():
     bench = _bench()
     settings = bench.MatchedSettings.from_recipe(grpo_debug())
-    assert settings.warmup_steps == 10
-    # titanpod's GRPO step s (1-based) runs at s / 10 of the peak; torch's scheduler counts updates from 0
-    assert [bench.warmup_factor(settings, i) for i in (0, 4, 9, 10, 50)] == [0.1, 0.5, 1.0, 1.0, 1.0]
+    assert settings.warmup_steps == 5
+    # titanpod's GRPO step s (1-based) runs at s / 5 of the peak; torch's scheduler counts updates from 0
+    assert [bench.warmup_factor(settings, i) for i in (0, 1, 4, 5, 50)] == [0.2, 0.4, 1.0, 1.0, 1.0]
     flat = dataclasses.replace(settings, warmup_steps=0)
     assert bench.warmup_factor(flat, 0) == 1.0
 

@@ -17,10 +17,11 @@ and sampled (``titanpod.rl.grpo.held_out.sampled_accuracy``, the built-in engine
 the same seeds before and after) on the task's held-out prompts; TRL's trained model is read back into a
 titanpod model from the Hugging Face folder TRL writes. Seconds per step are the mean wall time of steps 2 to
 N (rollouts, update and, for titanpod, the weight sync), both trainers run one after the other in this process
-with the same torch thread count.
+with the same torch thread count; CPU seconds per step are the mean user + system time of this process (every
+thread, and any child it reaped) over the same steps, which the load of other jobs does not inflate.
 
 Printed: per seed and as mean +- standard error over seeds, held-out greedy and sampled accuracy before and
-after, the gain, and seconds per step with TRL's over titanpod's. Written to ``--out``: ``results.json``
+after, the gain, and wall and CPU seconds per step with TRL's over titanpod's. Written to ``--out``: ``results.json``
 (every figure and both reward curves) and ``reward_curves.png``.
 
 TRL, transformers' TRL extras and matplotlib come from ``envs/trl``; the functions the tests import
