@@ -123,3 +123,11 @@ def test_added_seeds_keep_the_earlier_runs(tmp_path):
     path.write_text(json.dumps({"settings": {}, "runs": [dataclasses.asdict(earlier)]}))
     assert bench.earlier_runs(path) == [earlier]
     assert bench.earlier_runs(tmp_path / "absent.json") == []
+
+
+def test_the_bench_can_replace_the_learning_rate_of_both_trainers(tmp_path):
+    bench = _bench()
+    recipe = bench.bench_recipe("grpo_debug", tmp_path / "sft", 2, tmp_path, lr=2e-3)
+    assert recipe.train.lr == 2e-3 and recipe.train.seed == 2
+    assert bench.MatchedSettings.from_recipe(recipe).lr == 2e-3
+    assert bench.bench_recipe("grpo_debug", tmp_path / "sft", 0, tmp_path).train.lr == grpo_debug().train.lr

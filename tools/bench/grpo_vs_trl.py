@@ -279,16 +279,17 @@ def bench_recipe(
     steps: int | None = None,
     prompts_per_step: int | None = None,
     eval_examples: int | None = None,
+    lr: float | None = None,
 ) -> Any:
     """The titanpod GRPO recipe ``name`` from ``sft_dir``'s model, seeded ``seed``, writing under ``runs_dir``;
-    ``steps``, ``prompts_per_step`` and ``eval_examples`` replace the recipe's when given."""
+    ``steps``, ``prompts_per_step``, ``eval_examples`` and ``lr`` replace the recipe's when given."""
     from titanpod.recipes.posttrain.grpo_recipe import GRPOModelConfig
     from titanpod.recipes.posttrain.registry import get_posttrain_recipe
 
     recipe = get_posttrain_recipe(name).build()
     steps = steps or recipe.train.steps
     warmup = min(recipe.train.resolved_warmup_steps, steps // 3)  # a shortened run keeps its warmup inside it
-    train = dataclasses.replace(recipe.train, seed=seed, steps=steps, warmup_steps=warmup)
+    train = dataclasses.replace(recipe.train, seed=seed, steps=steps, warmup_steps=warmup, lr=lr or recipe.train.lr)
     output = dataclasses.replace(
         recipe.output, runs_dir=str(runs_dir), run_name=f"titanpod_seed{seed}", start_over=True, tensorboard=False
     )
@@ -537,6 +538,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="replace the recipe's GRPO steps")
     parser.add_argument("--prompts-per-step", type=int, default=None, help="replace the recipe's prompts per step")
     parser.add_argument("--eval-examples", type=int, default=None, help="replace the recipe's held-out prompts")
+    parser.add_argument("--lr", type=float, default=None, help="replace the recipe's learning rate (both trainers)")
     parser.add_argument(
         "--add", action="store_true", help="keep the runs of --out's results.json and run only the seeds it lacks"
     )
@@ -555,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> list[TrainerRun]:
     trl_before: tuple[float, float] | None = None
     for seed in [s for s in args.seeds if s not in {r.seed for r in runs}]:
         recipe = bench_recipe(
-            args.recipe, args.sft, seed, args.out, args.steps, args.prompts_per_step, args.eval_examples
+            args.recipe, args.sft, seed, args.out, args.steps, args.prompts_per_step, args.eval_examples, args.lr
         )
         settings = MatchedSettings.from_recipe(recipe)
         scorer = HeldOutScorer(recipe)
