@@ -193,7 +193,7 @@ def test_grpo_debug_is_registered_with_the_old_optimizer_settings():
     assert entry.kind == "grpo" and recipe.model.init_from is None
     assert GRPORecipe.from_dict(recipe.to_dict()) == recipe
     train = recipe.train
-    assert (train.steps, train.lr, train.warmup_steps, train.decay) == (60, 5e-4, 10, "constant")
+    assert (train.steps, train.lr, train.warmup_steps, train.decay) == (20, 5e-4, 5, "constant")
     assert (train.weight_decay, train.beta2, train.grad_clip) == (0.0, 0.99, 1.0)
     assert recipe.checkpoint.export_hf
 

@@ -50,9 +50,9 @@ def test_both_trainers_get_the_recipes_settings():
 def test_trl_is_given_titanpods_warmup():
     bench = _bench()
     settings = bench.MatchedSettings.from_recipe(grpo_debug())
-    assert settings.warmup_steps == 10
-    # titanpod's GRPO step s (1-based) runs at s / 10 of the peak; torch's scheduler counts updates from 0
-    assert [bench.warmup_factor(settings, i) for i in (0, 4, 9, 10, 50)] == [0.1, 0.5, 1.0, 1.0, 1.0]
+    assert settings.warmup_steps == 5
+    # titanpod's GRPO step s (1-based) runs at s / 5 of the peak; torch's scheduler counts updates from 0
+    assert [bench.warmup_factor(settings, i) for i in (0, 1, 4, 5, 50)] == [0.2, 0.4, 1.0, 1.0, 1.0]
     flat = dataclasses.replace(settings, warmup_steps=0)
     assert bench.warmup_factor(flat, 0) == 1.0
 
@@ -88,18 +88,32 @@ def test_mean_and_standard_error():
 def test_the_table_shows_each_seed_and_the_gain():
     bench = _bench()
     runs = [
-        bench.TrainerRun("titanpod", 1, 0.30, 0.50, 0.20, 0.40, step_seconds=[9.0, 2.0, 2.0]),
-        bench.TrainerRun("titanpod", 0, 0.30, 0.40, 0.20, 0.30, step_seconds=[9.0, 1.0, 1.0]),
-        bench.TrainerRun("trl", 0, 0.30, 0.35, 0.20, 0.25, step_seconds=[5.0, 3.0]),
-        bench.TrainerRun("trl", 1, 0.30, 0.35, 0.20, 0.25, step_seconds=[5.0, 3.0]),
+        bench.TrainerRun(
+            "titanpod", 1, 0.30, 0.50, 0.20, 0.40, step_seconds=[9.0, 2.0, 2.0], step_cpu_seconds=[8.0, 1.0, 3.0]
+        ),
+        bench.TrainerRun(
+            "titanpod", 0, 0.30, 0.40, 0.20, 0.30, step_seconds=[9.0, 1.0, 1.0], step_cpu_seconds=[8.0, 1.0, 1.0]
+        ),
+        bench.TrainerRun("trl", 0, 0.30, 0.35, 0.20, 0.25, step_seconds=[5.0, 3.0], step_cpu_seconds=[6.0, 4.5]),
+        bench.TrainerRun("trl", 1, 0.30, 0.35, 0.20, 0.25, step_seconds=[5.0, 3.0], step_cpu_seconds=[6.0, 4.5]),
     ]
     rows = {label: (ours, theirs) for label, ours, theirs in bench.summary_rows(runs)}
     # gains 10 and 20 points in seed order 0, 1; standard error of (10, 20) is 5
     assert rows["greedy gain (points)"][0] == "15.0 +- 5.0 (10.0, 20.0)"
     assert rows["greedy gain (points)"][1] == "5.0 +- 0.0 (5.0, 5.0)"
     # the first step (warm-up) is left out of seconds per step
-    assert rows["seconds per step"][0] == "1.50 +- 0.50 (1.00, 2.00)"
+    assert rows["wall seconds per step"][0] == "1.50 +- 0.50 (1.00, 2.00)"
     assert bench.speed_ratio(runs) == pytest.approx(3.0 / 1.5)
+    # CPU seconds: steps 2 to N of seed 0 (1, 1) and seed 1 (1, 3) average 1.0 and 2.0
+    assert rows["CPU seconds per step"][0] == "1.50 +- 0.50 (1.00, 2.00)"
+    assert rows["CPU seconds per step"][1] == "4.50 +- 0.00 (4.50, 4.50)"
+    assert bench.speed_ratio(runs, "cpu_seconds_per_step") == pytest.approx(4.5 / 1.5)
+
+
+def test_runs_without_cpu_times_show_nan_not_a_crash():
+    bench = _bench()
+    run = bench.TrainerRun("trl", 0, 0.1, 0.2, 0.05, 0.15, step_seconds=[4.0, 2.0])
+    assert math.isnan(run.cpu_seconds_per_step)
 
 
 def test_added_seeds_keep_the_earlier_runs(tmp_path):
@@ -109,3 +123,11 @@ def test_added_seeds_keep_the_earlier_runs(tmp_path):
     path.write_text(json.dumps({"settings": {}, "runs": [dataclasses.asdict(earlier)]}))
     assert bench.earlier_runs(path) == [earlier]
     assert bench.earlier_runs(tmp_path / "absent.json") == []
+
+
+def test_the_bench_can_replace_the_learning_rate_of_both_trainers(tmp_path):
+    bench = _bench()
+    recipe = bench.bench_recipe("grpo_debug", tmp_path / "sft", 2, tmp_path, lr=2e-3)
+    assert recipe.train.lr == 2e-3 and recipe.train.seed == 2
+    assert bench.MatchedSettings.from_recipe(recipe).lr == 2e-3
+    assert bench.bench_recipe("grpo_debug", tmp_path / "sft", 0, tmp_path).train.lr == grpo_debug().train.lr

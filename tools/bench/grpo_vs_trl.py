@@ -17,10 +17,11 @@ and sampled (``titanpod.rl.grpo.held_out.sampled_accuracy``, the built-in engine
 the same seeds before and after) on the task's held-out prompts; TRL's trained model is read back into a
 titanpod model from the Hugging Face folder TRL writes. Seconds per step are the mean wall time of steps 2 to
 N (rollouts, update and, for titanpod, the weight sync), both trainers run one after the other in this process
-with the same torch thread count.
+with the same torch thread count; CPU seconds per step are the mean user + system time of this process (every
+thread, and any child it reaped) over the same steps, which the load of other jobs does not inflate.
 
 Printed: per seed and as mean +- standard error over seeds, held-out greedy and sampled accuracy before and
-after, the gain, and seconds per step with TRL's over titanpod's. Written to ``--out``: ``results.json``
+after, the gain, and wall and CPU seconds per step with TRL's over titanpod's. Written to ``--out``: ``results.json``
 (every figure and both reward curves) and ``reward_curves.png``.
 
 TRL, transformers' TRL extras and matplotlib come from ``envs/trl``; the functions the tests import
@@ -205,6 +206,8 @@ class TrainerRun:
     """Mean training reward of each step."""
     step_seconds: list[float] = field(default_factory=list)
     """Wall time of each step."""
+    step_cpu_seconds: list[float] = field(default_factory=list)
+    """CPU time (user + system, every thread of the process and its reaped children) of each step."""
 
     @property
     def greedy_gain(self) -> float:
@@ -221,6 +224,13 @@ class TrainerRun:
         """Mean wall time of steps 2 to N (the first step also warms up)."""
         timed = self.step_seconds[1:] or self.step_seconds
         return statistics.fmean(timed)
+
+    @property
+    def cpu_seconds_per_step(self) -> float:
+        """Mean CPU time of steps 2 to N: the step's cost, which other jobs' load on the machine does not inflate
+        (NaN when the run recorded none)."""
+        timed = self.step_cpu_seconds[1:] or self.step_cpu_seconds
+        return statistics.fmean(timed) if timed else math.nan
 
 
 def summary_rows(runs: Sequence[TrainerRun]) -> list[tuple[str, str, str]]:
@@ -244,15 +254,17 @@ def summary_rows(runs: Sequence[TrainerRun]) -> list[tuple[str, str, str]]:
         ("held-out sampled before (%)", "sampled_before", 100, 1),
         ("held-out sampled after (%)", "sampled_after", 100, 1),
         ("sampled gain (points)", "sampled_gain", 100, 1),
-        ("seconds per step", "seconds_per_step", 1, 2),
+        ("wall seconds per step", "seconds_per_step", 1, 2),
+        ("CPU seconds per step", "cpu_seconds_per_step", 1, 2),
     ):
         rows.append((label, cell("titanpod", figure, scale, digits), cell("trl", figure, scale, digits)))
     return rows
 
 
-def speed_ratio(runs: Sequence[TrainerRun]) -> float:
-    """TRL's mean seconds per step over titanpod's (above 1: titanpod's step is faster)."""
-    mean = {t: statistics.fmean(r.seconds_per_step for r in runs if r.trainer == t) for t in ("titanpod", "trl")}
+def speed_ratio(runs: Sequence[TrainerRun], figure: str = "seconds_per_step") -> float:
+    """TRL's mean of ``figure`` (``seconds_per_step``: wall; ``cpu_seconds_per_step``: CPU) over titanpod's
+    (above 1: titanpod's step is faster)."""
+    mean = {t: statistics.fmean(getattr(r, figure) for r in runs if r.trainer == t) for t in ("titanpod", "trl")}
     return mean["trl"] / mean["titanpod"]
 
 
@@ -267,16 +279,17 @@ def bench_recipe(
     steps: int | None = None,
     prompts_per_step: int | None = None,
     eval_examples: int | None = None,
+    lr: float | None = None,
 ) -> Any:
     """The titanpod GRPO recipe ``name`` from ``sft_dir``'s model, seeded ``seed``, writing under ``runs_dir``;
-    ``steps``, ``prompts_per_step`` and ``eval_examples`` replace the recipe's when given."""
+    ``steps``, ``prompts_per_step``, ``eval_examples`` and ``lr`` replace the recipe's when given."""
     from titanpod.recipes.posttrain.grpo_recipe import GRPOModelConfig
     from titanpod.recipes.posttrain.registry import get_posttrain_recipe
 
     recipe = get_posttrain_recipe(name).build()
     steps = steps or recipe.train.steps
     warmup = min(recipe.train.resolved_warmup_steps, steps // 3)  # a shortened run keeps its warmup inside it
-    train = dataclasses.replace(recipe.train, seed=seed, steps=steps, warmup_steps=warmup)
+    train = dataclasses.replace(recipe.train, seed=seed, steps=steps, warmup_steps=warmup, lr=lr or recipe.train.lr)
     output = dataclasses.replace(
         recipe.output, runs_dir=str(runs_dir), run_name=f"titanpod_seed{seed}", start_over=True, tensorboard=False
     )
@@ -364,6 +377,7 @@ def run_titanpod(recipe: Any, scorer: HeldOutScorer) -> TrainerRun:
         result.sampled_after,
         rewards=[m.reward_mean for m in result.history],
         step_seconds=[m.step_seconds for m in result.history],
+        step_cpu_seconds=[m.step_cpu_seconds for m in result.history],
     )
 
 
@@ -404,6 +418,7 @@ def run_trl(
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from titanpod.rl.grpo.cpu_time import process_cpu_seconds
     from titanpod.rl.grpo.setup import choose_reward
 
     seed = recipe.train.seed
@@ -415,13 +430,15 @@ def run_trl(
     class StepTimes(TrainerCallback):
         def __init__(self) -> None:
             self.seconds: list[float] = []
-            self.started = 0.0
+            self.cpu_seconds: list[float] = []
+            self.started = self.cpu_started = 0.0
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.started = time.perf_counter()
+            self.started, self.cpu_started = time.perf_counter(), process_cpu_seconds()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.seconds.append(time.perf_counter() - self.started)
+            self.cpu_seconds.append(process_cpu_seconds() - self.cpu_started)
 
     tokenizer = AutoTokenizer.from_pretrained(sft_dir / HF_FOLDER)
     dataset = trl_dataset(recipe, scorer)
@@ -451,7 +468,17 @@ def run_trl(
     rewards = [row["reward"] for row in trainer.state.log_history if "reward" in row]
     trainer.model.save_pretrained(out / HF_FOLDER)
     greedy, sampled = scorer.score(load_hf_as_titanpod(out / HF_FOLDER))
-    return TrainerRun("trl", seed, before[0], greedy, before[1], sampled, rewards=rewards, step_seconds=timer.seconds)
+    return TrainerRun(
+        "trl",
+        seed,
+        before[0],
+        greedy,
+        before[1],
+        sampled,
+        rewards=rewards,
+        step_seconds=timer.seconds,
+        step_cpu_seconds=timer.cpu_seconds,
+    )
 
 
 def draw_curves(runs: Sequence[TrainerRun], path: Path) -> None:
@@ -489,7 +516,10 @@ def print_table(runs: Sequence[TrainerRun], settings: MatchedSettings) -> None:
     print(f"{'figure':<30}{'titanpod: mean +- s.e. (per seed)':<44}TRL: mean +- s.e. (per seed)")
     for label, ours, theirs in summary_rows(runs):
         print(f"{label:<30}{ours:<44}{theirs}")
-    print(f"TRL's seconds per step / titanpod's: {speed_ratio(runs):.2f}")
+    print(
+        f"TRL's seconds per step / titanpod's: wall {speed_ratio(runs):.2f}, "
+        f"CPU {speed_ratio(runs, 'cpu_seconds_per_step'):.2f}"
+    )
 
 
 def earlier_runs(path: Path) -> list[TrainerRun]:
@@ -508,6 +538,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="replace the recipe's GRPO steps")
     parser.add_argument("--prompts-per-step", type=int, default=None, help="replace the recipe's prompts per step")
     parser.add_argument("--eval-examples", type=int, default=None, help="replace the recipe's held-out prompts")
+    parser.add_argument("--lr", type=float, default=None, help="replace the recipe's learning rate (both trainers)")
     parser.add_argument(
         "--add", action="store_true", help="keep the runs of --out's results.json and run only the seeds it lacks"
     )
@@ -526,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> list[TrainerRun]:
     trl_before: tuple[float, float] | None = None
     for seed in [s for s in args.seeds if s not in {r.seed for r in runs}]:
         recipe = bench_recipe(
-            args.recipe, args.sft, seed, args.out, args.steps, args.prompts_per_step, args.eval_examples
+            args.recipe, args.sft, seed, args.out, args.steps, args.prompts_per_step, args.eval_examples, args.lr
         )
         settings = MatchedSettings.from_recipe(recipe)
         scorer = HeldOutScorer(recipe)
@@ -542,7 +573,8 @@ def main(argv: Sequence[str] | None = None) -> list[TrainerRun]:
         for run in runs[-2:]:
             print(
                 f"seed {seed} {run.trainer}: greedy {run.greedy_before:.1%} -> {run.greedy_after:.1%}, sampled "
-                f"{run.sampled_before:.1%} -> {run.sampled_after:.1%}, {run.seconds_per_step:.2f} s/step",
+                f"{run.sampled_before:.1%} -> {run.sampled_after:.1%}, {run.seconds_per_step:.2f} s/step "
+                f"({run.cpu_seconds_per_step:.2f} CPU s/step)",
                 flush=True,
             )
         (args.out / "results.json").write_text(

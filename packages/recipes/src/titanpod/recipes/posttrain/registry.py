@@ -68,16 +68,16 @@ def sft_arith() -> SFTRecipe:
 
 def grpo_debug() -> GRPORecipe:
     """GRPO on 'arith' word problems from an SFT model (--model.init-from runs/<sft_arith run>/model, required):
-    60 steps of 64 x 8."""
+    20 steps of 16 prompts x 8."""
     return GRPORecipe(
         name="grpo_debug",
         model=GRPOModelConfig(),
         device=DeviceConfig(lane="auto"),
-        grpo=GRPOConfig(task="arith", reward="number", group_size=8, prompts_per_step=64, temperature=0.7,
+        grpo=GRPOConfig(task="arith", reward="number", group_size=8, prompts_per_step=16, temperature=0.7,
                         max_new_tokens=6, clip_eps=0.2, kl_beta=0.0, updates_per_step=1, eval_samples=4),
-        train=TrainConfig(steps=60, lr=5e-4, warmup_steps=10, decay="constant", weight_decay=0.0, beta2=0.99,
+        train=TrainConfig(steps=20, lr=5e-4, warmup_steps=5, decay="constant", weight_decay=0.0, beta2=0.99,
                           grad_clip=1.0, log_every=5),
-        eval=EvalConfig(examples=400, max_new_tokens=6),
+        eval=EvalConfig(examples=200, max_new_tokens=6),
         checkpoint=CheckpointConfig(at_end=True, export_hf=True),
         output=OutputConfig(),
     )  # fmt: skip

@@ -112,6 +112,9 @@ class GRPOStepMetrics:
     """The weights' checksum, equal on the trainer and the engine."""
     step_seconds: float
     """Wall time of the step: rollouts, updates and sync."""
+    step_cpu_seconds: float
+    """CPU time of the step (user + system, every thread of this process and its waited-for children): what the
+    step costs the machine, which the load of other jobs does not inflate the way it inflates ``step_seconds``."""
 
     @classmethod
     def build(cls, step: int, totals: RolloutTotals, updates: UpdateFigures, lr: float, **rest: Any) -> GRPOStepMetrics:
@@ -158,5 +161,5 @@ class GRPOStepMetrics:
             f"flat groups {self.zero_signal_groups}  skipped {self.skipped}  "
             f"sync {self.sync_seconds * 1000:.0f} ms {self.sync_bytes / 2**20:.1f} MiB "
             f"v{self.weights_version} {self.checksum[:8]}  "
-            f"{self.step_seconds:.2f} s"
+            f"{self.step_seconds:.2f} s ({self.step_cpu_seconds:.2f} s CPU)"
         )

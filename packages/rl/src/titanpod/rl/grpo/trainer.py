@@ -10,6 +10,7 @@ import torch
 from titanpod.graph import StepOutput, TrainStep, lr_multiplier
 from titanpod.models import Transformer
 from titanpod.rl.grpo.batches import build_batch, token_weight, with_policy_logprobs
+from titanpod.rl.grpo.cpu_time import process_cpu_seconds
 from titanpod.rl.grpo.metrics import GRPOStepMetrics, RolloutTotals, UpdateFigures
 from titanpod.rl.grpo.objective import CLIP_FRACTION, KL, token_logprobs
 from titanpod.rl.grpo.prompts import PromptShare
@@ -107,7 +108,7 @@ class GRPOTrainer:
 
     def __call__(self, step_number: int) -> GRPOStepMetrics:
         """Run GRPO step ``step_number`` (1-based) and sync the engine to it as weights version ``step_number``."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), process_cpu_seconds()
         train = self.setup.recipe.train
         scored = self.rollouts(step_number)
         totals = self.sharding.sum_totals(RolloutTotals.of(scored))
@@ -125,4 +126,5 @@ class GRPOTrainer:
             weights_version=sync.version,
             checksum=sync.checksum,
             step_seconds=time.perf_counter() - started,
+            step_cpu_seconds=process_cpu_seconds() - cpu_started,
         )
