@@ -52,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attention", choices=sorted(ATTENTION_OVERRIDES), default="splash")
     p.add_argument("--layers", default="all", help="decoder layers to build: a number, or 'all' for the model's own")
     p.add_argument(
+        "--scan-layers",
+        action="store_true",
+        help="build the decoder layers as one scanned loop (MaxText's scan_layers=true): the memory of the step "
+        "as a recipe runs it at full depth, but cost_analysis then counts the loop's body once",
+    )
+    p.add_argument(
         "--no-windowed-einsum",
         action="store_true",
         help="add the libtpu flags that turn collective matmuls off, so cost_analysis counts all their flops",
@@ -101,8 +107,8 @@ def maxtext_overrides(args: argparse.Namespace) -> list[str]:
         f"per_device_batch_size={args.per_device_batch:g}",
         f"max_target_length={args.seq_len}",
         f"remat_policy={args.remat}",
-        # Layers unrolled: a scanned stack is a while loop, whose body cost_analysis counts once.
-        "scan_layers=false",
+        # Layers unrolled unless asked: a scanned stack is a while loop, whose body cost_analysis counts once.
+        f"scan_layers={'true' if args.scan_layers else 'false'}",
         "dataset_type=synthetic",
         "enable_checkpointing=false",
         "run_name=compile_step",
@@ -208,6 +214,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "per_device_batch": args.per_device_batch,
         "seq_len": args.seq_len,
         "layers": int(config.num_decoder_layers),
+        "scanned": bool(args.scan_layers),
         "attention": args.attention,
         "remat": args.remat,
         "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", ""),

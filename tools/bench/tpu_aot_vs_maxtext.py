@@ -18,6 +18,11 @@ the two programs have the same shape; ``--layers 2,4`` compiles two shallow copi
 
     uv run python tools/bench/tpu_aot_vs_maxtext.py                      # Llama 3 8B, Qwen 3 8B on v5p-8
     uv run python tools/bench/tpu_aot_vs_maxtext.py --cases llama3_8b --layers 2 --attention pallas
+    uv run python tools/bench/tpu_aot_vs_maxtext.py --cases llama3_70b --attention pallas --scanned-memory
+
+Shallow compiles do not extrapolate memory honestly; ``--scanned-memory`` takes each side's memory from one
+compile of the whole depth with its layers as one loop (how both train) and its flops and time from unrolled
+compiles of 2 and 4 layers, extrapolated by depth: a loop's body counts once in the compiler's cost analysis.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 GiB = 1024**3
+COST_DEPTHS = (2, 4)
+"""The unrolled depths whose compiles give the costs when memory comes from a scanned one (titanpod's
+``--compile-for`` uses the same two for a recipe that scans)."""
 NO_LOOPS = (
     "--xla_tpu_enable_windowed_einsum_for_all_gather=false --xla_tpu_enable_windowed_einsum_for_reduce_scatter=false"
 )
@@ -64,11 +72,19 @@ CASES = {
 
 
 def titanpod_figures(
-    case: Case, attention: str, layers: list[int], folder: Path, reuse: bool = False, keep_logits: bool = True
+    case: Case,
+    attention: str,
+    layers: list[int],
+    folder: Path,
+    reuse: bool = False,
+    keep_logits: bool = True,
+    scanned_memory: bool = False,
 ) -> dict:
     """titanpod's report.json for the case (full depth, or extrapolated from ``layers``); with ``reuse``, the one
     an earlier run left in ``folder``. ``keep_logits``: the Pallas loss keeps its logits for the backward, as
-    MaxText's step does (``kernels.pallas_loss.keep_logits``)."""
+    MaxText's step does (``kernels.pallas_loss.keep_logits``). ``scanned_memory``: the memory of one compile of
+    the whole depth with the blocks as one loop, and the costs extrapolated from unrolled compiles of 2 and 4
+    layers (``--compile-for``'s own way for a recipe that scans; ``layers`` is then unused)."""
     if reuse and (folder / "report.json").exists():
         return json.loads((folder / "report.json").read_text())
     kernels = ["--kernels.attention", "splash" if attention == "pallas" else "sdpa"]
@@ -76,11 +92,12 @@ def titanpod_figures(
     command = [
         "uv", "run", "--project", str(ROOT / "envs/tpu"), "titanpod-pretrain", "--recipe", case.recipe,
         "--compile-for", case.slice, "--data.batch-size", str(case.batch), "--data.seq-len", str(case.seq_len),
-        "--train.memory-policy", "recompute", "--train.grad-accum-steps", "1", "--train.scan-layers", "false",
+        "--train.memory-policy", "recompute", "--train.grad-accum-steps", "1",
+        "--train.scan-layers", "true" if scanned_memory else "false",
         *kernels,
         "--compile-output", str(folder),
     ]  # fmt: skip
-    if layers:
+    if layers and not scanned_memory:
         command += ["--compile-layers", *map(str, layers)]
     started = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT / "envs/tpu", capture_output=True, text=True, check=False)
@@ -92,13 +109,28 @@ def titanpod_figures(
 
 
 def maxtext_figures(
-    case: Case, attention: str, layers: list[int], folder: Path, depth: int, reuse: bool = False
+    case: Case,
+    attention: str,
+    layers: list[int],
+    folder: Path,
+    depth: int,
+    reuse: bool = False,
+    scanned_memory: bool = False,
 ) -> dict:
-    """MaxText's figures for the case: one compile at full depth, or two extrapolated to ``depth`` layers."""
+    """MaxText's figures for the case: one compile at full depth, or two extrapolated to ``depth`` layers; with
+    ``scanned_memory``, the memory of a full-depth compile with the layers as one loop beside those costs."""
     runs = [maxtext_compile(case, attention, n, folder, reuse) for n in (layers or [None])]
-    if len(runs) == 1:
-        return runs[0]
-    low, high = runs
+    figures = runs[0] if len(runs) == 1 else extrapolated(*runs, depth)
+    if scanned_memory:
+        figures = with_memory_from(figures, maxtext_compile(case, attention, None, folder, reuse, scanned=True))
+    return figures
+
+
+def extrapolated(low: dict, high: dict, depth: int) -> dict:
+    """MaxText's JSON for ``depth`` layers from compiles of ``low`` and ``high`` (fewer and more layers): every
+    memory and cost figure on the line through the two, compile times summed."""
+    if high["layers"] <= low["layers"]:
+        raise ValueError(f"extrapolation needs two rising depths, not {low['layers']} and {high['layers']}")
     scale = (depth - low["layers"]) / (high["layers"] - low["layers"])
 
     def grow(a: float, b: float) -> float:
@@ -113,19 +145,36 @@ def maxtext_figures(
     }
     merged["compile_seconds"] = low["compile_seconds"] + high["compile_seconds"]
     merged["layers"] = depth
+    merged["extrapolated_from"] = [low["layers"], high["layers"]]
     return merged
 
 
-def maxtext_compile(case: Case, attention: str, depth: int | None, folder: Path, reuse: bool = False) -> dict:
-    """One MaxText compile (``envs/maxtext/compile_step.py``) and its JSON; with ``reuse``, an earlier run's."""
-    out = folder / f"maxtext-{depth or 'all'}.json"
+def with_memory_from(costed: dict, scanned: dict) -> dict:
+    """``costed`` (unrolled or extrapolated) with its memory replaced by ``scanned``'s, a compile of the same depth
+    with the layers as one loop; its compile time becomes the scanned compile's, the costed ones' kept apart."""
+    if scanned["layers"] != costed["layers"]:
+        raise ValueError(f"the scanned compile has {scanned['layers']} layers, the costed figures {costed['layers']}")
+    merged = dict(costed)
+    merged["memory_per_chip"] = dict(scanned["memory_per_chip"])
+    merged["compile_seconds"] = scanned["compile_seconds"]
+    merged["cost_compile_seconds"] = costed["compile_seconds"]
+    merged["scanned"] = True
+    return merged
+
+
+def maxtext_compile(
+    case: Case, attention: str, depth: int | None, folder: Path, reuse: bool = False, scanned: bool = False
+) -> dict:
+    """One MaxText compile (``envs/maxtext/compile_step.py``) and its JSON; with ``reuse``, an earlier run's.
+    ``scanned``: the layers as one loop (memory as trained; costs count the loop's body once)."""
+    out = folder / f"maxtext-{depth or 'all'}{'-scanned' if scanned else ''}.json"
     if reuse and out.exists():
         return json.loads(out.read_text())
     command = [
         "uv", "run", "--project", str(ROOT / "envs/maxtext"), "python", "compile_step.py", "--model",
         case.maxtext_model, "--topology", case.slice, "--per-device-batch", str(case.batch), "--seq-len",
         str(case.seq_len), "--remat", "full", "--attention", "splash" if attention == "pallas" else "dot_product",
-        "--layers", str(depth or "all"), "--out", str(out),
+        "--layers", str(depth or "all"), "--out", str(out), *(["--scan-layers"] if scanned else []),
     ]  # fmt: skip
     env = {**os.environ, "LIBTPU_INIT_ARGS": f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {NO_LOOPS}".strip()}
     done = subprocess.run(command, cwd=ROOT / "envs/maxtext", capture_output=True, text=True, env=env, check=False)
@@ -134,19 +183,33 @@ def maxtext_compile(case: Case, attention: str, depth: int | None, folder: Path,
     return json.loads(out.read_text())
 
 
-def row(side: str, hbm: float, temporaries: float, flops: float, seconds: float, mfu: float, compile_s: float) -> str:
+def row(side: str, hbm: float, temporaries: float, flops: float, seconds: float, mfu: float, compile_s: str) -> str:
     return (
         f"| {side} | {hbm / GiB:.2f} | {temporaries / GiB:.2f} | {flops / 1e12:,.1f} | {seconds:.3f} | "
-        f"{mfu:.1%} | {compile_s:.0f} |"
+        f"{mfu:.1%} | {compile_s} |"
     )
 
 
+def compile_time(seconds: float, cost_seconds: float | None) -> str:
+    """The compile column: one compile's seconds, or ``scanned + unrolled`` when memory and costs came apart."""
+    return f"{seconds:.0f}" if cost_seconds is None else f"{seconds:.0f} + {cost_seconds:.0f}"
+
+
 def compare(
-    case: Case, attention: str, layers: list[int], folder: Path, reuse: bool = False, keep_logits: bool = True
+    case: Case,
+    attention: str,
+    layers: list[int],
+    folder: Path,
+    reuse: bool = False,
+    keep_logits: bool = True,
+    scanned_memory: bool = False,
 ) -> list[str]:
-    """The case's two rows and the ratio row, as Markdown."""
-    ours = titanpod_figures(case, attention, layers, folder / "titanpod", reuse, keep_logits)
-    theirs = maxtext_figures(case, attention, layers, folder, ours["model_layers"], reuse)
+    """The case's two rows and the ratio row, as Markdown. ``scanned_memory``: memory from full-depth compiles with
+    the layers as one loop on both sides, flops and time extrapolated from unrolled compiles of 2 and 4 layers."""
+    if scanned_memory:
+        layers = list(COST_DEPTHS)
+    ours = titanpod_figures(case, attention, layers, folder / "titanpod", reuse, keep_logits, scanned_memory)
+    theirs = maxtext_figures(case, attention, layers, folder, ours["model_layers"], reuse, scanned_memory)
     model_flops, peak = ours["model_flops_per_chip"], ours["chip_peak_flops"]
     memory = theirs["memory_per_chip"]
     their_total = (
@@ -156,6 +219,11 @@ def compare(
     their_seconds = theirs["cost_per_chip"]["optimal_seconds"]
     ours_total, ours_seconds = ours["program"]["memory"]["total"], ours["estimated_step_seconds"]
     depth = f"{ours['layers']} layers" + (" (extrapolated)" if ours["extrapolated_from"] else "")
+    if scanned_memory:
+        depth = (
+            f"{ours['layers']} layers (memory: one compile of all layers as a loop; flops and time: extrapolated "
+            f"from unrolled {' and '.join(map(str, COST_DEPTHS))})"
+        )
     head = f"**{case.recipe} on {case.slice}, {case.batch} x {case.seq_len} tokens a chip, {attention}, {depth}**"
     return [
         head,
@@ -170,7 +238,7 @@ def compare(
             theirs["cost_per_chip"]["flops"],
             their_seconds,
             model_flops / their_seconds / peak,
-            theirs["compile_seconds"],
+            compile_time(theirs["compile_seconds"], theirs.get("cost_compile_seconds")),
         ),
         row(
             "titanpod",
@@ -179,7 +247,7 @@ def compare(
             ours["program"]["flops"],
             ours_seconds,
             model_flops / ours_seconds / peak,
-            ours["compile_seconds"],
+            compile_time(ours["compile_seconds"], ours.get("cost_compile_seconds") if scanned_memory else None),
         ),
         f"| titanpod / MaxText | {ours_total / their_total:.2f} | "
         f"{ours['program']['memory']['temporaries'] / memory['temporary_bytes']:.2f} | "
@@ -205,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
         help="titanpod's Pallas loss keeps its logits for the backward as MaxText does (6 N V M flops, N x V more "
         "memory); --no-keep-logits recomputes them (10 N V M flops)",
     )
+    parser.add_argument(
+        "--scanned-memory",
+        action="store_true",
+        help="memory from one full-depth compile a side with the layers as one loop (as both train), flops and "
+        f"time extrapolated from unrolled compiles of {' and '.join(map(str, COST_DEPTHS))} layers; --layers unused",
+    )
     args = parser.parse_args(argv)
     layers = [int(n) for n in args.layers.split(",") if n]
     lines: list[str] = []
@@ -215,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
                 folder = base / f"{name}-{attention}"
                 folder.mkdir(parents=True, exist_ok=True)
                 print(f"compiling {name} ({attention}) for {CASES[name].slice} on both sides ...", file=sys.stderr)
-                lines += compare(CASES[name], attention, layers, folder, args.reuse, args.keep_logits)
+                lines += compare(
+                    CASES[name], attention, layers, folder, args.reuse, args.keep_logits, args.scanned_memory
+                )
                 print("\n".join(lines[-7:]), flush=True)
     print("\n".join(lines))
     return 0

@@ -1,0 +1,96 @@
+"""``tools/bench/tpu_aot_vs_maxtext.py``'s parts that need no compile: MaxText's figures extrapolated by depth, its
+memory taken from a scanned full-depth compile, and the table built from reports already on disk."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "tpu_aot_vs_maxtext.py"
+GiB = 1024**3
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("tpu_aot_vs_maxtext", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def _maxtext(layers: int, temporaries: int, flops: float, seconds: float, compile_seconds: float) -> dict:
+    return {
+        "layers": layers,
+        "memory_per_chip": {
+            "argument_bytes": 4 * GiB,
+            "output_bytes": 4 * GiB,
+            "alias_bytes": 4 * GiB,
+            "temporary_bytes": temporaries,
+            "generated_code_bytes": 0,
+        },
+        "cost_per_chip": {"flops": flops, "bytes_accessed": 0.0, "optimal_seconds": seconds},
+        "compile_seconds": compile_seconds,
+    }
+
+
+def test_maxtext_figures_extrapolate_on_the_line_through_two_depths():
+    bench = _bench()
+    low = _maxtext(2, 10 * GiB, 100e12, 0.2, 30.0)
+    high = _maxtext(4, 14 * GiB, 160e12, 0.3, 50.0)
+    whole = bench.extrapolated(low, high, 80)
+    # 2 -> 4 layers adds 2 GiB, 30 TFLOP and 0.05 s a layer; 78 layers more than 2.
+    assert whole["memory_per_chip"]["temporary_bytes"] == 10 * GiB + 78 * 2 * GiB
+    assert whole["cost_per_chip"]["flops"] == pytest.approx(100e12 + 78 * 30e12)
+    assert whole["cost_per_chip"]["optimal_seconds"] == pytest.approx(0.2 + 78 * 0.05)
+    assert whole["compile_seconds"] == 80.0
+    assert whole["layers"] == 80 and whole["extrapolated_from"] == [2, 4]
+    with pytest.raises(ValueError, match="rising depths"):
+        bench.extrapolated(high, low, 80)
+
+
+def test_scanned_memory_replaces_only_the_memory():
+    bench = _bench()
+    costed = bench.extrapolated(_maxtext(2, 10 * GiB, 100e12, 0.2, 30.0), _maxtext(4, 14 * GiB, 160e12, 0.3, 50.0), 80)
+    scanned = _maxtext(80, 21 * GiB, 5e12, 0.01, 200.0)  # a loop's body counted once: costs far too low
+    merged = bench.with_memory_from(costed, scanned)
+    assert merged["memory_per_chip"]["temporary_bytes"] == 21 * GiB
+    assert merged["cost_per_chip"]["flops"] == pytest.approx(100e12 + 78 * 30e12)
+    assert merged["compile_seconds"] == 200.0 and merged["cost_compile_seconds"] == 80.0
+    with pytest.raises(ValueError, match="has 40 layers"):
+        bench.with_memory_from(costed, _maxtext(40, 21 * GiB, 5e12, 0.01, 200.0))
+
+
+def test_the_table_takes_each_sides_memory_from_its_scanned_compile(tmp_path):
+    bench = _bench()
+    folder = tmp_path / "llama3_70b-pallas"
+    (folder / "titanpod").mkdir(parents=True)
+    titanpod = {
+        "layers": 80,
+        "model_layers": 80,
+        "extrapolated_from": None,
+        "model_flops_per_chip": 2000e12,
+        "chip_peak_flops": 459e12,
+        "estimated_step_seconds": 5.0,
+        "compile_seconds": 40.0,
+        "cost_compile_seconds": 60.0,
+        "program": {"flops": 2300e12, "memory": {"total": 45 * GiB, "temporaries": 18 * GiB}},
+    }
+    (folder / "titanpod" / "report.json").write_text(json.dumps(titanpod))
+    for name, figures in {
+        "maxtext-2.json": _maxtext(2, 10 * GiB, 100e12, 0.2, 30.0),
+        "maxtext-4.json": _maxtext(4, 14 * GiB, 160e12, 0.3, 50.0),
+        "maxtext-all-scanned.json": _maxtext(80, 20 * GiB, 5e12, 0.01, 200.0),
+    }.items():
+        (folder / name).write_text(json.dumps(figures))
+    lines = bench.compare(bench.CASES["llama3_70b"], "pallas", [], folder, reuse=True, scanned_memory=True)
+    maxtext_row, titanpod_row, ratios = lines[4:7]
+    # MaxText: 4 + 4 - 4 GiB of arguments, outputs and aliases plus the scanned compile's 20 GiB of temporaries;
+    # flops 100 + 78 x 30 TFLOP and 0.2 + 78 x 0.05 s from the unrolled pair; MFU 2000 / 4.1 / 459.
+    assert maxtext_row == "| MaxText | 24.00 | 20.00 | 2,440.0 | 4.100 | 106.3% | 200 + 80 |"
+    assert titanpod_row == "| titanpod | 45.00 | 18.00 | 2,300.0 | 5.000 | 87.1% | 40 + 60 |"
+    assert ratios == "| titanpod / MaxText | 1.88 | 0.90 | 0.94 | 1.22 | 0.82 | 0.20 |"
+    assert "memory: one compile of all layers as a loop" in lines[0]
