@@ -114,7 +114,9 @@ class GRPOStepMetrics:
     """Wall time of the step: rollouts, updates and sync."""
     step_cpu_seconds: float
     """CPU time of the step (user + system, every thread of this process and its waited-for children): what the
-    step costs the machine, which the load of other jobs does not inflate the way it inflates ``step_seconds``."""
+    step costs the machine, which the load of other jobs does not inflate the way it inflates ``step_seconds``.
+    Engines in processes of their own (``rollout.mode`` ray or vllm) are not counted: compare it only between
+    in-process engines."""
 
     @classmethod
     def build(cls, step: int, totals: RolloutTotals, updates: UpdateFigures, lr: float, **rest: Any) -> GRPOStepMetrics:
