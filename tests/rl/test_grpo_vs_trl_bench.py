@@ -131,3 +131,9 @@ def test_the_bench_can_replace_the_learning_rate_of_both_trainers(tmp_path):
     assert recipe.train.lr == 2e-3 and recipe.train.seed == 2
     assert bench.MatchedSettings.from_recipe(recipe).lr == 2e-3
     assert bench.bench_recipe("grpo_debug", tmp_path / "sft", 0, tmp_path).train.lr == grpo_debug().train.lr
+
+
+def test_an_sft_folder_without_its_model_is_refused_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        _bench().parse(["--sft", str(tmp_path / "nope")])
+    assert "lacks model/ and hf/" in capsys.readouterr().err

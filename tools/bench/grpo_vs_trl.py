@@ -543,7 +543,19 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--add", action="store_true", help="keep the runs of --out's results.json and run only the seeds it lacks"
     )
     parser.add_argument("--out", type=Path, default=Path("runs/grpo_vs_trl"))
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    missing = [
+        name
+        for name in (MODEL_FOLDER, HF_FOLDER)
+        if not (args.sft / name / "model.json").is_file() and not (args.sft / name / "config.json").is_file()
+    ]
+    if missing:
+        parser.error(
+            f"--sft {args.sft} lacks {' and '.join(f'{name}/' for name in missing)}: name an SFT run directory "
+            "written with an HF export, e.g. `uv run titanpod-posttrain --recipe sft_arith --output.run-name "
+            "sft_arith` and then --sft runs/sft_arith"
+        )
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> list[TrainerRun]:
