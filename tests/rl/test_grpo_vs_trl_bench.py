@@ -125,6 +125,33 @@ def test_added_seeds_keep_the_earlier_runs(tmp_path):
     assert bench.earlier_runs(tmp_path / "absent.json") == []
 
 
+def _write_results(folder, settings, runs):
+    folder.mkdir()
+    (folder / "results.json").write_text(
+        json.dumps({"settings": settings, "runs": [dataclasses.asdict(r) for r in runs]})
+    )
+
+
+def test_seeds_run_by_separate_processes_merge_into_one_table(tmp_path):
+    bench = _bench()
+    settings = dataclasses.asdict(bench.MatchedSettings.from_recipe(grpo_debug()))
+    seed0 = [bench.TrainerRun(t, 0, 0.1, 0.2, 0.05, 0.15, step_seconds=[4.0, 2.0]) for t in ("titanpod", "trl")]
+    seed1 = [bench.TrainerRun(t, 1, 0.1, 0.3, 0.05, 0.15, step_seconds=[4.0, 2.0]) for t in ("titanpod", "trl")]
+    _write_results(tmp_path / "a", settings, seed0)
+    _write_results(tmp_path / "b", settings, seed1)
+    held, runs = bench.merged_runs([tmp_path / "a", tmp_path / "b"])
+    assert held == settings
+    assert runs == seed0 + seed1
+
+    with pytest.raises(ValueError, match="titanpod seed 0 is already in an earlier folder"):
+        bench.merged_runs([tmp_path / "a", tmp_path / "a"])
+    _write_results(tmp_path / "c", {**settings, "lr": 1.0}, seed1)
+    with pytest.raises(ValueError, match="settings differ"):
+        bench.merged_runs([tmp_path / "a", tmp_path / "c"])
+    with pytest.raises(ValueError, match=r"no results\.json there"):
+        bench.merged_runs([tmp_path / "absent"])
+
+
 def test_the_bench_can_replace_the_learning_rate_of_both_trainers(tmp_path):
     bench = _bench()
     recipe = bench.bench_recipe("grpo_debug", tmp_path / "sft", 2, tmp_path, lr=2e-3)

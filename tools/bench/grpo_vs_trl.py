@@ -529,10 +529,46 @@ def earlier_runs(path: Path) -> list[TrainerRun]:
     return [TrainerRun(**row) for row in json.loads(path.read_text())["runs"]]
 
 
+def merged_runs(folders: Sequence[Path]) -> tuple[dict[str, Any], list[TrainerRun]]:
+    """The settings and runs of every ``folder/results.json``, for seeds run by separate bench processes.
+
+    ``ValueError`` when a file is missing, when the folders were run with different settings, or when two hold
+    the same trainer and seed.
+    """
+    settings: dict[str, Any] | None = None
+    runs: list[TrainerRun] = []
+    for folder in folders:
+        path = folder / "results.json"
+        if not path.is_file():
+            raise ValueError(f"--merge {folder}: no results.json there; name folders a bench run wrote with --out")
+        held = json.loads(path.read_text())
+        if settings is not None and held["settings"] != settings:
+            raise ValueError(
+                f"--merge {folder}: its settings differ from {folders[0]}'s, so its runs are not comparable: "
+                f"{held['settings']} against {settings}"
+            )
+        settings = held["settings"]
+        for row in held["runs"]:
+            run = TrainerRun(**row)
+            if any((r.trainer, r.seed) == (run.trainer, run.seed) for r in runs):
+                raise ValueError(f"--merge {folder}: {run.trainer} seed {run.seed} is already in an earlier folder")
+            runs.append(run)
+    return settings or {}, runs
+
+
+def write_results(out: Path, settings: dict[str, Any], runs: Sequence[TrainerRun]) -> None:
+    """``results.json`` (settings and every run) and ``reward_curves.png`` in ``out``."""
+    (out / "results.json").write_text(
+        json.dumps({"settings": settings, "runs": [dataclasses.asdict(r) for r in runs]}, indent=1)
+    )
+    draw_curves(runs, out / "reward_curves.png")
+    print(f"wrote {out / 'results.json'} and {out / 'reward_curves.png'}", flush=True)
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sft", type=Path, required=True, help="SFT run directory (with model/ and hf/)")
+    parser.add_argument("--sft", type=Path, help="SFT run directory (with model/ and hf/); required unless --merge")
     parser.add_argument("--recipe", default="grpo_debug", help="titanpod GRPO recipe whose settings both get")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=None, help="replace the recipe's GRPO steps")
@@ -542,8 +578,20 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--add", action="store_true", help="keep the runs of --out's results.json and run only the seeds it lacks"
     )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="instead of training: gather the results.json of these --out folders (seeds run by separate "
+        "processes) into --out, print the table and draw the curves",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/grpo_vs_trl"))
     args = parser.parse_args(argv)
+    if args.merge:
+        return args
+    if args.sft is None:
+        parser.error("--sft is required: the SFT run directory both trainers start from (or --merge folders)")
     missing = [
         name
         for name in (MODEL_FOLDER, HF_FOLDER)
@@ -564,6 +612,11 @@ def main(argv: Sequence[str] | None = None) -> list[TrainerRun]:
 
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        held, runs = merged_runs(args.merge)
+        print_table(runs, MatchedSettings(**held))
+        write_results(args.out, held, runs)
+        return runs
     check_same_weights(args.sft)
     runs = earlier_runs(args.out / "results.json") if args.add else []
     trl_before: tuple[float, float] | None = None
@@ -589,14 +642,8 @@ def main(argv: Sequence[str] | None = None) -> list[TrainerRun]:
                 f"({run.cpu_seconds_per_step:.2f} CPU s/step)",
                 flush=True,
             )
-        (args.out / "results.json").write_text(
-            json.dumps(
-                {"settings": dataclasses.asdict(settings), "runs": [dataclasses.asdict(r) for r in runs]}, indent=1
-            )
-        )
         print_table(runs, settings)  # after every seed, so a run cut short still leaves its table and curves
-        draw_curves(runs, args.out / "reward_curves.png")
-        print(f"wrote {args.out / 'results.json'} and {args.out / 'reward_curves.png'}", flush=True)
+        write_results(args.out, dataclasses.asdict(settings), runs)
     return runs
 
 
