@@ -150,6 +150,10 @@ def test_seeds_run_by_separate_processes_merge_into_one_table(tmp_path):
         bench.merged_runs([tmp_path / "a", tmp_path / "c"])
     with pytest.raises(ValueError, match=r"no results\.json there"):
         bench.merged_runs([tmp_path / "absent"])
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "results.json").write_text('{"settings": {}, "ru')
+    with pytest.raises(ValueError, match=r"is not a results\.json this bench wrote"):
+        bench.merged_runs([tmp_path / "cut"])
 
 
 def test_the_bench_can_replace_the_learning_rate_of_both_trainers(tmp_path):

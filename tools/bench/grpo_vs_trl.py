@@ -366,6 +366,8 @@ def run_titanpod(recipe: Any, scorer: HeldOutScorer) -> TrainerRun:
     from titanpod.rl.grpo.run import run_grpo
 
     result = run_grpo(recipe)
+    if result.steps_done < recipe.train.steps:  # an interrupt stops the run early: it saves what it has and returns
+        raise KeyboardInterrupt
     assert result.before is not None and result.after is not None
     assert result.sampled_before is not None and result.sampled_after is not None
     return TrainerRun(
@@ -522,11 +524,19 @@ def print_table(runs: Sequence[TrainerRun], settings: MatchedSettings) -> None:
     )
 
 
+def read_results(path: Path) -> tuple[dict[str, Any], list[TrainerRun]]:
+    """The settings and runs a ``results.json`` written by this bench holds; ``ValueError`` naming the file when
+    it is not one."""
+    try:
+        held = json.loads(path.read_text())
+        return held["settings"], [TrainerRun(**row) for row in held["runs"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is not a results.json this bench wrote ({error!r}); run the bench again") from error
+
+
 def earlier_runs(path: Path) -> list[TrainerRun]:
     """The runs a previous ``results.json`` holds (none when it does not exist)."""
-    if not path.is_file():
-        return []
-    return [TrainerRun(**row) for row in json.loads(path.read_text())["runs"]]
+    return read_results(path)[1] if path.is_file() else []
 
 
 def merged_runs(folders: Sequence[Path]) -> tuple[dict[str, Any], list[TrainerRun]]:
@@ -541,15 +551,14 @@ def merged_runs(folders: Sequence[Path]) -> tuple[dict[str, Any], list[TrainerRu
         path = folder / "results.json"
         if not path.is_file():
             raise ValueError(f"--merge {folder}: no results.json there; name folders a bench run wrote with --out")
-        held = json.loads(path.read_text())
-        if settings is not None and held["settings"] != settings:
+        held, held_runs = read_results(path)
+        if settings is not None and held != settings:
             raise ValueError(
                 f"--merge {folder}: its settings differ from {folders[0]}'s, so its runs are not comparable: "
-                f"{held['settings']} against {settings}"
+                f"{held} against {settings}"
             )
-        settings = held["settings"]
-        for row in held["runs"]:
-            run = TrainerRun(**row)
+        settings = held
+        for run in held_runs:
             if any((r.trainer, r.seed) == (run.trainer, run.seed) for r in runs):
                 raise ValueError(f"--merge {folder}: {run.trainer} seed {run.seed} is already in an earlier folder")
             runs.append(run)
@@ -558,9 +567,9 @@ def merged_runs(folders: Sequence[Path]) -> tuple[dict[str, Any], list[TrainerRu
 
 def write_results(out: Path, settings: dict[str, Any], runs: Sequence[TrainerRun]) -> None:
     """``results.json`` (settings and every run) and ``reward_curves.png`` in ``out``."""
-    (out / "results.json").write_text(
-        json.dumps({"settings": settings, "runs": [dataclasses.asdict(r) for r in runs]}, indent=1)
-    )
+    partial = out / "results.json.partial"  # renamed into place, so a kill mid-write keeps the previous file
+    partial.write_text(json.dumps({"settings": settings, "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
+    partial.replace(out / "results.json")
     draw_curves(runs, out / "reward_curves.png")
     print(f"wrote {out / 'results.json'} and {out / 'reward_curves.png'}", flush=True)
 
@@ -613,8 +622,12 @@ def main(argv: Sequence[str] | None = None) -> list[TrainerRun]:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.merge:
-        held, runs = merged_runs(args.merge)
-        print_table(runs, MatchedSettings(**held))
+        try:
+            held, runs = merged_runs(args.merge)
+            settings = MatchedSettings(**held)
+        except (ValueError, TypeError) as error:
+            raise SystemExit(f"grpo_vs_trl.py: {error}") from error
+        print_table(runs, settings)
         write_results(args.out, held, runs)
         return runs
     check_same_weights(args.sft)
@@ -648,4 +661,10 @@ def main(argv: Sequence[str] | None = None) -> list[TrainerRun]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except KeyboardInterrupt:
+        raise SystemExit(
+            "grpo_vs_trl.py: stopped; --out's results.json keeps every seed that finished: run the same command "
+            "with --add to run only the others"
+        ) from None
