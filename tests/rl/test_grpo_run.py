@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from rich.console import Console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from titanpod.checkpoint import CheckpointConfig, load_model, save_model
@@ -206,6 +207,14 @@ def test_group_of_equal_rewards_gives_no_update(tmp_path, sft_folder):
     _, end = load_model(result.weights_path.parent)
     for (name, a), (_, b) in zip(start.state_dict().items(), end.state_dict().items(), strict=True):
         assert torch.equal(a, b), name  # zero advantages: zero gradient, AdamW without weight decay leaves them
+
+
+def test_a_run_whose_every_group_stays_flat_says_so_and_what_to_try(tmp_path, sft_folder):
+    console = Console(record=True, width=400)
+    run_grpo(tiny(tmp_path, sft_folder, "stalled", steps=3), console=console, reward=lambda p, c, a: 1.0)
+    said = console.export_text()
+    assert "step 3: every group of the last 3 steps earned one reward per group (no learning signal" in said
+    assert "the task is solved for this policy" in said
 
 
 def test_the_learning_rate_follows_the_graph_schedule(tmp_path, sft_folder):

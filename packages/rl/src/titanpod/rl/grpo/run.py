@@ -44,6 +44,7 @@ from titanpod.rl.grpo.result import GRPOResult
 from titanpod.rl.grpo.rewards import Reward
 from titanpod.rl.grpo.setup import GRPOSetup, prepare_grpo, rank_share, reference_model
 from titanpod.rl.grpo.sharding import trainer_sharding
+from titanpod.rl.grpo.signal_watch import SignalWatch
 from titanpod.rl.grpo.trainer import GRPOTrainer
 from titanpod.rl.rollout import BuiltinEngine, RolloutEngine
 from titanpod.rl.rollout.engines import close_rollout, open_rollout
@@ -165,6 +166,7 @@ def run_steps(
     skipped_steps: list[int] = []
     shown_errors = 0
     meter = ThroughputMeter()
+    watch = SignalWatch(recipe.grpo.prompts_per_step)
 
     def run_step(step_number: int) -> Callable[[], StepCheck]:
         nonlocal shown_errors
@@ -184,6 +186,8 @@ def run_steps(
         write_step(session, metrics)
         if step_number % train.log_every == 0 or step_number == last:
             say(metrics.line())
+        if (warning := watch.see(metrics)) is not None:
+            say(f"[yellow]{escape(warning)}[/]")
         return lambda: StepCheck(not metrics.skipped_updates, metrics.loss, metrics.grad_norm)
 
     def after_step(step_number: int) -> None:
