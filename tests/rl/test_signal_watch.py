@@ -26,5 +26,5 @@ def test_the_advice_follows_the_reward():
     assert "solved" in no_signal_advice(accuracy=1.0, reward_mean=1.0)
     assert "too hard" in no_signal_advice(accuracy=0.0, reward_mean=0.0)
     collapsed = no_signal_advice(accuracy=0.25, reward_mean=0.25)
-    assert "collapsed" in collapsed and "train.lr" in collapsed
+    assert "collapsed" in collapsed and "--train.lr" in collapsed and "--grpo.kl-beta" in collapsed
     assert "collapsed" in no_signal_advice(accuracy=0.0, reward_mean=-1.0)  # a user reward of -1 everywhere

@@ -23,11 +23,11 @@ def no_signal_advice(accuracy: float, reward_mean: float) -> str:
     if accuracy <= 0.0 and reward_mean == 0.0:
         return (
             "every sample earned reward 0: the task is too hard for the starting model; train the SFT start "
-            "longer, raise grpo.group_size or grpo.temperature, or use easier prompts"
+            "longer, raise --grpo.group-size or --grpo.temperature, or use easier prompts"
         )
     return (
         "each prompt's samples earn one reward between them: most often the policy has collapsed to one "
-        "completion per prompt; lower train.lr, raise grpo.temperature, or add a KL term (grpo.kl_beta)"
+        "completion per prompt; lower --train.lr, raise --grpo.temperature, or add a KL term (--grpo.kl-beta)"
     )
 
 
