@@ -181,5 +181,14 @@ class TrainStep(ABC):
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
         """Forward and backward over ``micro_batches`` (on the device), then one AdamW update."""
 
+    evaluates_held_out: ClassVar[bool] = False
+    """Whether ``held_out_loss`` computes on the step's own copy of the parameters (where the step keeps them off
+    the model: the xla lane's devices). ``False``: the model itself holds the trained values; run it."""
+
+    def held_out_loss(self, batch: Batch) -> Any:
+        """The model's cross-entropy (the auxiliary MoE loss left out) on one held-out ``batch``, 0-d, computed
+        where the step keeps the parameters, without changing them; only where ``evaluates_held_out``."""
+        raise NotImplementedError(f"{type(self).__name__} trains the model in place: run the model itself.")
+
     def finish(self) -> None:  # noqa: B027 - optional: torch steps update the model in place
         """Make the model's parameters hold the trained values (steps that keep them elsewhere copy back)."""

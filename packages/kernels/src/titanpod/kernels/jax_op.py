@@ -73,7 +73,9 @@ def pallas_interpret(setting: bool | None, device: torch.device) -> bool:
     kernel, without asking JAX for its backend (which would make JAX claim the TPU torch_tpu
     holds). Elsewhere the kernel is compiled where JAX's context mesh (``jax.set_mesh``: the
     xla lane's step, also when compiled ahead of time for a TPU topology from a host without
-    one) is of TPUs, or, with no mesh in context, where JAX's default backend is a TPU.
+    one) is of TPUs; with no mesh in context, torchax tensors (device ``jax``) compile where
+    JAX's default backend is a TPU, and host (or GPU) tensors, which reach JAX through DLPack on
+    their own backend, always interpret: Mosaic lowers only for a TPU, also on a TPU machine.
     """
     if setting is not None:
         return setting
@@ -84,7 +86,9 @@ def pallas_interpret(setting: bool | None, device: torch.device) -> bool:
     mesh_device = jax.sharding.get_abstract_mesh().abstract_device  # None without a mesh of devices
     if mesh_device is not None:
         return mesh_device.platform != "tpu"
-    return jax.default_backend() != "tpu"
+    if device.type == "jax":
+        return jax.default_backend() != "tpu"
+    return True
 
 
 @dataclass(frozen=True)

@@ -113,8 +113,9 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
         def validate(step_number: int) -> None:
             if data.validation is None:
                 return
-            step.finish()  # a single-controller step hands its trained weights back to the (host) model first
-            loss = validation_loss(model, data.validation, model_device, recipe.train, placement.reduce_loss)
+            if not step.evaluates_held_out:
+                step.finish()  # a step that keeps the weights elsewhere hands them back to the model first
+            loss = validation_loss(model, data.validation, model_device, recipe.train, placement.reduce_loss, step)
             validated_at.append(step_number)
             session.say(f"step {step_number}: validation loss {loss:.4f} ({len(data.validation)} batches)")
             session.write_scalars(step_number, {"validation_loss": loss})

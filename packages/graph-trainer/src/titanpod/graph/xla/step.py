@@ -91,6 +91,7 @@ class XlaStep(TrainStep):
         # Before the first compile of this step, which places the parameters.
         self._cache_folder = use_xla_cache(xla_cache_dir(config.compile_cache_dir))
         self._compiled: dict[tuple, Any] = {}  # batch arrays' (shape, dtype)s -> the program compiled for them
+        self._evaluation: Any = None  # the jitted held-out loss, made on first use
         named = list(model.named_parameters())
         self.layer_stack = (
             LayerStack.of([n for n, _ in named], [tuple(p.shape) for _, p in named], block_list_counts(model))
@@ -147,7 +148,7 @@ class XlaStep(TrainStep):
         """The sharding of a step's tokens [A, B, S]: B split over the mesh's data axes."""
         return batch_sharding(self.mesh, self.axes)
 
-    def loss_function(self) -> Callable[..., Any]:
+    def loss_function(self, cross_entropy_only: bool = False) -> Callable[..., Any]:
         """The model's loss as a JAX function of (parameters list, tokens [B, S], labels [B, S][, document ids [B, S]]),
         or of (parameters list, a dict of named tensors) for a model whose ``loss`` takes named tensors, returning
         (loss, metrics): the figures the model reports beside it (``titanpod.graph.loss_metrics``).
@@ -156,11 +157,13 @@ class XlaStep(TrainStep):
         torchax's bf16 autocast when ``config.precision`` is bf16 (matmuls in bf16;
         parameters and gradients stay fp32), with each transformer block rematerialised
         by the memory policy; with ``scan_layers``, the blocks run as one scan over their stacked parameters.
+        ``cross_entropy_only``: the model's cross-entropy alone (``loss_terms``: no auxiliary MoE loss), as
+        validation reports it, with no metrics.
         """
         from torchax.interop import jax_view, torch_view
 
         model, names, config = self.model, self.names, self.config
-        wrapper = _LossModule(model)
+        wrapper = _LossModule(model, cross_entropy_only)
         gather, layout_input = self.gather_rule(), self.hidden_layout()
         layer_stack = self.layer_stack
         names = list(layer_stack.entries)
@@ -334,6 +337,25 @@ class XlaStep(TrainStep):
 
         return step
 
+    evaluates_held_out: ClassVar[bool] = True
+    """Held-out batches are evaluated on the step's devices, with the parameters where they train."""
+
+    def held_out_loss(self, batch: Batch) -> Any:
+        """The model's cross-entropy on one held-out ``batch``, 0-d, as a forward-only program on the step's mesh
+        (compiled once per batch shape, Pallas kernels included), reading the step's parameters where they are:
+        nothing is copied to the host and the parameters are not donated."""
+        import jax
+
+        if self._evaluation is None:
+            loss = self.loss_function(cross_entropy_only=True)
+
+            def evaluate(params: list[Any], *batch_ABS: Any) -> Any:
+                return loss(params, *(array[0] for array in batch_ABS))[0]
+
+            self._evaluation = jax.jit(evaluate, out_shardings=replicated(self.mesh))
+        with self.backend.runtime(), jax.set_mesh(self.mesh):
+            return self._evaluation(self.jax_params, *self.place_batch([batch]))
+
     def jitted_step(self) -> Any:
         """``jax.jit`` of ``step_function``; parameters and optimizer state are donated and keep their shardings."""
         import jax
@@ -468,9 +490,10 @@ def block_list_counts(model: nn.Module) -> dict[str, int]:
 class _LossModule(nn.Module):
     """``model.loss`` and its metrics as a module's forward, for ``torch.func.functional_call``."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: nn.Module, cross_entropy_only: bool = False) -> None:
         super().__init__()
         self.inner = inner
+        self.cross_entropy_only = cross_entropy_only
 
     def forward(
         self,
@@ -481,6 +504,9 @@ class _LossModule(nn.Module):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if named:
             return loss_and_metrics(self.inner, **named)
+        if self.cross_entropy_only:
+            terms = self.inner.loss_terms(tokens_BS, labels_BS, document_ids_BS)  # type: ignore[operator]
+            return terms["cross_entropy"], {}
         if document_ids_BS is None:
             return loss_and_metrics(self.inner, tokens_BS, labels_BS)
         return loss_and_metrics(self.inner, tokens_BS, labels_BS, document_ids_BS=document_ids_BS)
