@@ -278,9 +278,13 @@ def _compile_fields(train_step: Any) -> dict[str, Any]:
 
 
 def _first_report_fields(train_step: Any, chip: ChipSpec) -> dict[str, Any]:
-    """What only a run's first report holds: the peak MFU divides by, and ``compile_seconds`` and
-    ``compile_cache_hit`` where the step compiled."""
+    """What only a run's first report holds: the peak MFU divides by, ``compile_seconds`` and
+    ``compile_cache_hit`` where the step compiled, and the compiler's figures of a one-program step."""
     peak = {"mfu_peak": f"{chip.peak_flops / 1e12:.4g} TFLOP/s per device: {chip.peak_method}"}
+    figures = getattr(train_step, "program_figures", None)
+    if figures is not None:
+        peak["program_memory_gib"] = figures.memory.total / 1024**3
+        peak["estimated_step_seconds"] = train_step.estimated_step_seconds
     fields = _compile_fields(train_step)
     if not fields:
         return peak

@@ -102,6 +102,12 @@ class StepMetrics:
     """With ``compile_seconds``: whether the step was loaded from ``train.compile_cache_dir`` (False: compiled)."""
     mfu_peak: str | None = None
     """What MFU divides by, in words (``ChipSpec.peak_method`` with the figure); only in a run's first report."""
+    program_memory_gib: float | None = None
+    """The bytes a device the step's compiled program needs, as the compiler counts them (arguments, temporaries,
+    outputs not aliased, code), in GiB; only in the first report of a run whose step is one XLA program."""
+    estimated_step_seconds: float | None = None
+    """The compiler's estimate of one step's time on the device (a TPU's ``optimal_seconds``), not a measurement;
+    only in the first report, where the compiler gives one for the whole step (not with a layer scan)."""
 
     def logged(self) -> dict[str, Any]:
         """The fields as a dict, without those that do not apply (``None``)."""

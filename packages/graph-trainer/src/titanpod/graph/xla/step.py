@@ -17,6 +17,7 @@ more [A, B, S] input, sharded like the tokens, scanned with them and passed to `
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -38,10 +39,12 @@ from titanpod.graph.step_base import (
     stack_named_batches,
 )
 from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
+from titanpod.graph.xla.fit import check_program_fits, check_state_fits
 from titanpod.graph.xla.head import head_parameter, regathered_head
 from titanpod.graph.xla.layer_stack import LayerStack
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
 from titanpod.graph.xla.precision import bf16_autocast
+from titanpod.graph.xla.program_figures import ProgramFigures, program_figures
 from titanpod.graph.xla.remat import remat_policy, rematerialised_blocks
 from titanpod.graph.xla.scan import scanned_layers
 from titanpod.graph.xla.state import RegionValues, load_state_tree, place_params, zero_adamw_state
@@ -108,7 +111,8 @@ class XlaStep(TrainStep):
         """Place the parameters on the mesh (``jax_params``) and make zero moments sharded like them.
 
         With stacked blocks each block's parameters are placed as the plan says, then stacked once (for a
-        moment the blocks' parameters are on the devices twice)."""
+        moment the blocks' parameters are on the devices twice). Refuses (``DoesNotFitDevice``) before making
+        the moments where they would not fit the device."""
         with self.backend.runtime():
             self.mesh = self._mesh if self._mesh is not None else default_mesh(self.backend, self.axes)
             named = list(zip(self.names, self.params, strict=True))
@@ -118,6 +122,9 @@ class XlaStep(TrainStep):
             """Each model parameter's sharding (a block's own, inside a stack)."""
             self.param_shardings = self._entry_shardings()
             self.jax_params = self._stacked(placed) if self.layer_stack.stacks_any else placed
+            del placed  # the per-block arrays, once stacked: freed before the moments are made
+            param_bytes = sum(_device_bytes(array) for array in self.jax_params)
+            check_state_fits(param_bytes, self.backend.memory_stats())
             return zero_adamw_state(self.jax_params, self.mesh)
 
     def _entry_shardings(self) -> list[Any]:
@@ -423,10 +430,23 @@ class XlaStep(TrainStep):
         named = batch[0].items() if batch and isinstance(batch[0], Mapping) else enumerate(batch)
         key = tuple((name, array.shape, array.dtype) for name, array in named)
         if key not in self._compiled:
-            self._compiled[key], self.compile_report = compile_lowered(
-                lambda: self.program.lower(*arguments), self._cache_folder
-            )
+            compiled, self.compile_report = compile_lowered(lambda: self.program.lower(*arguments), self._cache_folder)
+            self.program_figures = program_figures(compiled, None)
+            check_program_fits(self.program_figures.memory, self.backend.memory_stats(), self.config)
+            self._compiled[key] = compiled
         return self._compiled[key]
+
+    program_figures: ProgramFigures | None = None
+    """What the compiler says of the step's last compiled program: bytes a device, flops, its time estimate."""
+
+    @property
+    def estimated_step_seconds(self) -> float | None:
+        """The compiler's estimate of one step's time on the device (TPU only); ``None`` without one, and where the
+        blocks run as a layer scan, whose body the estimate counts once."""
+        figures = self.program_figures
+        if figures is None or self.layer_stack.stacks_any:
+            return None
+        return figures.optimal_seconds
 
     def __call__(self, micro_batches: list[Batch], lr: float) -> StepOutput:
         import jax
@@ -475,6 +495,11 @@ class XlaStep(TrainStep):
         with torch.no_grad(), self.backend.runtime():
             for param, array in zip(self.params, self._unstacked(self.jax_params), strict=True):
                 param.data.copy_(torch.from_numpy(np.array(array)))  # np.array: a writable host copy
+
+
+def _device_bytes(array: Any) -> int:
+    """Bytes of ``array`` on each device that holds a shard of it."""
+    return math.prod(array.sharding.shard_shape(array.shape)) * array.dtype.itemsize
 
 
 def block_list_counts(model: nn.Module) -> dict[str, int]:
