@@ -1,0 +1,173 @@
+"""Training speed on one TPU chip, measured, beside the compiler's estimate for the same program.
+
+Each configuration trains in its own process (one program may hold the chip; the next starts when it has let
+go), for ``--steps`` steps on the xla lane, without checkpoints or validation; its metrics.jsonl gives:
+- measured: tokens/s over the steps after the first, model TFLOP/s, MFU (titanpod's count against the chip's
+  peak), the device's peak memory (``peak_memory_gib``);
+- the compiler's figures for the program it ran: the bytes a device it needs (``program_memory_gib``) and,
+  where the compiler gives one for the whole step (not through a layer scan), its estimated step time, from
+  which measured / estimated.
+The chip's own bf16 matmul rate (an 8,192-cube product in JAX) is measured in the same run, as the ceiling
+MFU is read against.
+
+    python tools/bench/chip_step.py                   # every configuration below
+    python tools/bench/chip_step.py --only qwen3_0.6b qwen3_0.6b_unscanned --steps 20 --out chip.json
+    python tools/bench/chip_step.py --extra 'mine=qwen3_0.6b --data.batch-size 6'
+
+Run on a TPU machine with titanpod importable (docs/installing.md, "A TPU VM without network").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+QWEN3_06B = (
+    "--recipe qwen3_8b --model.flavor 0.6B --parallel.fsdp 1 --data.source synthetic --data.path None "
+    "--data.name None --data.seq-len 4096 --data.batch-size 4"
+)
+
+CONFIGURATIONS: dict[str, str] = {
+    "qwen3_0.6b": QWEN3_06B,
+    "qwen3_0.6b_unscanned": QWEN3_06B + " --train.no-scan-layers",
+    "qwen3_0.6b_sdpa": QWEN3_06B + " --kernels.attention sdpa",
+    "qwen3_0.6b_2x8192": QWEN3_06B + " --data.seq-len 8192 --data.batch-size 2",
+}
+"""Name -> the training command's flags. A value may start with another configuration's name (its flags first)."""
+
+QUIET_RUN = "--device.lane xla --train.log-every 5 --checkpoint.every 0 --checkpoint.no-at-end --output.no-save-weights"
+"""What every measured run adds: the xla lane, reports every 5 steps, nothing saved, no validation."""
+
+
+def flags_of(name: str, table: dict[str, str]) -> list[str]:
+    """The flags of configuration ``name``, a leading configuration name expanded."""
+    words = shlex.split(table[name])
+    if words and words[0] in table and words[0] != name:
+        return flags_of(words[0], table) + words[1:]
+    return words
+
+
+def measure(name: str, flags: list[str], steps: int, runs_dir: Path) -> dict:
+    """Train configuration ``name`` for ``steps`` steps in a process of its own; its figures from metrics.jsonl."""
+    command = [sys.executable, "-m", "titanpod.pretrain.cli", *flags, *shlex.split(QUIET_RUN)]
+    command += ["--train.steps", str(steps), "--train.warmup-steps", "1", "--data.validation-every", "0"]
+    command += ["--output.runs-dir", str(runs_dir), "--output.run-name", name, "--output.start-over"]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    result: dict = {"name": name, "flags": " ".join(flags), "exit": done.returncode,
+                    "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    rows = _rows(runs_dir / name / "metrics.jsonl")
+    reports = [row for row in rows if "tokens_per_second" in row]
+    if done.returncode != 0 or not reports:
+        result["error"] = _readable((done.stderr or done.stdout)[-3000:])
+        return result
+    first, last = reports[0], reports[-1]
+    result.update({key: last.get(key) for key in ("tokens_per_second", "tflops_per_second", "mfu", "peak_memory_gib")})
+    result.update({key: first.get(key) for key in ("program_memory_gib", "estimated_step_seconds", "compile_seconds")})
+    result["losses"] = [row["loss"] for row in reports]
+    tokens_per_step = _tokens_per_step(flags)
+    if result.get("estimated_step_seconds") and tokens_per_step:
+        result["estimated_tokens_per_second"] = tokens_per_step / result["estimated_step_seconds"]
+        result["measured_over_estimated"] = result["tokens_per_second"] / result["estimated_tokens_per_second"]
+    return result
+
+
+def _readable(text: str) -> str:
+    """``text`` without the frames of rich's error boxes, for a table cell and a JSON file."""
+    lines = [line.strip(" │╭╮╰╯─") for line in text.splitlines()]
+    return " ".join(line for line in lines if line)
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _tokens_per_step(flags: list[str]) -> int | None:
+    values = {flags[i]: flags[i + 1] for i in range(len(flags) - 1) if flags[i].startswith("--")}
+    try:
+        return int(values["--data.seq-len"]) * int(values["--data.batch-size"])
+    except (KeyError, ValueError):
+        return None
+
+
+def chip_matmul_tflops(size: int = 8192, repeats: int = 20) -> float | None:
+    """The chip's bf16 matmul rate in TFLOP/s (in a process of its own, so it lets go of the chip)."""
+    code = (
+        "import time, jax, jax.numpy as jnp\n"
+        f"n, r = {size}, {repeats}\n"
+        "a = jnp.ones((n, n), jnp.bfloat16); b = jnp.ones((n, n), jnp.bfloat16)\n"
+        "f = jax.jit(lambda a, b: a @ b); f(a, b).block_until_ready()\n"
+        "t = time.perf_counter()\n"
+        "for _ in range(r): c = f(a, b)\n"
+        "c.block_until_ready(); print(2 * n**3 * r / (time.perf_counter() - t) / 1e12)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    try:
+        return float(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return None
+
+
+def show(results: list[dict], matmul: float | None) -> None:
+    """The figures as a table, ratios beside them."""
+    if matmul is not None:
+        print(f"chip bf16 matmul (8192^3, JAX): {matmul:.1f} TFLOP/s")
+    header = f"{'configuration':<28} {'tokens/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>8} {'program GiB':>11}"
+    print(header + f" {'est. tokens/s':>13} {'meas/est':>8} {'of matmul':>9}")
+    for r in results:
+        if "error" in r:
+            print(f"{r['name']:<28} failed (exit {r['exit']}): {r['error'][-300:]}")
+            continue
+        estimate = r.get("estimated_tokens_per_second")
+        of_matmul = r["tflops_per_second"] / matmul if matmul else None
+        print(
+            f"{r['name']:<28} {r['tokens_per_second']:>9,.0f} {r['tflops_per_second']:>8.1f} {r['mfu']:>6.1%} "
+            f"{_num(r.get('peak_memory_gib')):>8} {_num(r.get('program_memory_gib')):>11} "
+            f"{'-' if estimate is None else f'{estimate:,.0f}':>13} {_num(r.get('measured_over_estimated')):>8} "
+            f"{_num(of_matmul):>9}"
+        )
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="configurations to run (default: every one)")
+    parser.add_argument("--extra", action="append", default=[], help="NAME='flags' (may start with a configuration)")
+    parser.add_argument("--steps", type=int, default=15, help="steps a run (reports every 5)")
+    parser.add_argument("--runs-dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "chip-step-runs")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--no-matmul", action="store_true", help="skip measuring the chip's matmul rate")
+    args = parser.parse_args()
+    table = dict(CONFIGURATIONS)
+    for extra in args.extra:
+        name, _, flags = extra.partition("=")
+        table[name.strip()] = flags
+    names = args.only or [*CONFIGURATIONS, *(e.partition("=")[0].strip() for e in args.extra)]
+    unknown = [name for name in names if name not in table]
+    if unknown:
+        raise SystemExit(f"Unknown configuration {unknown[0]!r}; known: {', '.join(table)} (or add one with --extra).")
+    matmul = None if args.no_matmul else chip_matmul_tflops()
+    results = []
+    for name in names:
+        print(f"-- {name}: {' '.join(flags_of(name, table))}", flush=True)
+        results.append(measure(name, flags_of(name, table), args.steps, args.runs_dir))
+        print(json.dumps(results[-1]), flush=True)
+        time.sleep(5)  # the chip may refuse a program started just as another let go
+    show(results, matmul)
+    if args.out is not None:
+        args.out.write_text(json.dumps({"matmul_tflops": matmul, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
