@@ -15,7 +15,7 @@ import torch
 
 from titanpod.device.backend import Backend
 from titanpod.device.chips import ChipSpec, chip_by_name
-from titanpod.device.memory import MemoryStats, host_memory_stats
+from titanpod.device.memory import MemoryStats, accelerator_memory_stats, host_memory_stats
 from titanpod.device.peak_cache import cached_cpu_peak
 from titanpod.device.probes import module_installed
 
@@ -75,12 +75,12 @@ class XlaBackend(Backend):
             array.block_until_ready()
 
     def memory_stats(self, local_rank: int = 0) -> MemoryStats:
-        """Memory of this process's first JAX device; the host's resident set where JAX keeps no statistics (CPU)."""
+        """Memory of this process's first JAX device (``accelerator_memory_stats``: a TPU program's reserved
+        temporaries count); the host's resident set where JAX keeps no statistics (CPU)."""
         stats = self._jax.local_devices()[0].memory_stats()
         if not stats:
             return host_memory_stats()
-        used = int(stats.get("bytes_in_use", 0))
-        return MemoryStats(used, int(stats.get("peak_bytes_in_use", used)), stats.get("bytes_limit"), "device")
+        return accelerator_memory_stats(stats)
 
     def chip(self) -> ChipSpec:
         """The chip from JAX's device kind; measured when JAX runs on the CPU."""

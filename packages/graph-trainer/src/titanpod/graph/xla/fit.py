@@ -1,15 +1,18 @@
-"""Does the xla step fit its device? Checked before the step allocates its state and before its program first runs.
+"""Does the xla step fit its device? Checked before the step allocates its state, and said plainly when not.
 
 Two moments, each with the device's own capacity (``Backend.memory_stats``; only where the device reports it: a
 TPU or GPU, not JAX on the CPU):
 
 1. Before the AdamW moments are made (``check_state_fits``): the parameters are placed, so their bytes a device
-   are known exactly; the moments take twice that.
-2. Once the step's program is compiled, before it runs (``check_program_fits``): the compiler's own figure of
-   the bytes a device needs (arguments, temporaries, outputs not aliased to arguments, code).
+   are known exactly; the moments take twice that. Refused there, nothing is allocated.
+2. When the device refuses the memory the step's compiled program asks for as it starts
+   (``RESOURCE_EXHAUSTED``), ``out_of_device_memory`` turns the allocator's words into ``DoesNotFitDevice``:
+   the program's bytes as the compiler counts them, its largest part and the settings that shrink it.
+   The compiler's figure alone does not decide: on a v5e with libtpu 0.0.42.1 it counted 9.80 GiB of
+   temporaries for Qwen 3 0.6B at 4 x 4,096 tokens where the chip reserved 6.22 GiB and the step ran.
 
-Either refuses with ``DoesNotFitDevice``, naming what takes the room and the settings that shrink it, instead of
-the allocator's ``RESOURCE_EXHAUSTED`` mid-run.
+``DoesNotFitDevice`` is raised instead of the allocator's error mid-run; the dry-run planner
+(``titanpod.recipes.planner``) is the check before anything is built.
 """
 
 from __future__ import annotations
@@ -48,23 +51,37 @@ def check_state_fits(param_bytes: int, stats: MemoryStats) -> None:
     )
 
 
-def check_program_fits(memory: DeviceMemory, stats: MemoryStats, config: TrainConfig) -> None:
-    """Refuse when the compiled step needs more bytes a device (the compiler's ``memory``) than the device holds."""
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a device allocator's refusal (XLA's ``RESOURCE_EXHAUSTED``)."""
+    return "RESOURCE_EXHAUSTED" in str(error)
+
+
+def out_of_device_memory(
+    error: BaseException, memory: DeviceMemory | None, stats: MemoryStats, config: TrainConfig
+) -> DoesNotFitDevice:
+    """The allocator's refusal of the step's program, said with the program's figures (``memory``, the compiler's
+    count; ``None`` where unknown) and the settings that shrink it."""
     capacity = device_capacity(stats)
-    if capacity is None or memory.total <= capacity:
-        return
-    part, size = memory.largest()
+    holds = "" if capacity is None else f" of the {capacity / GIB:.2f} GiB the device holds"
+    figures = ""
+    if memory is not None:
+        part, size = memory.largest()
+        figures = (
+            f" The compiler counts {memory.total / GIB:.2f} GiB a device for the step (arguments "
+            f"{memory.arguments / GIB:.2f}, temporaries {memory.temporaries / GIB:.2f}); the largest part: {part}, "
+            f"{size / GIB:.2f} GiB."
+        )
     fixes = ["a smaller data.batch-size (activations grow with it)"]
     if config.memory_policy in ("save", "selective"):
         fixes.insert(0, f"--train.memory-policy recompute (now {config.memory_policy}: it keeps more activations)")
-    fixes.append("kernels.pallas-loss.keep-logits false, where it is on (it keeps the [tokens, vocabulary] logits)")
+    fixes.append("--kernels.pallas-loss.no-keep-logits, where logits are kept ([tokens, vocabulary] in fp32)")
     if config.grad_accum_steps == 1:
-        fixes.append("the same tokens a step in micro-batches (train.grad-accum-steps with a smaller batch)")
+        fixes.append("the same tokens a step in micro-batches (a smaller batch, more train.grad-accum-steps)")
     fixes.append("more devices (parallel.fsdp)")
-    raise DoesNotFitDevice(
-        f"The step's program needs {memory.total / GIB:.2f} GiB a device, as the compiler counts it, and the "
-        f"device holds {capacity / GIB:.2f} GiB. The largest part: {part}, {size / GIB:.2f} GiB (arguments "
-        f"{memory.arguments / GIB:.2f}, temporaries {memory.temporaries / GIB:.2f}). Nothing has run. To fit: "
+    words = str(error).strip().splitlines()[0][:300]
+    return DoesNotFitDevice(
+        f"The device has no room for the training step{holds}: {words}.{figures} "
+        "Check a configuration before you run it with --dry-run --target.chip CHIP --target.chips N. To fit: "
         + "; or ".join(fixes)
         + "."
     )

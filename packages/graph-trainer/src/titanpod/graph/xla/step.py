@@ -39,7 +39,7 @@ from titanpod.graph.step_base import (
     stack_named_batches,
 )
 from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
-from titanpod.graph.xla.fit import check_program_fits, check_state_fits
+from titanpod.graph.xla.fit import check_state_fits, is_out_of_memory, out_of_device_memory
 from titanpod.graph.xla.head import head_parameter, regathered_head
 from titanpod.graph.xla.layer_stack import LayerStack
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
@@ -432,7 +432,6 @@ class XlaStep(TrainStep):
         if key not in self._compiled:
             compiled, self.compile_report = compile_lowered(lambda: self.program.lower(*arguments), self._cache_folder)
             self.program_figures = program_figures(compiled, None)
-            check_program_fits(self.program_figures.memory, self.backend.memory_stats(), self.config)
             self._compiled[key] = compiled
         return self._compiled[key]
 
@@ -454,7 +453,14 @@ class XlaStep(TrainStep):
         # The mesh in context: kernels (titanpod.kernels' jax_op) split their Pallas calls over it.
         with self.backend.runtime(), jax.set_mesh(self.mesh):
             arguments = self._arguments(micro_batches, lr)
-            outputs = self._compiled_program(arguments)(*arguments)
+            program = self._compiled_program(arguments)
+            try:
+                outputs = program(*arguments)
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                memory = None if self.program_figures is None else self.program_figures.memory
+                raise out_of_device_memory(error, memory, self.backend.memory_stats(), self.config) from error
         self.jax_params, exp_avg, exp_avg_sq, step, loss, grad_norm, applied, metrics = outputs
         self.state = AdamWState(step, exp_avg, exp_avg_sq)
         return StepOutput(loss, grad_norm, applied, metrics)
