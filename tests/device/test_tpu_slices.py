@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from titanpod.device.tpu_slices import TpuSlice, parse_slice, slice_of, torus_shape
+from titanpod.device.tpu_slices import TpuSlice, host_bounds, parse_slice, slice_of, torus_shape
 
 
 @pytest.mark.parametrize(
@@ -19,6 +19,9 @@ from titanpod.device.tpu_slices import TpuSlice, parse_slice, slice_of, torus_sh
         ("v6e-256", "v6e", 256, "v6e:16x16"),
         ("v6e-8", "v6e", 8, "v6e:2x4"),
         ("v5litepod-16", "v5e", 16, "v5e:4x4"),
+        ("v5litepod-1", "v5e", 1, "v5e:1x1"),
+        ("v5litepod-4", "v5e", 4, "v5e:2x2"),
+        ("v6e-1", "v6e", 1, "v6e:1x1"),
     ],
 )
 def test_accelerator_types_name_chips_and_torus(name: str, chip: str, chips: int, topology: str) -> None:
@@ -59,3 +62,31 @@ def test_a_torus_holds_every_chip() -> None:
 def test_a_gpu_is_no_tpu_target() -> None:
     with pytest.raises(ValueError, match="not a TPU"):
         slice_of("h100", 8)
+
+
+@pytest.mark.parametrize(
+    ("name", "bounds"),
+    [
+        ("v5e-1", (1, 1, 1)),  # one chip: libtpu refuses v5e:1x1 with a 2 x 2 host
+        ("v6e-1", (1, 1, 1)),
+        ("v6e-2", (1, 2, 1)),
+        ("v5litepod-4", (2, 2, 1)),  # exactly one host
+        ("v5litepod-8", (2, 2, 1)),
+        ("v6e-256", (2, 2, 1)),
+        ("v5p-8", (2, 2, 1)),
+        ("v5p-1024", (2, 2, 1)),
+        ("2 x v5e-1", (1, 1, 1)),
+    ],
+)
+def test_a_host_holds_no_more_chips_than_the_slice(name: str, bounds: tuple[int, int, int]) -> None:
+    tpu = parse_slice(name)
+    assert tpu.chips_per_host_bounds() == bounds
+    torus = (*torus_shape(tpu.chip, tpu.chips), 1, 1)[:3]
+    assert all(host <= side and side % host == 0 for host, side in zip(bounds, torus, strict=True))
+
+
+def test_host_bounds_of_a_torus() -> None:
+    assert host_bounds((1, 1)) == (1, 1, 1)
+    assert host_bounds((1, 2)) == (1, 2, 1)
+    assert host_bounds((2, 4)) == (2, 2, 1)
+    assert host_bounds((4, 8, 8)) == (2, 2, 1)

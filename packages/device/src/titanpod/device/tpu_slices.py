@@ -24,6 +24,9 @@ _TORUS_3D = {"v4", "v5p"}
 
 _TOPOLOGY_PREFIX = {"v4": "v4", "v5p": "v5p", "v5e": "v5e", "v6e": "v6e"}
 
+_HOST_GRID = (2, 2, 1)
+"""The chips of one TPU VM of a multi-host slice as a grid (x, y, z): four chips, 2 x 2."""
+
 _SLICE_NAME = re.compile(r"^(v4|v5p|v5e|v5litepod|v6e)-(\d+)$")
 
 
@@ -54,6 +57,10 @@ class TpuSlice:
     def topology_name(self) -> str:
         """libtpu's name of one slice's shape, e.g. ``v5p:2x2x1`` (4 chips) or ``v6e:16x16``."""
         return f"{_TOPOLOGY_PREFIX[self.chip]}:{'x'.join(map(str, torus_shape(self.chip, self.chips)))}"
+
+    def chips_per_host_bounds(self) -> tuple[int, int, int]:
+        """The chips one host holds, as libtpu's (x, y, z) grid over one slice's torus (``host_bounds``)."""
+        return host_bounds(torus_shape(self.chip, self.chips))
 
 
 def parse_slice(text: str) -> TpuSlice:
@@ -105,6 +112,18 @@ def torus_shape(chip: str, chips: int) -> tuple[int, ...]:
     return tuple(sorted(shape))
 
 
+def host_bounds(torus: tuple[int, ...]) -> tuple[int, int, int]:
+    """The chips of one host over a slice shaped ``torus`` (``torus_shape``), as libtpu's ``chips_per_host_bounds``.
+
+    A slice of a host or more holds whole 2 x 2 hosts; a smaller one (v5litepod-1, v6e-1, a 1 x 2 slice) is all
+    on one host, which holds only the slice's own chips: libtpu refuses a host grid wider than the torus on any
+    side (``v5e:1x1`` with a 2 x 2 x 1 host does not exist), so each side is the smaller of the two.
+    """
+    sides = (*torus, 1, 1)[:3]
+    x, y, z = (min(host, side) for host, side in zip(_HOST_GRID, sides, strict=True))
+    return x, y, z
+
+
 def abstract_devices(tpu: TpuSlice) -> list[Any]:
     """The slice's devices as libtpu describes them (every chip of every slice, in the topology's order):
     ``jax.jit`` compiles for them on a host without TPUs. Needs libtpu (the tpu environment, ``envs/tpu``);
@@ -119,12 +138,13 @@ def abstract_devices(tpu: TpuSlice) -> list[Any]:
             platform="tpu",
             topology_name=tpu.topology_name(),
             chip_config_name=config,
-            chips_per_host_bounds=(2, 2, 1),
+            chips_per_host_bounds=tpu.chips_per_host_bounds(),
             num_slices=tpu.num_slices,
         )
     except Exception as error:
         raise RuntimeError(
-            f"libtpu could not describe {tpu.name} ({tpu.topology_name()}): {error}. Compiling for a TPU slice "
+            f"libtpu could not describe {tpu.name} ({tpu.topology_name()}, chips a host "
+            f"{'x'.join(map(str, tpu.chips_per_host_bounds()))}): {error}. Compiling for a TPU slice "
             "needs libtpu beside JAX: run from the tpu environment (cd envs/tpu && uv run ...)."
         ) from error
     devices = list(topology.devices)

@@ -44,6 +44,14 @@ class SavedBytes:
     """The part produced by matmuls and attention (what ``selective`` keeps)."""
     region_input: int
     """The region's input (what ``recompute`` and ``offload`` keep)."""
+    recomputed: int | None = None
+    """Working memory of running the region again in the backward (``recompute``), where a compiler fuses it
+    to less than ``all_saved``; ``None``: ``all_saved``."""
+
+    @property
+    def recompute_bytes(self) -> int:
+        """What recomputing the region in the backward holds at once."""
+        return self.all_saved if self.recomputed is None else self.recomputed
 
 
 class _FlashAttentionStandIn(torch.autograd.Function):

@@ -42,6 +42,12 @@ from titanpod.recipes.families import build_model, sharding_plan
 from titanpod.recipes.layout_support import check_layout
 from titanpod.recipes.pipeline_batch import with_pipeline_microbatches
 from titanpod.recipes.planner.activations import SavedBytes, block_saved_bytes, head_saved_bytes
+from titanpod.recipes.planner.compiled_step import (
+    hidden_itemsize,
+    kept_logits_bytes,
+    weight_copy_bytes,
+    widened_block,
+)
 from titanpod.recipes.planner.host import HostMemoryPlan, plan_host_memory, planned_lane
 from titanpod.recipes.planner.limits import FIT_FRACTION
 from titanpod.recipes.planner.pipeline_bubble import pipeline_bubble
@@ -173,16 +179,22 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     local_seq = data.seq_len // mesh["cp"]  # each cp rank runs its share of every row through the blocks
     # The xla lane's step keeps the hidden states between blocks whole over tp (titanpod.graph.xla's hidden_layout).
     sequence_parallel = recipe.parallel.sequence_parallel and lane != "xla"
-    block = block_saved_bytes(model.args, data.batch_size, local_seq, dtype, mesh["tp"], sequence_parallel)
+    sharded = mesh["fsdp"] * mesh["cp"] * mesh["ep"] > 1  # parameters are gathered a block at a time
+    hidden = hidden_itemsize(dtype, recipe.parallel.param_dtype, sharded)  # see compiled_step.py
+    block = widened_block(
+        block_saved_bytes(model.args, data.batch_size, local_seq, dtype, mesh["tp"], sequence_parallel),
+        model.args, data.batch_size, local_seq, dtype, hidden,
+        xla=lane == "xla", tp=mesh["tp"], sequence_parallel=sequence_parallel,
+    )  # fmt: skip
     head = head_saved_bytes(model.args, data.batch_size, local_seq, dtype, model.ops.head_loss)
-    if lane == "xla" and recipe.kernels.head_loss == "pallas" and recipe.kernels.pallas_loss.keep_logits:
-        # the xla step keeps the loss kernels' outputs for the backward (titanpod.graph.xla.head): with
-        # keep_logits those hold the [rows, vocab] logits, which the torch op's saved inputs do not show
-        logits = data.batch_size * local_seq * model.args.vocab_size * dtype.itemsize
-        head = dataclasses.replace(head, all_saved=head.all_saved + logits)
+    logits = 0
+    if recipe.kernels.head_loss == "pallas" and recipe.kernels.pallas_loss.keep_logits:
+        logits = kept_logits_bytes(data.batch_size * local_seq, model.args.vocab_size, hidden)
     gathered = 0
-    if mesh["fsdp"] * mesh["cp"] * mesh["ep"] > 1:  # parameters are gathered a block at a time, one prefetched
+    if sharded:  # this block's parameters and the prefetched next one's
         gathered = 2 * _gathered_block_numel(plan, model, mesh) * _BYTES[recipe.parallel.param_dtype]
+    elif lane == "xla" and dtype == torch.bfloat16 and mesh["pp"] == 1:  # one program: no pipeline stages
+        gathered = weight_copy_bytes(_local_block_numel(plan, model, mesh), model.args.n_layers)
     kv_bytes = _kv_bytes(model, data.batch_size, data.seq_len, dtype, mesh["tp"]) if mesh["cp"] > 1 else 0
     if lane == "xla" and mesh["ep"] > 1:
         gathered += _whole_vocab_gradient_bytes(model)
@@ -197,14 +209,15 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
         check_pipelinable(model, layout)
 
         def rank_memory(rank_local: int, kept_layers: int, holds_head: bool) -> MemoryPlan:
-            return _memory(rank_local, block, head, kept_layers, policy, gathered + kv_bytes, holds_head)
+            return _memory(rank_local, block, head, kept_layers, policy, gathered + kv_bytes, holds_head, logits)
 
         memory = pipeline_memory(model, plan, mesh, layout, rank_memory)
         assert isinstance(memory, MemoryPlan)
         pipeline = f"{layout.schedule}, {layout.stages_per_rank} stage(s) a rank, {layout.microbatches} micro-batches"
         bubble = pipeline_bubble(layout)
     else:
-        memory = _memory(local, block, head, model.args.n_layers, train.memory_policy, gathered + kv_bytes)
+        policy_name, layers = train.memory_policy, model.args.n_layers
+        memory = _memory(local, block, head, layers, policy_name, gathered + kv_bytes, kept_logits=logits)
     gathers = 2 if train.memory_policy in ("recompute", "offload") else 1  # a recomputed block gathers again
     cp_traffic = (gathers + 1) * model.args.n_layers * kv_bytes * (mesh["cp"] - 1) // mesh["cp"]
     data_ranks = math.prod(mesh[axis] for axis in DATA_AXES)
@@ -270,6 +283,12 @@ def _gathered_block_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str
     return total
 
 
+def _local_block_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str, int]) -> int:
+    """Elements of one block's parameters held on this device (as stored: no gather)."""
+    block = model.layers[0].named_parameters()
+    return sum(plan.local_numel(f"layers.0.{name}", tuple(param.shape), mesh) for name, param in block)
+
+
 def _memory(
     local_params: int,
     block: SavedBytes,
@@ -278,16 +297,20 @@ def _memory(
     policy: str,
     gathered: int,
     holds_head: bool = True,
+    kept_logits: int = 0,
 ) -> MemoryPlan:
-    """One device's bytes: ``n_layers`` blocks' kept activations, and the head's when ``holds_head``."""
+    """One device's bytes: ``n_layers`` blocks' kept activations, and the head's when ``holds_head``; the head's
+    backward also holds ``kept_logits`` (the Pallas loss's logits, which have no gradient as large), before the
+    blocks' backward starts."""
     host = 0
     head_saved = head.all_saved if holds_head else 0
+    head_backward = 2 * head_saved + (kept_logits if holds_head else 0)  # its saved tensors, their gradients
     if policy == "save":
         kept, recomputed = block.all_saved, 0
     elif policy == "selective":
         kept, recomputed = block.matmul_saved + block.region_input, block.all_saved - block.matmul_saved
     elif policy == "recompute":
-        kept, recomputed = block.region_input, block.all_saved
+        kept, recomputed = block.region_input, block.recompute_bytes
     elif policy == "offload":
         kept, recomputed, host = 0, block.all_saved + 2 * block.region_input, n_layers * block.region_input
     else:
@@ -297,7 +320,7 @@ def _memory(
         gradients=4 * local_params,
         optimizer=8 * local_params,
         activations=n_layers * kept + head_saved,
-        transient=max(head_saved, recomputed) + gathered,
+        transient=max(head_backward - head_saved, recomputed) + gathered,
         host_offload=host,
     )
 

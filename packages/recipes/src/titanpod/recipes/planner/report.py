@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -94,10 +95,23 @@ def suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float, l
     if kernels.head_loss == "reference":
         changed = with_changes(recipe, kernels={"head_loss": "chunked"})
         candidates.append(("--kernels.head-loss chunked", changed, chips))
-    candidates.append((f"--chips {chips * 2}", recipe, chips * 2))
+    if kernels.head_loss == "pallas" and kernels.pallas_loss.keep_logits:
+        loss = dataclasses.replace(kernels.pallas_loss, keep_logits=False)
+        changed = with_changes(recipe, kernels={"pallas_loss": loss})
+        candidates.append(("--kernels.pallas-loss.no-keep-logits", changed, chips))
+    candidates.append(_more_chips(recipe, chips))
     found = _planned(candidates, chip, target_mfu)
     found.sort(key=lambda s: (not s.plan.fits, s.plan.memory.total))
     return found[:limit]
+
+
+def _more_chips(recipe: Recipe, chips: int) -> tuple[str, Recipe, int]:
+    """Twice the chips, with a fixed FSDP degree doubled too (so the state is split over them all)."""
+    fsdp = recipe.parallel.fsdp
+    if fsdp < 1:  # fsdp takes whatever devices the other axes leave
+        return f"--chips {chips * 2}", recipe, chips * 2
+    changed = with_changes(recipe, parallel={"fsdp": fsdp * 2})
+    return f"--chips {chips * 2} --parallel.fsdp {fsdp * 2}", changed, chips * 2
 
 
 def host_suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> list[Suggestion]:
