@@ -110,6 +110,16 @@ def test_torch_tpu_keeps_one_torch_releases_glue_and_a_record_of_what_is_left(to
         glue.keep_one_release(wheel, tmp_path / "none.whl", torch_minor=14)
 
 
+def test_torch_tpu_brings_its_own_small_requirements_pinned_by_the_tpu_lanes_lock(tools):
+    builder, _, markers, _ = tools
+    have = {"tensorboard", "absl-py"}
+    needs = {pin.name: pin.version for pin in builder.torch_tpu_needs(markers.Target(), have)}
+    assert {"pyzmq", "portpicker", "immutabledict", "frozendict"} <= set(needs)
+    assert not (LEFT_OUT | have | {"torch-tpu"}) & set(needs)
+    tpu_lock = tomllib.loads((REPO_ROOT / "envs/tpu/uv.lock").read_text())["package"]
+    assert all(any(p["name"] == name and p["version"] == v for p in tpu_lock) for name, v in needs.items())
+
+
 def test_titanpods_wheels_install_with_no_index_beside_the_vms_torch(tmp_path):
     wheelhouse = tmp_path / "wheelhouse"
     # titanpod-device and titanpod-models need only torch, which the VM provides: no third-party download.
@@ -178,3 +188,5 @@ def test_the_whole_wheelhouse_installs_offline_and_trains_on_the_xla_lane(tmp_pa
     )  # fmt: skip
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     assert (runs / "offline" / "model" / "model.safetensors").is_file()
+    assert json.loads((runs / "offline" / "recipe.json").read_text())["device"]["lane"] == "xla"
+    assert "jax.jit" in train.stdout

@@ -122,8 +122,15 @@ def add_torch_tpu(version: str, torch_version: str, target: Target, folder: Path
         minor = int(torch_version.split(".")[1])
         kept, dropped = keep_one_release(original, folder / original.name, minor)
         print(f"torch_tpu {version}: kept torch 2.{minor}'s glue; {dropped} of {kept + dropped} files dropped")
-    stop = set(VM_PROVIDES) | {"torch", "torch-tpu"} | have
-    return [pin for pin in lock_closure(REPO / "envs/tpu/uv.lock", "torch-tpu", target, stop) if pin.name not in stop]
+    return torch_tpu_needs(target, have)
+
+
+def torch_tpu_needs(target: Target, have: set[str]) -> list[Pin]:
+    """What torch_tpu needs on ``target`` (pinned by envs/tpu's lock), without what the VM provides (torch too)
+    and without ``have``, the packages the wheelhouse holds or leaves to the VM's index already."""
+    stop = set(VM_PROVIDES) | {"torch"} | have
+    needs = lock_closure(REPO / "envs/tpu/uv.lock", "torch-tpu", target, stop)
+    return [pin for pin in needs if pin.name != "torch-tpu"]
 
 
 def install_requirements(packages: list[str], extras: list[str]) -> list[str]:
@@ -193,7 +200,7 @@ def collect(args: argparse.Namespace, target: Target, platforms: list[str], whee
     if with_torch:
         origins["torch"] = add_torch(args, torch_version, target, platforms, wheels)
     if args.torch_tpu:
-        more = add_torch_tpu(args.torch_tpu, torch_version, target, wheels, set(origins))
+        more = add_torch_tpu(args.torch_tpu, torch_version, target, wheels, set(origins) | set(args.vm_has))
         download(more, target, platforms, wheels)
         origins.update({pin.name: "envs/tpu/uv.lock (for torch_tpu)" for pin in more})
         origins["torch-tpu"] = f"PyPI, repacked with torch {torch_version}'s glue only"
