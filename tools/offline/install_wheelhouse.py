@@ -111,7 +111,9 @@ def pip_command(python: Path, pip_in_venv: bool) -> list[str]:
     return [sys.executable, "-m", "pip", "--python", str(python)]
 
 
-def install(manifest: dict, wheelhouse: Path, python: Path, pip: list[str], pins: dict, args) -> None:
+def install(
+    manifest: dict, wheelhouse: Path, python: Path, pip: list[str], pins: dict, args: argparse.Namespace
+) -> None:
     """pip install the manifest's requirements: from the wheelhouse (and the given sources), the VM's pinned."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
         constraints.write("".join(f"{name}=={version}\n" for name, version in pins.items()))
@@ -120,13 +122,16 @@ def install(manifest: dict, wheelhouse: Path, python: Path, pip: list[str], pins
     command += [arg for link in args.find_links for arg in ("--find-links", link)]
     command += ["--index-url", args.index_url] if args.index_url else ["--no-index"]
     print(f"== pip install {' '.join(manifest['install'])}\n   keeping the VM's {', '.join(sorted(pins))}")
-    if subprocess.run([*command, *manifest["install"]], check=False).returncode != 0:
+    try:
+        returncode = subprocess.run([*command, *manifest["install"]], check=False).returncode
+    finally:
+        Path(constraints.name).unlink()
+    if returncode != 0:
         raise SystemExit(
             "error: pip could not install from the wheelhouse (its message is above). A package it names as not "
             "found is one the VM must provide: pass the folder or index holding it with --find-links or "
             "--index-url; a conflict with a pinned package means the VM's version is not one titanpod accepts"
         )
-    Path(constraints.name).unlink()
 
 
 def main(argv: list[str] | None = None) -> int:
