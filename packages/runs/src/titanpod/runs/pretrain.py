@@ -19,6 +19,7 @@ from titanpod.models import RegionValues, Transformer, parameter_count, region_i
 from titanpod.recipes.families import build_model
 from titanpod.recipes.recipe import Recipe
 from titanpod.runs.checkpoint_tokenizer import check_text_tokenizer
+from titanpod.runs.device_fit import check_recipe_fits_device
 from titanpod.runs.final_weights import write_final_weights
 from titanpod.runs.hf_export import training_extras
 from titanpod.runs.init_from import build_pretrained_model, following, model_args, pretrained_for
@@ -94,6 +95,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     pretrained = pretrained_for(recipe)  # a folder that does not fit fails before anything is built
     recipe = following(recipe, pretrained, BUILTIN)  # its family and tokenizer, as recipe.json records them
     tokenizer_note = check_text_tokenizer(recipe.data, model_args(recipe, pretrained).vocab_size, pretrained)
+    check_recipe_fits_device(recipe, backend)  # on an accelerator: its plan against the device, before building
     if pretrained is None:
         model, initial_values = build_seeded_model(recipe, backend)
     else:  # under torchrun: still on the meta device, each rank's shards read from the folder by the placement
