@@ -58,7 +58,8 @@ def refusal(plan: RunPlan, capacity: int, recipe: Recipe, chips: int) -> str:
     memory = plan.memory
     parts = (
         f"parameters {memory.parameters / GIB:.2f}, gradients {memory.gradients / GIB:.2f}, optimizer "
-        f"{memory.optimizer / GIB:.2f}, activations {memory.activations / GIB:.2f}, working {memory.transient / GIB:.2f}"
+        f"{memory.optimizer / GIB:.2f}, activations {memory.activations / GIB:.2f}, "
+        f"working {memory.transient / GIB:.2f}"
     )
     fitting = [s.flags for s in suggestions(recipe, plan.chip, chips, recipe.target.mfu) if s.plan.fits]
     advice = (
