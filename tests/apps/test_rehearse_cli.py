@@ -24,7 +24,7 @@ import pytest
 from titanpod.diffusion.cli import main as diffusion_main
 from titanpod.recipes.rehearsal.scaling import STEPS, STOP_AT
 
-POD_RECIPES = ["llama3_8b", "llama3_70b", "llama3_405b", "qwen3_8b", "qwen3_32b", "qwen3_235b_a22b"]
+POD_RECIPES = ["llama3_8b", "llama3_70b", "llama3_405b", "qwen3_06b", "qwen3_8b", "qwen3_32b", "qwen3_235b_a22b"]
 DEFAULT_RUN = {("llama3_405b", "xla"), ("qwen3_235b_a22b", "cpu")}
 """The recipe-lane pairs the slow tier rehearses: each lane's launch, stop and resume once, FSDP x TP with Splash
 and the Pallas loss on the xla lane, MoE with EP, gmm and a capacity on the cpu lane. The same combinations on

@@ -8,7 +8,7 @@ from titanpod.models.qwen3 import QWEN3_FLAVORS
 from titanpod.parallel import DECODER_PLAN
 from titanpod.recipes.families.spec import ModelSpec
 from titanpod.recipes.recipe import Recipe, TargetConfig
-from titanpod.recipes.recipe_templates import debug_recipe, pod_recipe
+from titanpod.recipes.recipe_templates import ONE_CHIP_KERNELS, debug_recipe, pod_recipe
 
 HF_FORM = DecoderHFForm("Qwen3ForCausalLM", "qwen3", qk_norm=True)
 """Qwen 3's Hugging Face class: per-head query and key norms."""
@@ -33,6 +33,20 @@ def qwen3_8b() -> Recipe:
     )  # fmt: skip
 
 
+def qwen3_06b() -> Recipe:
+    """Qwen 3 0.6B on one TPU v5e chip (16 GiB; a v5litepod-1, or a v6e-1): 4 x 4,096 tokens a step, recomputed
+    blocks run as one loop, Pallas kernels with the tiles measured fastest on the chip. On more chips the same
+    recipe shards by FSDP over them all, 4 sequences a chip.
+
+    On a v5e with libtpu 0.0.42.1 it trained at 12,594 tokens/s, 40.9% MFU, holding 12.9 GiB of the chip's
+    15.75 (tools/bench/chip_step.py, 2026-12-05; docs/tpu-chip.md)."""
+    return pod_recipe(
+        "qwen3_06b", "qwen3", "0.6B", TargetConfig(chip="v5e", chips=1),
+        tokenizer="Qwen/Qwen3-0.6B", seq_len=4096, batch_size=4, lr=3e-4, steps=2_000,
+        warmup_steps=100, scan_layers=True, kernels=ONE_CHIP_KERNELS,
+    )  # fmt: skip
+
+
 def qwen3_32b() -> Recipe:
     """Qwen 3 32B on a TPU v5p-256 (128 chips): FSDP, recomputed blocks, 4K sequences, Pallas kernels; on the
     xla lane its 64 blocks run as one loop (``train.scan_layers``): 22.8 GiB a chip of a v5p's 95 by libtpu's
@@ -50,7 +64,7 @@ SPEC = ModelSpec(
     build=Transformer,
     plan=DECODER_PLAN,
     hf_adapter=DecoderAdapter("qwen3", HF_FORM),
-    recipes={recipe.__name__: recipe for recipe in (qwen3_debug, qwen3_8b, qwen3_32b)},
+    recipes={recipe.__name__: recipe for recipe in (qwen3_debug, qwen3_06b, qwen3_8b, qwen3_32b)},
     vllm=True,
 )
 """Qwen 3 dense."""
