@@ -100,7 +100,9 @@ def test_start_over_moves_the_earlier_run_aside_and_keeps_every_file(tmp_path):
     assert f"started over: moved checkpoints, metrics.jsonl, model, recipe.json of {run_dir} into {aside}" in (
         said.getvalue()
     )
-    assert sorted(path.name for path in run_dir.iterdir()) == sorted([aside.name, "metrics.jsonl", "recipe.json"])
+    names = sorted(path.name for path in run_dir.iterdir())
+    assert names == sorted([aside.name, "checkpoints", "metrics.jsonl", "recipe.json"])
+    assert list((run_dir / "checkpoints").iterdir()) == []  # it held this run's lock while the run lasted
     assert (run_dir / "metrics.jsonl").read_bytes() == b""  # this run's, new
     recorded = json.loads((run_dir / "recipe.json").read_text())
     assert recorded["output"]["start_over"] is False  # a run from this recipe.json resumes rather than start over

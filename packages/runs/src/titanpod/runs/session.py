@@ -30,7 +30,7 @@ import signal
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -48,11 +48,11 @@ from titanpod.graph.interrupt import exit_status, signal_name, stop_after_step
 from titanpod.graph.steps import Batch
 from titanpod.graph.tracking import WandbWriter, final_figures
 from titanpod.recipes.recipe import NamedRun, RunRecipe
+from titanpod.runs.folder_locks import FolderLocks
 from titanpod.runs.loss_plot import LOSS_PLOT_FILE, write_loss_plot
 from titanpod.runs.peer_loss import report_lost_peer, say_anywhere
 from titanpod.runs.recipe_history import RECIPE_FILE, record_recipe
 from titanpod.runs.run_folder import as_recorded, claim_run_dir
-from titanpod.runs.run_lock import RunLock
 from titanpod.runs.wandb_run import WandbStartError, open_wandb
 
 Written = TypeVar("Written")
@@ -94,7 +94,7 @@ def run_dir_of(recipe: NamedRun) -> Path:
 
 def prepare_run_dir(
     recipe: RunRecipe, run_dir: Path, checkpoints: Location, say: Callable[[str], None]
-) -> RunLock | None:
+) -> FolderLocks | None:
     """Rank 0 claims the run directory before anything of the run is written, and writes the recipe into it.
 
     It creates the directory, checks it and a local checkpoint folder can be written, takes its lock for the
@@ -103,8 +103,8 @@ def prepare_run_dir(
     directory) is left as it is: the session replaces it, keeping it in ``recipe-history/``, once ``resume`` has
     accepted the new recipe (``titanpod.runs.recipe_history``).
 
-    Returns the lock on rank 0 (``None`` elsewhere). Under torchrun every rank must call it: a refusal is raised
-    on every rank.
+    Returns the locks on rank 0 (the run directory's and the checkpoint folder's; ``None`` elsewhere). Under
+    torchrun every rank must call it: a refusal is raised on every rank.
     """
     lock, problem = None, None
     if process_info().is_main:
@@ -119,6 +119,12 @@ def prepare_run_dir(
             problem = error
     raise_on_every_rank(problem)
     return lock
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` when it holds nothing (a folder with anything in it stays as it is)."""
+    with suppress(OSError):
+        folder.rmdir()
 
 
 def raise_on_every_rank(problem: BaseException | None) -> None:
@@ -168,14 +174,20 @@ class RunSession:
         self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
         """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
         new_dir = self.info.is_main and not self.run_dir.exists()
-        self.lock = prepare_run_dir(asked, self.run_dir, self.checkpointer.folder, self.say)
-        """Rank 0's hold on the run directory, given back when the session ends (``None`` on other ranks)."""
+        try:
+            self.lock = prepare_run_dir(asked, self.run_dir, self.checkpointer.folder, self.say)
+            """Rank 0's hold on the run directory and the checkpoint folder, given back when the session ends
+            (``None`` on other ranks)."""
+        except BaseException:
+            if new_dir:  # made moments ago by this refused start; another run's files are never removed
+                remove_if_empty(self.run_dir)
+            raise
         try:
             self._open(recipe, backend)
         except BaseException:
-            self._let_go()
             if new_dir:  # made moments ago, it holds nothing but what this failed start wrote
                 shutil.rmtree(self.run_dir, ignore_errors=True)
+            self._let_go()
             raise
 
     def _open(self, recipe: RunRecipe, backend: Backend) -> None:
