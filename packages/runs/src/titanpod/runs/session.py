@@ -45,6 +45,7 @@ from titanpod.checkpoint.locations import Location
 from titanpod.device import Backend, ensure_process_group, process_info
 from titanpod.graph import JsonlWriter, StepMetrics, StepProfiler, TensorBoardWriter, TrainStep, TrainSummary, train
 from titanpod.graph.interrupt import exit_status, signal_name, stop_after_step
+from titanpod.graph.metrics_rows import set_aside_unreadable
 from titanpod.graph.steps import Batch
 from titanpod.graph.tracking import WandbWriter, final_figures
 from titanpod.recipes.recipe import NamedRun, RunRecipe
@@ -200,6 +201,11 @@ class RunSession:
         """The writers that also take the recipe, images and the final figures (TensorBoard, W&B)."""
         wandb = self._open_wandb(recipe) if recipe.output.wandb else None  # first: it may stop the run
         if self.info.is_main:
+            if (damaged := set_aside_unreadable(self.run_dir / METRICS_FILE)) is not None:
+                self.say(
+                    f"[yellow]{self.run_dir / METRICS_FILE} cannot be read back ({damaged[1]}): moved to "
+                    f"{damaged[0].name}, and this run starts a new {METRICS_FILE}[/]"
+                )
             self.writers.append(JsonlWriter(self.run_dir / METRICS_FILE))
             if recipe.output.tensorboard:
                 board = TensorBoardWriter(self.run_dir / TENSORBOARD_FOLDER)
