@@ -11,9 +11,9 @@ the rest to a ``RunSession``::
 
 The session owns the run directory (rank 0 holds its lock while the session is open and refuses an earlier
 run's files unless the run resumes or starts over: ``titanpod.runs.run_folder``; rank 0 writes
-``recipe.json``; under torchrun rank 0 picks the name and the others receive it), the console (rank 0 only),
-the metrics writers (rank 0: ``metrics.jsonl``, ``tensorboard/`` and the W&B run, ``titanpod.runs.wandb_run``;
-``loss.png`` drawn from them at the end),
+``recipe.json`` once ``resume`` has accepted the run; under torchrun rank 0 picks the name and the others
+receive it), the console (rank 0 only), the metrics writers (rank 0: ``metrics.jsonl``, ``tensorboard/`` and
+the W&B run, ``titanpod.runs.wandb_run``; ``loss.png`` drawn from them at the end),
 the trainer-state checkpoints (partial saves removed, resume, a save every ``checkpoint.every`` steps and at
 the end, a background save completed whatever happened), the final weights (a sharded model gathered one
 tensor at a time and streamed into its files by rank 0) and, on a clean exit, the process group's teardown.
@@ -96,7 +96,7 @@ def run_dir_of(recipe: NamedRun) -> Path:
 def prepare_run_dir(
     recipe: RunRecipe, run_dir: Path, checkpoints: Location, say: Callable[[str], None]
 ) -> FolderLocks | None:
-    """Rank 0 claims the run directory before anything of the run is written, and writes the recipe into it.
+    """Rank 0 claims the run directory (and the checkpoint folder) before anything of the run is written.
 
     It creates the directory, checks it and a local checkpoint folder can be written, takes its lock for the
     run's life, clears what killed writes left, and refuses an earlier run's files unless this run resumes them
@@ -112,8 +112,6 @@ def prepare_run_dir(
         try:
             start_over = recipe.output.start_over
             lock = claim_run_dir(run_dir, checkpoints, resume=recipe.checkpoint.resume, start_over=start_over, say=say)
-            if not (run_dir / RECIPE_FILE).exists():
-                (run_dir / RECIPE_FILE).write_text(as_recorded(recipe).to_json(), encoding="utf-8")
         except (OSError, ValueError, RuntimeError) as error:
             if lock is not None:
                 lock.release()
@@ -152,10 +150,11 @@ class RunSession:
     def __init__(self, recipe: RunRecipe, backend: Backend, console: Console | None = None) -> None:
         """Join the process group under torchrun (single-controller lanes run one process), claim the run
         directory (``prepare_run_dir``: rank 0 holds its lock until the session ends, refuses an earlier run's
-        files unless this run resumes or starts over, and writes ``recipe.json``), refuse ``checkpoint.resume
-        never`` where checkpoints already are (before anything else is written), and remove checkpoints whose
-        save never completed. A start that fails here leaves no run directory it made (a W&B run that cannot start
-        with ``output.wandb_required`` on, a refused recipe).
+        files unless this run resumes or starts over), refuse ``checkpoint.resume never`` where checkpoints
+        already are (before anything else is written), and remove checkpoints whose save never completed. A start
+        that fails here, or before ``resume`` accepts the run (a refused checkpoint), leaves
+        no run directory it made; files are written at the first line of metrics, so a refused run in a folder
+        that was there leaves no ``recipe.json``, ``metrics.jsonl`` or TensorBoard file either.
 
         ``console`` is used on rank 0 only; pass the same on every rank or ``None`` for a quiet run.
         """
@@ -175,6 +174,8 @@ class RunSession:
         self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
         """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
         new_dir = self.info.is_main and not self.run_dir.exists()
+        self._new_dir = new_dir
+        self._accepted = False
         try:
             self.lock = prepare_run_dir(asked, self.run_dir, self.checkpointer.folder, self.say)
             """Rank 0's hold on the run directory and the checkpoint folder, given back when the session ends
@@ -303,12 +304,14 @@ class RunSession:
         if folder is None:
             self._set_aside_later_metrics()
             self._record_recipe()
+            self._accepted = True
             return self.start_step
         point = self.checkpointer.load(folder, model, step, self.recipe.to_dict())
         data.load_state_dict(point.data_state)
         self.start_step = point.step
         self._set_aside_later_metrics()
         self._record_recipe()
+        self._accepted = True
         steps = self.recipe.train.steps
         self.say(f"resumed from {folder}: {self.start_step} of {steps} steps done")
         if self.start_step >= steps:
@@ -507,6 +510,8 @@ class RunSession:
                 for writer in self.writers:
                     writer.close()
                 self.writers = []
+                if kind is not None and self._new_dir and not self._accepted:
+                    shutil.rmtree(self.run_dir, ignore_errors=True)  # a refused run leaves nothing behind
             finally:
                 self._let_go()
         if kind is None and dist.is_initialized():
