@@ -41,6 +41,7 @@ from rich.console import Console
 from torch import nn
 
 from titanpod.checkpoint import Checkpointer, complete_checkpoints
+from titanpod.checkpoint.disk_space import state_bytes
 from titanpod.checkpoint.locations import Location
 from titanpod.device import Backend, ensure_process_group, process_info
 from titanpod.graph import JsonlWriter, StepMetrics, StepProfiler, TensorBoardWriter, TrainStep, TrainSummary, train
@@ -54,6 +55,7 @@ from titanpod.runs.loss_plot import LOSS_PLOT_FILE, write_loss_plot
 from titanpod.runs.peer_loss import report_lost_peer, say_anywhere
 from titanpod.runs.recipe_history import RECIPE_FILE, record_recipe
 from titanpod.runs.run_folder import as_recorded, claim_run_dir
+from titanpod.runs.space_check import NotEnoughSpaceError, check_space, save_needs
 from titanpod.runs.wandb_run import WandbStartError, open_wandb
 
 Written = TypeVar("Written")
@@ -152,7 +154,7 @@ class RunSession:
         directory (``prepare_run_dir``: rank 0 holds its lock until the session ends, refuses an earlier run's
         files unless this run resumes or starts over), refuse ``checkpoint.resume never`` where checkpoints
         already are (before anything else is written), and remove checkpoints whose save never completed. A start
-        that fails here, or before ``resume`` accepts the run (a refused checkpoint), leaves
+        that fails here, or before ``resume`` accepts the run (a refused checkpoint, too little disk space), leaves
         no run directory it made; files are written at the first line of metrics, so a refused run in a folder
         that was there leaves no ``recipe.json``, ``metrics.jsonl`` or TensorBoard file either.
 
@@ -299,6 +301,7 @@ class RunSession:
         """
         self.model, self.step = model, step
         self.checkpointer.check_step(step)  # a state that cannot be saved where checkpoints go fails now
+        self._check_space(model, step)
         self._data_state = data_state if data_state is not None else data.state_dict
         folder = self.checkpointer.resume_folder()
         if folder is None:
@@ -317,6 +320,23 @@ class RunSession:
         if self.start_step >= steps:
             self.say("nothing left to train: raise --train.steps to continue this run")
         return self.start_step
+
+    def _check_space(self, model: nn.Module, step: TrainStep) -> None:
+        """Before step 1: refuse the run (on every rank) when a disk it saves to has less room than a checkpoint
+        and the final weights need, with a margin (``titanpod.runs.space_check``)."""
+        problem = None
+        if self.is_main:
+            saves = self.recipe.checkpoint.every > 0 or self.recipe.checkpoint.at_end
+            optimizer = state_bytes(step.state_dict()) if step.state_format == "torch" else 0
+            needs = save_needs(
+                self.checkpointer.folder, self.run_dir, model, optimizer, checkpoint=saves,
+                weights=self.recipe.output.save_weights, ranks=self.info.world_size,
+            )  # fmt: skip
+            try:
+                check_space(needs)
+            except NotEnoughSpaceError as error:
+                problem = error
+        raise_on_every_rank(problem)
 
     def _set_aside_later_metrics(self) -> None:
         """Rank 0: the rows of ``metrics.jsonl`` past the step this run starts from (an earlier attempt went on
