@@ -4,7 +4,6 @@ is cleared at the next start; an unwritable checkpoint folder is found before th
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
