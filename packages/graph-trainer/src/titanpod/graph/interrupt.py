@@ -5,17 +5,21 @@ The first signal asks the run to stop after the step in flight; a second one (of
 
 The same signal arriving again within ``DUPLICATE_WINDOW_S`` is one delivery, not a second request: a
 signal sent to a process group (Ctrl-C in a terminal, a scheduler's or a VM shutdown's SIGTERM) reaches
-the run directly and again through a wrapper that forwards it (``uv run`` does), microseconds apart.
+the run directly and again through a wrapper that forwards it (``uv run`` does), microseconds apart, and a
+shell or a scheduler may send it twice about 0.1 s apart. The window is timed from when each signal arrived
+(``titanpod.graph.signal_arrivals``), not from when its handler ran, which on a loaded machine may be seconds
+later, after the step in flight.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from titanpod.graph.signal_arrivals import ArrivalClock
 
 DUPLICATE_WINDOW_S = 0.25
 """A repeat of the first signal within this many seconds is the same delivery forwarded, not a second request."""
@@ -33,7 +37,7 @@ class StopRequest:
     second_signum: int | None = None
     """The signal that stopped the run at once (the second one); ``None`` while none came."""
     received_at: float = 0.0
-    """When the first signal came (``time.monotonic()``)."""
+    """When the first signal arrived (``time.monotonic()``)."""
 
     @property
     def requested(self) -> bool:
@@ -69,18 +73,21 @@ def stop_after_step() -> Iterator[StopRequest]:
         yield request
         return
 
-    def handle(signum: int, frame: object) -> None:
-        now = time.monotonic()
-        if request.requested:
-            if signum == request.signum and now - request.received_at < DUPLICATE_WINDOW_S:
-                return  # the first signal again, forwarded by a wrapper process
-            request.second_signum = signum
-            raise KeyboardInterrupt(f"a second signal ({signal_name(signum)}): stopping at once")
-        request.signum, request.received_at = signum, now
+    with ArrivalClock() as clock:
 
-    previous = {signum: signal.signal(signum, handle) for signum in STOP_SIGNALS}
-    try:
-        yield request
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)  # None: set outside Python
+        def handle(signum: int, frame: object) -> None:
+            for arrived in clock.arrivals(signum):  # one handler call may stand for several arrivals
+                if not request.requested:
+                    request.signum, request.received_at = signum, arrived
+                    continue
+                if signum == request.signum and arrived - request.received_at < DUPLICATE_WINDOW_S:
+                    continue  # the first signal again: forwarded by a wrapper, or sent twice
+                request.second_signum = signum
+                raise KeyboardInterrupt(f"a second signal ({signal_name(signum)}): stopping at once")
+
+        previous = {signum: signal.signal(signum, handle) for signum in STOP_SIGNALS}
+        try:
+            yield request
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)  # None: set outside Python

@@ -7,7 +7,7 @@ import struct
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from titanpod.device import ChipSpec
 from titanpod.graph.metrics_rows import encode_row, set_aside_rows_after
@@ -118,35 +118,38 @@ class JsonlWriter:
     """Appends one JSON object per line, flushed at once so a crash loses nothing written.
 
     Lines are strict JSON: a NaN or Inf figure is written as ``null`` and named under ``"nonfinite"``
-    (``titanpod.graph.metrics_rows``, whose ``read_row`` reads them back)."""
+    (``titanpod.graph.metrics_rows``, whose ``read_row`` reads them back). The file is opened at the first line
+    written, so a run that writes none (one refused before its first step) leaves no file behind."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("a", encoding="utf-8")
+        """The file the lines are appended to."""
+        self._file: TextIO | None = None
 
     def write(self, record: StepMetrics | dict[str, Any]) -> None:
         """Append ``record`` as one line."""
         row = record.logged() if isinstance(record, StepMetrics) else record
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
         self._file.write(encode_row(row) + "\n")
         self._file.flush()
 
     def set_aside_after(self, step: int) -> Path | None:
         """Move the rows past ``step`` (an earlier attempt's, past the checkpoint this run resumes) into a file
         beside this one (``set_aside_rows_after``), and go on appending; returns that file, or ``None``."""
-        self._file.close()
-        try:
-            return set_aside_rows_after(self.path, step)
-        finally:
-            self._file = self.path.open("a", encoding="utf-8")
+        self.close()
+        return set_aside_rows_after(self.path, step)
 
     def write_scalars(self, step: int, values: dict[str, float]) -> None:
         """Append ``values`` at ``step`` as one line (e.g. a validation loss)."""
         self.write({"step": step, **values})
 
     def close(self) -> None:
-        """Close the file."""
-        self._file.close()
+        """Close the file (the next line opens it again)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
@@ -178,9 +181,22 @@ class TensorBoardWriter:
         from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked for
 
         self.log_dir = log_dir
-        self._writer = SummaryWriter(log_dir=str(log_dir))
+        """The folder of the event file, made at the first figure written (a run refused before its first step
+        leaves none)."""
+        self._make_writer = SummaryWriter
+        self._opened: Any = None
         self._config: dict[str, Any] | None = None
         self._last_eval: dict[str, float] = {}
+
+    @property
+    def _writer(self) -> Any:
+        """The event file's writer, opened at first use; the recipe (``write_config``) goes in first."""
+        if self._opened is None:
+            self._opened = self._make_writer(log_dir=str(self.log_dir))
+            if self._config is not None:
+                text = "```json\n" + json.dumps(self._config, indent=2) + "\n```"
+                self._opened.add_text("recipe", text, 0)
+        return self._opened
 
     def write(self, record: StepMetrics) -> None:
         """Add every field of ``record`` but ``step`` as a scalar at ``record.step``, and flush."""
@@ -197,11 +213,12 @@ class TensorBoardWriter:
         self._writer.flush()
 
     def write_config(self, config: dict[str, Any]) -> None:
-        """Add the recipe ``config`` as JSON text (tag ``recipe``); its fields become the hyper-parameters
-        ``write_summary`` records."""
+        """Add the recipe ``config`` as JSON text (tag ``recipe``, once the event file is open); its fields become
+        the hyper-parameters ``write_summary`` records."""
         self._config = config
-        self._writer.add_text("recipe", "```json\n" + json.dumps(config, indent=2) + "\n```", 0)
-        self._writer.flush()
+        if self._opened is not None:
+            self._opened.add_text("recipe", "```json\n" + json.dumps(config, indent=2) + "\n```", 0)
+            self._opened.flush()
 
     def write_image(self, step: int, name: str, path: Path) -> None:
         """Add the PNG file at ``path`` (a sample grid) as image ``name`` at ``step``, its bytes as they are."""
@@ -229,5 +246,6 @@ class TensorBoardWriter:
         self._writer.flush()
 
     def close(self) -> None:
-        """Flush and close the event file."""
-        self._writer.close()
+        """Flush and close the event file (nothing when none was written)."""
+        if self._opened is not None:
+            self._opened.close()

@@ -10,6 +10,10 @@ A run that resumes from a checkpoint older than its last row (it went on past it
 stopped) would append a second row for the same steps; ``set_aside_rows_after`` moves the rows past the
 resumed step into a file beside it first, so ``metrics.jsonl`` holds one row per step of the history the
 weights followed.
+
+A file the run cannot take back as its own (not UTF-8 text, a symbolic link, not a plain file) is set aside
+whole by ``set_aside_unreadable`` rather than read or appended to, and readers decode what is left of a damaged
+line as a line cut short: a damaged metrics file never stops a run.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     """Every row of the metrics file ``path`` (``read_row``), lines cut short left out; ``[]`` when there is no file."""
     if not path.is_file():
         return []
-    rows = (read_row(line) for line in path.read_text(encoding="utf-8").splitlines())
+    rows = (read_row(line) for line in _text(path).splitlines())
     return [row for row in rows if row is not None]
 
 
@@ -78,7 +82,7 @@ def set_aside_rows_after(path: Path, step: int) -> Path | None:
         return None
     kept: list[str] = []
     later: list[str] = []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+    for line in _text(path).splitlines(keepends=True):
         row = read_row(line)
         row_step = None if row is None else row.get("step")
         keep = isinstance(row_step, int) and not isinstance(row_step, bool) and row_step <= step
@@ -91,6 +95,38 @@ def set_aside_rows_after(path: Path, step: int) -> Path | None:
     _write_synced(staging, kept)
     os.replace(staging, path)
     return aside
+
+
+def set_aside_unreadable(path: Path) -> tuple[Path, str] | None:
+    """Move ``path`` whole to ``<stem>-damaged-<time>.jsonl`` beside it when the run cannot take it back as its own
+    metrics: not UTF-8 text, a symbolic link (moved, never followed) or not a plain file. Returns where it went and
+    why, or ``None`` when it is fine or absent."""
+    why = _unreadable(path)
+    if why is None:
+        return None
+    aside = _free_name(path, f"{path.stem}-damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.rename(path, aside)
+    return aside, why
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why ``path`` cannot be read back as metrics rows; ``None`` when it can (or is not there)."""
+    if path.is_symlink():
+        return "it is a symbolic link"
+    if not path.exists():
+        return None
+    if not path.is_file():
+        return "it is not a plain file"
+    try:
+        path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        return f"it is not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start})"
+    return None
+
+
+def _text(path: Path) -> str:
+    """The text of ``path``; bytes that are not UTF-8 read as U+FFFD, which spoils only their line's JSON."""
+    return path.read_bytes().decode("utf-8", errors="replace")
 
 
 def _finite(value: Any, name: str, found: dict[str, str]) -> Any:

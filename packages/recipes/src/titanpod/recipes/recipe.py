@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, Self
@@ -129,14 +130,30 @@ class OutputConfig:
 
 
 def check_folder_name(field: str, value: object, fix: str) -> None:
-    """``ValueError`` naming ``field`` and ``fix`` unless ``value`` is one folder name: a non-empty string without
-    ``/``, ``\\`` or NUL that does not start with ``.`` (so never ``..``), since run directories are named by it."""
-    if isinstance(value, str) and value and not value.startswith(".") and not any(c in value for c in "/\\\0"):
+    """``ValueError`` naming ``field`` and ``fix`` unless ``value`` is one folder name: a non-empty string of at most
+    ``FOLDER_NAME_BYTES`` bytes in UTF-8, without ``/``, ``\\``, control or format characters (NUL, newlines,
+    terminal escapes, direction overrides) that does not start with ``.`` (so never ``..``), since run directories
+    are named by it and printed."""
+    if (
+        isinstance(value, str)
+        and value
+        and not value.startswith(".")
+        and len(value.encode("utf-8", errors="replace")) <= FOLDER_NAME_BYTES
+        and not any(c in "/\\" or unicodedata.category(c) in HIDDEN_CATEGORIES for c in value)
+    ):
         return
     raise ValueError(
-        f"{field} {value!r} must be one folder name (not empty, no '/', '\\', NUL or leading '.'): it names the "
-        f"run directory inside output.runs_dir. {fix}"
+        f"{field} {value!r} must be one folder name (not empty, at most {FOLDER_NAME_BYTES} bytes, no '/', '\\', "
+        f"control characters such as newlines or terminal escapes, or leading '.'): it names the run directory "
+        f"inside output.runs_dir. {fix}"
     )
+
+
+FOLDER_NAME_BYTES = 200
+"""The longest run or recipe name, in UTF-8 bytes: a folder name is at most 255, and ``<name>-<time>`` adds 16."""
+HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+"""Unicode categories a name may not hold: control and format characters, surrogates, line and paragraph
+separators (they would move a terminal's cursor, or hide part of the name, when it is printed)."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ matplotlib is imported only when a plot is drawn, and without pyplot: drawing ch
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,7 +102,9 @@ def draw_loss_plot(history: LossHistory, path: Path, title: str) -> Path:
     lr_axes.grid(alpha=0.3)
     figure.suptitle(title)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
+    drawn = path.with_name(f".{path.name}.drawing")
+    figure.savefig(drawn, format="png")
+    os.replace(drawn, path)  # replaces a link there rather than writing through it
     return path
 
 

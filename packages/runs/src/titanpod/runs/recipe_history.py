@@ -24,7 +24,7 @@ def record_recipe(run_dir: Path, recipe_json: str) -> Path | None:
     current = Path(run_dir) / RECIPE_FILE
     kept = None
     if current.is_file():
-        if current.read_text(encoding="utf-8") == recipe_json:
+        if current.read_bytes() == recipe_json.encode("utf-8"):  # any other bytes, even damaged ones, are kept
             return None
         history = Path(run_dir) / HISTORY_FOLDER
         history.mkdir(exist_ok=True)

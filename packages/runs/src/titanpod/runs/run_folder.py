@@ -2,15 +2,17 @@
 no earlier run's files mixed with its own.
 
 Rank 0 creates the run directory, checks a file can be created in it and in the checkpoint folder (when that
-is local), and takes the directory's lock (``titanpod.runs.run_lock``). Holding it, it clears what killed
-writes left (``titanpod.checkpoint.atomic.remove_leftovers``), then looks for an earlier run: a
-``metrics.jsonl`` with lines, a final-weights folder with files (``model/``, ``hf/``, ``transformer/``) or
-checkpoint step folders. A run that resumes (``checkpoint.resume auto`` finding a complete checkpoint, or a
-checkpoint path) continues that run. Any other run is refused, unless told to start over
+is local), and takes the directory's lock and the checkpoint folder's (``titanpod.runs.folder_locks``: one run
+writes into a checkpoint folder at a time, also one given to two runs with ``--checkpoint.dir``). Holding
+them, it clears what killed writes left (``titanpod.checkpoint.atomic.remove_leftovers``), then looks for an
+earlier run: a ``metrics.jsonl`` with lines, a final-weights folder with files (``model/``, ``hf/``,
+``transformer/``) or checkpoint step folders. A run that resumes (``checkpoint.resume auto`` finding a complete
+checkpoint, or a checkpoint path) continues that run. Any other run is refused, unless told to start over
 (``output.start_over``): then every file of the directory is moved, never deleted, into
 ``previous-<UTC time>/`` inside it (and step folders of a ``checkpoint.dir`` elsewhere into
-``previous-<UTC time>/`` there). A run restarted by torchrun after a crash (``TORCHELASTIC_RESTART_COUNT``
-above 0) continues its own first attempt: it is neither refused nor started over again.
+``previous-<UTC time>/`` there); the lock files stay where they are. A run restarted by torchrun after a crash
+(``TORCHELASTIC_RESTART_COUNT`` above 0) continues its own first attempt: it is neither refused nor started
+over again.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from titanpod.checkpoint.locations import (
 )
 from titanpod.checkpoint.step_folders import complete_checkpoints, step_folders
 from titanpod.recipes.recipe import RunRecipe
+from titanpod.runs.folder_locks import FolderLocks, lock_checkpoint_folder
 from titanpod.runs.run_lock import LOCK_FILE, RunLock
 
 Recorded = TypeVar("Recorded", bound=RunRecipe)
@@ -76,11 +79,12 @@ def restarted() -> bool:
 
 def claim_run_dir(
     run_dir: Path, checkpoints: Location, *, resume: str, start_over: bool, say: Callable[[str], None]
-) -> RunLock:
+) -> FolderLocks:
     """Rank 0, before anything of the run is written: check ``run_dir`` and a local ``checkpoints`` folder can be
-    written (``OSError`` naming the folder), create ``run_dir``, take its lock (``RunLockedError``),
-    clear what killed writes left, then refuse an earlier run's files (``RunFolderError``) or, with
-    ``start_over``, move them aside. Returns the held lock; on any error nothing is held."""
+    written (``OSError`` naming the folder), create ``run_dir``, take its lock and the lock of ``checkpoints``
+    (``RunLockedError`` naming the holder), clear what killed writes left, then refuse an earlier run's files
+    (``RunFolderError``) or, with ``start_over``, move them aside. Returns the held locks; on any error nothing
+    is held."""
     check_writable(run_dir, "the run directory", RUN_DIR_FIX)
     local = local_path(checkpoints)
     if local is not None:
@@ -89,15 +93,16 @@ def claim_run_dir(
         Path(run_dir).mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise OSError(f"Cannot write the run directory {run_dir}: {error.strerror}. {RUN_DIR_FIX}") from error
-    lock = RunLock.acquire(run_dir, say)
+    lock = FolderLocks([RunLock.acquire(run_dir, say)])
     try:
+        lock.add(*lock_checkpoint_folder(checkpoints, say))
         for line in remove_leftovers(run_dir):
             say(line)
         if restarted():
             return lock
         if start_over:
             check_resume_kept(run_dir, checkpoints, resume)
-            for line in move_aside(run_dir, checkpoints):
+            for line in move_aside(run_dir, checkpoints, keep=tuple(lock.paths)):
                 say(line)
         else:
             check_new_run(run_dir, checkpoints, resume)
@@ -178,21 +183,23 @@ def check_resume_kept(run_dir: Path, checkpoints: Location, resume: str) -> None
             )
 
 
-def move_aside(run_dir: Path, checkpoints: Location) -> list[str]:
+def move_aside(run_dir: Path, checkpoints: Location, keep: tuple[Path, ...] = ()) -> list[str]:
     """``output.start_over``: every entry of ``run_dir`` (but its lock and earlier ``previous-*`` folders) moved into
     ``run_dir/previous-<UTC time>/``, and the step folders of a ``checkpoints`` folder outside it into
-    ``<checkpoints>/previous-<UTC time>/``. Returns a line for each move; nothing when there was nothing to move."""
+    ``<checkpoints>/previous-<UTC time>/``. The files in ``keep`` (the held lock files) stay where they are, with
+    the folders that hold them. Returns a line for each move; nothing when there was nothing to move."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     said = []
+    kept = {Path(path).absolute() for path in keep}
     entries = [
         path
         for path in sorted(Path(run_dir).iterdir())
-        if path.name != LOCK_FILE and not path.name.startswith(PREVIOUS_PREFIX)
+        if path.name != LOCK_FILE and not path.name.startswith(PREVIOUS_PREFIX) and path.absolute() not in kept
     ]
     if entries:
         aside = _new_folder(Path(run_dir), f"{PREVIOUS_PREFIX}{stamp}")
         for path in entries:
-            path.rename(aside / path.name)
+            _move_keeping(path, aside / path.name, kept)
         said.append(f"started over: moved {', '.join(path.name for path in entries)} of {run_dir} into {aside}")
     local = local_path(checkpoints)
     if local is not None and local.resolve().is_relative_to(Path(run_dir).resolve()):
@@ -209,6 +216,20 @@ def move_aside(run_dir: Path, checkpoints: Location) -> list[str]:
             move(path, join(aside_location, base_name(path)))
         said.append(f"started over: moved {len(steps)} checkpoint folders of {checkpoints} into {aside_location}")
     return said
+
+
+def _move_keeping(source: Path, target: Path, kept: set[Path]) -> None:
+    """Rename ``source`` to ``target``; a folder holding a file of ``kept`` stays, its other entries moved into a
+    new ``target`` folder."""
+    source_path = source.absolute()
+    if source_path in kept:
+        return
+    if not source.is_symlink() and source.is_dir() and any(path.is_relative_to(source_path) for path in kept):
+        target.mkdir()
+        for child in sorted(source.iterdir()):
+            _move_keeping(child, target / child.name, kept)
+        return
+    source.rename(target)
 
 
 def _new_folder(parent: Path, name: str) -> Path:

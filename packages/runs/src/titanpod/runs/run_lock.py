@@ -7,6 +7,10 @@ SIGKILL, or a crashed rank 0 that torchrun restarts) is stale: the next run of t
 and says so. A lock written on another host is refused as long as its file is there, since this host
 cannot see whether that process lives: remove the file once that host is gone. Where the file system
 has no ``flock``, a lock of this host counts as held while its pid is alive.
+
+The same lock guards a run's checkpoint folder (``LockRole``: what the folder is called in a refusal and the
+flag that chooses another). The lock file is opened without following a symbolic link and must be a plain
+file: a link or anything else there is refused, naming it, never written through.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -29,6 +34,22 @@ LOCK_FILE = "run.lock"
 
 class RunLockedError(RuntimeError):
     """The run directory is held by another run: names it, the holder and what to do."""
+
+
+@dataclass(frozen=True)
+class LockRole:
+    """What a locked folder is to a run, as a refusal names it."""
+
+    what: str
+    """How a refusal names the folder before its path (``""`` for the run directory)."""
+    fix: str
+    """The way to another folder (``choose another --output.run-name``)."""
+
+
+RUN_DIR_ROLE = LockRole("", "choose another --output.run-name")
+"""The run directory's lock."""
+CHECKPOINT_ROLE = LockRole("the checkpoint folder ", "choose another --checkpoint.dir")
+"""A checkpoint folder's lock: one run writes checkpoints into a folder at a time."""
 
 
 @dataclass(frozen=True)
@@ -63,16 +84,17 @@ class RunLock:
         self._descriptor: int | None = descriptor
 
     @classmethod
-    def acquire(cls, run_dir: Path, say: Callable[[str], None]) -> RunLock:
+    def acquire(cls, run_dir: Path, say: Callable[[str], None], role: LockRole = RUN_DIR_ROLE) -> RunLock:
         """Take the lock of ``run_dir`` (which must exist), taking over a stale one with a line to ``say``.
 
-        ``RunLockedError`` when a live process holds it, or a process of another host does.
+        ``RunLockedError`` when a live process holds it, a process of another host does, or the lock file is a
+        symbolic link or not a plain file.
         """
         path = Path(run_dir) / LOCK_FILE
         for _ in range(10):  # the file may be removed or replaced between its opening and its locking
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            descriptor = _open_plain(path)
             try:
-                lock = cls._take(run_dir, path, descriptor, say)
+                lock = cls._take(run_dir, path, descriptor, say, role)
             except BaseException:
                 os.close(descriptor)
                 raise
@@ -82,19 +104,21 @@ class RunLock:
         raise RunLockedError(f"Could not take the lock {path}: the file kept changing. Try again.")
 
     @classmethod
-    def _take(cls, run_dir: Path, path: Path, descriptor: int, say: Callable[[str], None]) -> RunLock | None:
+    def _take(
+        cls, run_dir: Path, path: Path, descriptor: int, say: Callable[[str], None], role: LockRole
+    ) -> RunLock | None:
         """The lock through ``descriptor`` (open on ``path``); ``None`` when ``path`` is no longer that file."""
         locked = _try_flock(descriptor)
         if locked is False:
-            raise RunLockedError(_busy_message(run_dir, path, _read_holder(path)))
+            raise RunLockedError(busy_message(run_dir, path, _read_holder(descriptor), role))
         if not _same_file(descriptor, path):
             return None
-        me, previous = this_process(), _read_holder(path)
+        me, previous = this_process(), _read_holder(descriptor)
         if previous is not None:
             if previous.host != me.host:
-                raise RunLockedError(_busy_message(run_dir, path, previous))
+                raise RunLockedError(busy_message(run_dir, path, previous, role))
             if locked is None and previous.pid != me.pid and not process_gone(previous.pid):
-                raise RunLockedError(_busy_message(run_dir, path, previous))
+                raise RunLockedError(busy_message(run_dir, path, previous, role))
             say(f"took over the lock of {run_dir} from {previous.describe()}: that process is gone")
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, (json.dumps(asdict(me)) + "\n").encode(), 0)
@@ -120,6 +144,24 @@ class RunLock:
             os.close(descriptor)
 
 
+def _open_plain(path: Path) -> int:
+    """``path`` opened for reading and writing (created when missing) without following a symbolic link;
+    ``RunLockedError`` naming it when it is a link or not a plain file, so nothing is written through it."""
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        raise RunLockedError(
+            f"{path} is a symbolic link (to {os.readlink(path)}): a run makes its lock file itself and never "
+            f"writes through a link. Remove {path} (the link only, not what it points to) and start again."
+        ) from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise RunLockedError(f"{path} is not a plain file: a run makes its lock file itself. Remove it, start again.")
+    return descriptor
+
+
 def _try_flock(descriptor: int) -> bool | None:
     """True: locked; False: another open file holds it; None: this file system has no ``flock``."""
     try:
@@ -136,29 +178,39 @@ def _try_flock(descriptor: int) -> bool | None:
 def _same_file(descriptor: int, path: Path) -> bool:
     """Whether ``path`` still names the file open as ``descriptor``."""
     try:
-        named = path.stat()
+        named = path.lstat()
     except FileNotFoundError:
         return False
     opened = os.fstat(descriptor)
     return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
 
-def _read_holder(path: Path) -> LockHolder | None:
-    """The holder ``path`` records; ``None`` when it is empty or unreadable (a holder still starting)."""
+def _read_holder(descriptor: int) -> LockHolder | None:
+    """The holder the lock file open as ``descriptor`` records; ``None`` when it is empty or unreadable (a holder
+    still starting)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return LockHolder(int(data["pid"]), str(data["host"]), str(data["since"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        return parse_holder(os.pread(descriptor, 4096, 0))
+    except OSError:
         return None
 
 
-def _busy_message(run_dir: Path, path: Path, holder: LockHolder | None) -> str:
-    """Why ``run_dir`` is refused, naming its holder and what to do."""
+def parse_holder(text: bytes) -> LockHolder | None:
+    """The holder a lock file's bytes record; ``None`` when they are empty or not a holder's JSON."""
+    try:
+        data = json.loads(text.decode("utf-8"))
+        return LockHolder(int(data["pid"]), str(data["host"]), str(data["since"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def busy_message(folder: Path | str, path: Path | str, holder: LockHolder | None, role: LockRole) -> str:
+    """Why ``folder`` (its lock file ``path``) is refused as ``role``, naming its holder and what to do."""
     who = holder.describe() if holder is not None else "another process (still starting)"
     message = (
-        f"{run_dir} is in use by another run: {who} (lock file {path}). "
-        "Wait for it to end, or choose another --output.run-name"
+        f"{role.what}{folder} is in use by another run: {who} (lock file {path}). Wait for it to end, or {role.fix}"
     )
+    if role.what:
+        message = message[0].upper() + message[1:]
     if holder is not None and holder.host != socket.gethostname():
         return f"{message}; if {holder.host} is gone and that run with it, remove {path}."
     return f"{message}."

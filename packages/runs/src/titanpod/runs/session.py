@@ -11,9 +11,9 @@ the rest to a ``RunSession``::
 
 The session owns the run directory (rank 0 holds its lock while the session is open and refuses an earlier
 run's files unless the run resumes or starts over: ``titanpod.runs.run_folder``; rank 0 writes
-``recipe.json``; under torchrun rank 0 picks the name and the others receive it), the console (rank 0 only),
-the metrics writers (rank 0: ``metrics.jsonl``, ``tensorboard/`` and the W&B run, ``titanpod.runs.wandb_run``;
-``loss.png`` drawn from them at the end),
+``recipe.json`` once ``resume`` has accepted the run; under torchrun rank 0 picks the name and the others
+receive it), the console (rank 0 only), the metrics writers (rank 0: ``metrics.jsonl``, ``tensorboard/`` and
+the W&B run, ``titanpod.runs.wandb_run``; ``loss.png`` drawn from them at the end),
 the trainer-state checkpoints (partial saves removed, resume, a save every ``checkpoint.every`` steps and at
 the end, a background save completed whatever happened), the final weights (a sharded model gathered one
 tensor at a time and streamed into its files by rank 0) and, on a clean exit, the process group's teardown.
@@ -30,7 +30,7 @@ import signal
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -41,18 +41,21 @@ from rich.console import Console
 from torch import nn
 
 from titanpod.checkpoint import Checkpointer, complete_checkpoints
+from titanpod.checkpoint.disk_space import state_bytes
 from titanpod.checkpoint.locations import Location
 from titanpod.device import Backend, ensure_process_group, process_info
 from titanpod.graph import JsonlWriter, StepMetrics, StepProfiler, TensorBoardWriter, TrainStep, TrainSummary, train
 from titanpod.graph.interrupt import exit_status, signal_name, stop_after_step
+from titanpod.graph.metrics_rows import set_aside_unreadable
 from titanpod.graph.steps import Batch
 from titanpod.graph.tracking import WandbWriter, final_figures
 from titanpod.recipes.recipe import NamedRun, RunRecipe
+from titanpod.runs.folder_locks import FolderLocks
 from titanpod.runs.loss_plot import LOSS_PLOT_FILE, write_loss_plot
 from titanpod.runs.peer_loss import report_lost_peer, say_anywhere
 from titanpod.runs.recipe_history import RECIPE_FILE, record_recipe
 from titanpod.runs.run_folder import as_recorded, claim_run_dir
-from titanpod.runs.run_lock import RunLock
+from titanpod.runs.space_check import NotEnoughSpaceError, check_space, save_needs
 from titanpod.runs.wandb_run import WandbStartError, open_wandb
 
 Written = TypeVar("Written")
@@ -94,8 +97,8 @@ def run_dir_of(recipe: NamedRun) -> Path:
 
 def prepare_run_dir(
     recipe: RunRecipe, run_dir: Path, checkpoints: Location, say: Callable[[str], None]
-) -> RunLock | None:
-    """Rank 0 claims the run directory before anything of the run is written, and writes the recipe into it.
+) -> FolderLocks | None:
+    """Rank 0 claims the run directory (and the checkpoint folder) before anything of the run is written.
 
     It creates the directory, checks it and a local checkpoint folder can be written, takes its lock for the
     run's life, clears what killed writes left, and refuses an earlier run's files unless this run resumes them
@@ -103,22 +106,26 @@ def prepare_run_dir(
     directory) is left as it is: the session replaces it, keeping it in ``recipe-history/``, once ``resume`` has
     accepted the new recipe (``titanpod.runs.recipe_history``).
 
-    Returns the lock on rank 0 (``None`` elsewhere). Under torchrun every rank must call it: a refusal is raised
-    on every rank.
+    Returns the locks on rank 0 (the run directory's and the checkpoint folder's; ``None`` elsewhere). Under
+    torchrun every rank must call it: a refusal is raised on every rank.
     """
     lock, problem = None, None
     if process_info().is_main:
         try:
             start_over = recipe.output.start_over
             lock = claim_run_dir(run_dir, checkpoints, resume=recipe.checkpoint.resume, start_over=start_over, say=say)
-            if not (run_dir / RECIPE_FILE).exists():
-                (run_dir / RECIPE_FILE).write_text(as_recorded(recipe).to_json(), encoding="utf-8")
         except (OSError, ValueError, RuntimeError) as error:
             if lock is not None:
                 lock.release()
             problem = error
     raise_on_every_rank(problem)
     return lock
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` when it holds nothing (a folder with anything in it stays as it is)."""
+    with suppress(OSError):
+        folder.rmdir()
 
 
 def raise_on_every_rank(problem: BaseException | None) -> None:
@@ -145,10 +152,11 @@ class RunSession:
     def __init__(self, recipe: RunRecipe, backend: Backend, console: Console | None = None) -> None:
         """Join the process group under torchrun (single-controller lanes run one process), claim the run
         directory (``prepare_run_dir``: rank 0 holds its lock until the session ends, refuses an earlier run's
-        files unless this run resumes or starts over, and writes ``recipe.json``), refuse ``checkpoint.resume
-        never`` where checkpoints already are (before anything else is written), and remove checkpoints whose
-        save never completed. A start that fails here leaves no run directory it made (a W&B run that cannot start
-        with ``output.wandb_required`` on, a refused recipe).
+        files unless this run resumes or starts over), refuse ``checkpoint.resume never`` where checkpoints
+        already are (before anything else is written), and remove checkpoints whose save never completed. A start
+        that fails here, or before ``resume`` accepts the run (a refused checkpoint, too little disk space), leaves
+        no run directory it made; files are written at the first line of metrics, so a refused run in a folder
+        that was there leaves no ``recipe.json``, ``metrics.jsonl`` or TensorBoard file either.
 
         ``console`` is used on rank 0 only; pass the same on every rank or ``None`` for a quiet run.
         """
@@ -168,14 +176,22 @@ class RunSession:
         self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
         """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
         new_dir = self.info.is_main and not self.run_dir.exists()
-        self.lock = prepare_run_dir(asked, self.run_dir, self.checkpointer.folder, self.say)
-        """Rank 0's hold on the run directory, given back when the session ends (``None`` on other ranks)."""
+        self._new_dir = new_dir
+        self._accepted = False
+        try:
+            self.lock = prepare_run_dir(asked, self.run_dir, self.checkpointer.folder, self.say)
+            """Rank 0's hold on the run directory and the checkpoint folder, given back when the session ends
+            (``None`` on other ranks)."""
+        except BaseException:
+            if new_dir:  # made moments ago by this refused start; another run's files are never removed
+                remove_if_empty(self.run_dir)
+            raise
         try:
             self._open(recipe, backend)
         except BaseException:
-            self._let_go()
             if new_dir:  # made moments ago, it holds nothing but what this failed start wrote
                 shutil.rmtree(self.run_dir, ignore_errors=True)
+            self._let_go()
             raise
 
     def _open(self, recipe: RunRecipe, backend: Backend) -> None:
@@ -188,6 +204,11 @@ class RunSession:
         """The writers that also take the recipe, images and the final figures (TensorBoard, W&B)."""
         wandb = self._open_wandb(recipe) if recipe.output.wandb else None  # first: it may stop the run
         if self.info.is_main:
+            if (damaged := set_aside_unreadable(self.run_dir / METRICS_FILE)) is not None:
+                self.say(
+                    f"[yellow]{self.run_dir / METRICS_FILE} cannot be read back ({damaged[1]}): moved to "
+                    f"{damaged[0].name}, and this run starts a new {METRICS_FILE}[/]"
+                )
             self.writers.append(JsonlWriter(self.run_dir / METRICS_FILE))
             if recipe.output.tensorboard:
                 board = TensorBoardWriter(self.run_dir / TENSORBOARD_FOLDER)
@@ -280,22 +301,42 @@ class RunSession:
         """
         self.model, self.step = model, step
         self.checkpointer.check_step(step)  # a state that cannot be saved where checkpoints go fails now
+        self._check_space(model, step)
         self._data_state = data_state if data_state is not None else data.state_dict
         folder = self.checkpointer.resume_folder()
         if folder is None:
             self._set_aside_later_metrics()
             self._record_recipe()
+            self._accepted = True
             return self.start_step
         point = self.checkpointer.load(folder, model, step, self.recipe.to_dict())
         data.load_state_dict(point.data_state)
         self.start_step = point.step
         self._set_aside_later_metrics()
         self._record_recipe()
+        self._accepted = True
         steps = self.recipe.train.steps
         self.say(f"resumed from {folder}: {self.start_step} of {steps} steps done")
         if self.start_step >= steps:
             self.say("nothing left to train: raise --train.steps to continue this run")
         return self.start_step
+
+    def _check_space(self, model: nn.Module, step: TrainStep) -> None:
+        """Before step 1: refuse the run (on every rank) when a disk it saves to has less room than a checkpoint
+        and the final weights need, with a margin (``titanpod.runs.space_check``)."""
+        problem = None
+        if self.is_main:
+            saves = self.recipe.checkpoint.every > 0 or self.recipe.checkpoint.at_end
+            optimizer = state_bytes(step.state_dict()) if step.state_format == "torch" else 0
+            needs = save_needs(
+                self.checkpointer.folder, self.run_dir, model, optimizer, checkpoint=saves,
+                weights=self.recipe.output.save_weights, ranks=self.info.world_size,
+            )  # fmt: skip
+            try:
+                check_space(needs)
+            except NotEnoughSpaceError as error:
+                problem = error
+        raise_on_every_rank(problem)
 
     def _set_aside_later_metrics(self) -> None:
         """Rank 0: the rows of ``metrics.jsonl`` past the step this run starts from (an earlier attempt went on
@@ -489,6 +530,8 @@ class RunSession:
                 for writer in self.writers:
                     writer.close()
                 self.writers = []
+                if kind is not None and self._new_dir and not self._accepted:
+                    shutil.rmtree(self.run_dir, ignore_errors=True)  # a refused run leaves nothing behind
             finally:
                 self._let_go()
         if kind is None and dist.is_initialized():

@@ -31,6 +31,7 @@ from titanpod.runs.pod_launch.environment import (
     launch_environment,
     launch_lanes,
 )
+from titanpod.runs.pod_launch.run_name import names_its_run
 from titanpod.runs.pod_launch.torch_tpu_env import FILLED_BY_TORCH_TPU, fill_from_torch_tpu, torch_tpu_installed
 
 PREFIX = "titanpod-launch:"
@@ -121,6 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(own)
     if not command:
         parser.error("give the command to run after --, e.g. titanpod-launch -- titanpod-pretrain --recipe NAME")
+    if args.max_restarts > 0 and not names_its_run(command):
+        parser.error(
+            "--max-restarts restarts the job after a failure, and each restart resumes the run it finds by name: "
+            "name the run in the command (--output.run-name NAME, or output.run_name in its recipe file)"
+        )
     try:
         request = request_from(args, os.environ)
         launch = launch_environment(request, os.environ)
