@@ -89,7 +89,7 @@ def test_resume_never_is_refused_where_checkpoints_are_and_fine_in_a_fresh_direc
         "(--output.run-name ...), resume them (--checkpoint.resume auto) or start over (--output.start-over: they "
         "are moved into previous-<UTC time>/, nothing is deleted)."
     )
-    assert sorted(path.name for path in run_dir.iterdir()) == ["checkpoints", "recipe.json"]  # no work done
+    assert sorted(path.name for path in run_dir.iterdir()) == ["checkpoints"]  # no work done, nothing written
     fresh = tmp_path / "runs" / "fresh"
     Checkpointer(fresh, CheckpointConfig(resume="never"), "{}", print).check_fresh_start(fresh)  # no error
 

@@ -38,7 +38,7 @@ def check_recipe_fits_device(recipe: Recipe, backend: Backend) -> RunPlan | None
     """Refuse ``recipe`` (``RecipeDoesNotFitDevice``) when its plan on the job's devices needs more than the
     device's reported capacity; the plan, or ``None`` where the device reports none or the planner cannot plan
     this layout (the runner's own checks then speak)."""
-    stats = backend.memory_stats()
+    stats = backend.memory_stats(process_info().local_rank)
     if stats.kind != "device" or not stats.limit_bytes:
         return None
     chip = backend.chip()
