@@ -138,6 +138,42 @@ def test_tensors_larger_than_a_block_reach_the_writer_in_blocks_and_give_the_sam
     assert (tmp_path / "blocks.safetensors").read_bytes() == (tmp_path / "reference.safetensors").read_bytes()
 
 
+def test_a_sharded_save_gathers_every_block_into_the_same_bytes_and_writes_the_same_file(tmp_path, monkeypatch):
+    """``ModelTensors`` hands the writer each block of a sharded parameter in one reused buffer (no fresh
+    allocation a block, which left the writer's heap holding freed blocks); the file is unchanged."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from titanpod.checkpoint import safetensors_stream
+    from titanpod.checkpoint.model_tensors import ModelTensors, identity_layout
+
+    monkeypatch.setattr(safetensors_stream, "BLOCK_BYTES", 256)
+    generator = torch.Generator().manual_seed(3)
+    params = {"embed": torch.randn(40, 8, generator=generator), "wide": torch.randn(4, 16, generator=generator)}
+    save_file(params, str(tmp_path / "reference.safetensors"), metadata={"format": "pt"})
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        sharded = {name: distribute_tensor(t, mesh, [Shard(0)]) for name, t in params.items()}
+        source = ModelTensors(identity_layout(list(sharded)), sharded)
+        pointers: set[int] = set()
+        with StreamedFile(tmp_path / "blocks.safetensors", source.entries, {"format": "pt"}) as file:
+            for entry in file.order:
+                blocks = source.fetch(entry.name)
+
+                def seen(blocks=blocks):
+                    for block in blocks:
+                        pointers.add(block.untyped_storage().data_ptr())
+                        yield block
+
+                file.append(seen())
+    finally:
+        dist.destroy_process_group()
+    assert len(pointers) == 1  # 7 blocks of 256 bytes, one buffer
+    assert (tmp_path / "blocks.safetensors").read_bytes() == (tmp_path / "reference.safetensors").read_bytes()
+
+
 def test_blocks_that_are_not_whole_rows_or_do_not_add_up_are_refused(tmp_path):
     entries = [TensorEntry("w", (4, 3), torch.float32)]
     not_rows = pytest.raises(ValueError, match=r"a block of w has shape \(2, 2\)")

@@ -73,6 +73,9 @@ def worker(flavor: str, folder: Path) -> None:
         def initial_state(self) -> AdamWState:
             return AdamWState(torch.zeros(()), [], [])
 
+        def state_dict(self) -> dict:
+            return {}  # no optimizer state: nothing to save, and nothing for the space check to count
+
         def __call__(self, micro_batches: list, lr: float) -> StepOutput:
             raise NotImplementedError("this benchmark saves; it does not train")
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from titanpod.checkpoint.block_buffer import BlockBuffer
 from titanpod.checkpoint.safetensors_stream import row_ranges
 from titanpod.models.adapters import HFSlot
 
@@ -71,11 +72,18 @@ def slot_blocks(shape: tuple[int, ...], slot: HFSlot, itemsize: int) -> Iterator
         yield box, (rows.stop - rows.start, *inner[1:])
 
 
-def _gather_box(local: torch.Tensor, holders: dict[Box, int], box: Box) -> torch.Tensor | None:
-    """The region ``box`` of the parameter on the writer (``None`` elsewhere), from the ranks in ``holders``."""
+def _gather_box(
+    local: torch.Tensor, holders: dict[Box, int], box: Box, buffer: BlockBuffer | None
+) -> torch.Tensor | None:
+    """The region ``box`` of the parameter on the writer (``None`` elsewhere), from the ranks in ``holders``;
+    made in ``buffer`` when one is given."""
     rank = dist.get_rank()
     shape = tuple(stop - start for start, stop in box)
-    out = torch.empty(shape, dtype=local.dtype, device=local.device) if rank == WRITER_RANK else None
+    out = None
+    if rank == WRITER_RANK and buffer is not None:
+        out = buffer.take(shape, local.dtype, local.device)
+    elif rank == WRITER_RANK:
+        out = torch.empty(shape, dtype=local.dtype, device=local.device)
     for region, source in holders.items():
         part = _overlap(region, box)
         if part is None or rank not in (source, WRITER_RANK):
@@ -99,9 +107,12 @@ def _gather_box(local: torch.Tensor, holders: dict[Box, int], box: Box) -> torch
     return out
 
 
-def gather_blocks(param: DTensor, slot: HFSlot) -> Iterator[torch.Tensor]:
+def gather_blocks(param: DTensor, slot: HFSlot, buffer: BlockBuffer | None = None) -> Iterator[torch.Tensor]:
     """The tensor ``slot`` names in ``param`` on the writer (``WRITER_RANK``), as row
     blocks of at most ``BLOCK_BYTES`` on its local device, in order; nothing on every other rank.
+
+    With ``buffer`` every block is gathered into its bytes, so a block is valid only until the next one is asked
+    for (write or copy it first, as ``StreamedFile.append`` does); without, each block is a tensor of its own.
 
     A collective: every rank of the default group iterates it to the end, for the same parameters and
     slots in the same order. Parameters whose mesh does not span the whole group, or whose placements
@@ -120,7 +131,7 @@ def gather_blocks(param: DTensor, slot: HFSlot) -> Iterator[torch.Tensor]:
             if all(start < stop for start, stop in region):
                 holders.setdefault(region, source)  # the lowest rank holding each region sends it
         for box, shape in slot_blocks(tuple(param.shape), slot, local.element_size()):
-            block = _gather_box(local, holders, box)
+            block = _gather_box(local, holders, box, buffer)
             if block is not None:
                 yield block.view(shape)
             del block

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from titanpod.checkpoint.block_buffer import BlockBuffer
 from titanpod.checkpoint.gather import WRITER_RANK, gather_blocks
 from titanpod.checkpoint.safetensors_stream import TensorData, TensorEntry
 from titanpod.models.adapters import HFSlot
@@ -48,6 +49,7 @@ class ModelTensors:
                 raise KeyError(f"The model has no {slot.name}, which the saved tensor {name} comes from.")
         self._layout = layout
         self._params = params
+        self._buffer = BlockBuffer()  # every gathered block in the same bytes: see block_buffer
         self.entries = [
             TensorEntry(name, _slot_shape(slot, params[slot.name]), dtype or params[slot.name].dtype)
             for name, slot in layout.items()
@@ -57,11 +59,12 @@ class ModelTensors:
     def fetch(self, name: str) -> TensorData:
         """The tensor saved as ``name``: a view of a plain parameter, or for a sharded one an iterator of its
         row blocks (on the writer; empty on other processes). Iterating it is a collective: every rank must
-        fetch the same names in the same order (each name once) and iterate each to its end."""
+        fetch the same names in the same order (each name once) and iterate each to its end. A block shares
+        its bytes with the next one: write or copy it before asking for the next."""
         slot = self._layout[name]
         param = self._params[slot.name]
         if isinstance(param, DTensor):
-            return gather_blocks(param, slot)
+            return gather_blocks(param, slot, self._buffer)
         return slot.view(param.detach())
 
 

@@ -47,7 +47,8 @@ class DriveOutcome:
     stopped_at_once: bool = False
     """The run stopped at once (a second signal, or a ``KeyboardInterrupt``), possibly inside a step."""
     stopped_because: str | None = None
-    """Why the run stopped on its own: a non-finite loss or gradient norm with ``skip_nonfinite`` off."""
+    """Why the run stopped on its own: a non-finite loss or gradient norm with ``skip_nonfinite`` off, or the
+    caller's ``stop_reason``."""
 
 
 def nonfinite_stop(step_number: int, check: StepCheck) -> str | None:
@@ -74,10 +75,12 @@ def drive_steps(
     skip_nonfinite: bool,
     after_step: Callable[[int], None] | None = None,
     profiler: StepProfiler | None = None,
+    stop_reason: Callable[[int], str | None] | None = None,
 ) -> DriveOutcome:
     """Run steps ``first`` to ``last`` with ``run_step``; after each, stop on a non-finite one (unless
     ``skip_nonfinite``: the step then only counts as skipped, which is the caller's), close the profiler's
-    range, run ``after_step(n)``, then agree with every process on whether a signal stops the run here.
+    range, stop where ``stop_reason(n)`` gives a reason (read whatever ``skip_nonfinite`` says; every process must
+    give the same), run ``after_step(n)``, then agree with every process on whether a signal stops the run here.
 
     A stop at a step's end comes back as ``interrupted``; a second signal (or Ctrl-C outside the main thread)
     as ``stopped_at_once``. The profiler is closed whatever happened, so a trace cut short is still written.
@@ -92,10 +95,12 @@ def drive_steps(
                 read_check = run_step(step_number)
                 if profiler is not None:
                     profiler.after_step(step_number)  # the trace ends with the step, before reports and saves
-                if not skip_nonfinite:
+                if stop_reason is not None:
+                    outcome.stopped_because = stop_reason(step_number)
+                if outcome.stopped_because is None and not skip_nonfinite:
                     outcome.stopped_because = nonfinite_stop(step_number, read_check())
-                    if outcome.stopped_because is not None:
-                        break
+                if outcome.stopped_because is not None:
+                    break
                 if after_step is not None:
                     after_step(step_number)
                 if profiler is not None and step_number < last:

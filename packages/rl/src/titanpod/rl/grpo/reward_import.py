@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
 import numbers
 import sys
 from collections.abc import Callable, Mapping
@@ -20,6 +21,11 @@ from typing import Any
 
 from titanpod.data.tasks import Example
 
+FINITE_FIX = (
+    "Fix the function to return a finite float for every completion (e.g. 0.0 for a wrong one, 1.0 for a right "
+    "one), never NaN or infinity."
+)
+"""What to do about a reward function that returns NaN or infinity."""
 FIX = "write it as module:function (a module importable from the current directory or PYTHONPATH) or file.py:function"
 
 
@@ -105,12 +111,20 @@ def import_reward(spec: str) -> RowReward:
 
 def check_reward(reward: RowReward, example: Example) -> None:
     """Call ``reward`` on ``example`` with its reference answer as the completion; ``ValueError`` saying what
-    went wrong when it raises or returns something that is not a number, before any training work."""
+    went wrong when it raises, returns something that is not a number or returns a number that is not finite
+    (NaN or infinity: every such sample would be left out and the run could learn nothing), before any
+    training work."""
     try:
-        reward.score(example, example.answer)
+        value = reward.score(example, example.answer)
     except Exception as error:  # the user's code may raise anything: say so with the row it raised on
         raise ValueError(
             f"The reward function {reward.name} failed on the first training prompt {example.prompt!r} (with its "
             f"answer {example.answer!r} as the completion): {type(error).__name__}: {error}. Fix the function; it "
             "is called as function(prompt, completion, row)."
         ) from error
+    if not math.isfinite(value):
+        raise ValueError(
+            f"The reward function {reward.name} returned {value} on the first training prompt {example.prompt!r} "
+            f"(with its answer {example.answer!r} as the completion): a reward must be a finite number, and a "
+            f"sample whose reward is not is left out of the update. {FINITE_FIX}"
+        )

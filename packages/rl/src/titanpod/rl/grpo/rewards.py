@@ -28,6 +28,13 @@ def reward_of(score_fn: AnyReward, example: Example, completion: str) -> float:
     return reward_number(score_fn(example.prompt, completion, example.answer), "")
 
 
+def reward_name(score_fn: AnyReward) -> str:
+    """``score_fn`` as messages name it: a user's import path, else the function's own name."""
+    if isinstance(score_fn, RowReward):
+        return score_fn.name
+    return getattr(score_fn, "__qualname__", None) or type(score_fn).__name__
+
+
 @dataclass(frozen=True)
 class ScoredRollouts:
     """A step's completions (this data rank's share) with their rewards and advantages."""
@@ -57,24 +64,30 @@ class ScoredRollouts:
 def score_completions(
     examples: list[Example], completions: list[Completion], texts: list[str], score_fn: AnyReward, first_prompt: int = 0
 ) -> tuple[list[float | None], list[str]]:
-    """Each completion's reward, or ``None`` when the reward function raised or gave a non-finite value;
-    and a message for each such failure (the sample is skipped, never scored 0).
+    """Each completion's reward, or ``None`` when the reward function raised or returned a non-finite value;
+    and a message for each such failure, saying which of the two (the sample is skipped, never scored 0).
 
     ``examples`` are the whole step's; a completion's ``prompt_index`` minus ``first_prompt`` is its example.
     """
     rewards: list[float | None] = []
     errors: list[str] = []
+    name = reward_name(score_fn)
     for completion, text in zip(completions, texts, strict=True):
         example = examples[completion.prompt_index - first_prompt]
         try:
             value = reward_of(score_fn, example, text)
-            if not math.isfinite(value):
-                raise ValueError(f"the reward is {value}")
         except Exception as error:  # any failure of the reward code skips the sample, and says so
             rewards.append(None)
             errors.append(
-                f"the reward function raised on prompt {example.prompt!r}, completion {text!r}: "
+                f"the reward function {name} raised on prompt {example.prompt!r}, completion {text!r}: "
                 f"{type(error).__name__}: {error}"
+            )
+            continue
+        if not math.isfinite(value):  # returned, not raised: say what it returned
+            rewards.append(None)
+            errors.append(
+                f"the reward function {name} returned {value} (not a finite number) on prompt {example.prompt!r}, "
+                f"completion {text!r}"
             )
             continue
         rewards.append(value)

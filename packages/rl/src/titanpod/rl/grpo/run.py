@@ -4,9 +4,11 @@ clipped group-relative objective trained by the graph's step, and a verified wei
 Each step: take the step's ``prompts_per_step`` prompts (drawn with the step's seed), sample
 ``group_size`` completions of each (completions stop at the end token; seeds depend only on the step,
 prompt and sample, so every engine and every split of the prompts draws the same completions), score
-them with the task's reward (a reward that raises is logged and the sample skipped and counted, never
-scored 0), turn rewards into group-relative advantages, and train ``updates_per_step`` graph steps on
-the same rollouts (the functional AdamW, schedule, clipping, precision and step mode of ``train``).
+them with the task's reward (a reward that raises or is not finite is logged and the sample skipped and
+counted, never scored 0; a first step with no usable reward stops the run, see
+``titanpod.rl.grpo.reward_stop``), turn rewards into group-relative advantages, and train
+``updates_per_step`` graph steps on the same rollouts (the functional AdamW, schedule, clipping, precision and
+step mode of ``train``).
 Then the weights stream into the engine as version ``step``, one gathered tensor at a time in the engine's
 dtype (``rollout.dtype``), and it must report the trainer's checksum of them.
 
@@ -41,7 +43,8 @@ from titanpod.rl.grpo.held_out import HeldOut
 from titanpod.rl.grpo.metrics import GRPOStepMetrics
 from titanpod.rl.grpo.objective import GRPOObjective
 from titanpod.rl.grpo.result import GRPOResult
-from titanpod.rl.grpo.rewards import Reward
+from titanpod.rl.grpo.reward_stop import no_reward_stop
+from titanpod.rl.grpo.rewards import Reward, reward_name
 from titanpod.rl.grpo.setup import GRPOSetup, prepare_grpo, rank_share, reference_model
 from titanpod.rl.grpo.sharding import trainer_sharding
 from titanpod.rl.grpo.signal_watch import SignalWatch
@@ -167,6 +170,7 @@ def run_steps(
     shown_errors = 0
     meter = ThroughputMeter()
     watch = SignalWatch(recipe.grpo.prompts_per_step)
+    reward_stops: dict[int, str | None] = {}
 
     def run_step(step_number: int) -> Callable[[], StepCheck]:
         nonlocal shown_errors
@@ -178,6 +182,7 @@ def run_steps(
                 shown_errors += 1
                 say(f"[yellow]step {step_number}: {escape(message)}; sample skipped[/]")
         result.history.append(metrics)
+        reward_stops[step_number] = no_reward_stop(metrics, start + 1, reward_name(setup.reward))
         result.skipped_samples += metrics.skipped
         result.weights_version, result.checksum = metrics.weights_version, metrics.checksum
         losses.append(math.nan if metrics.loss is None else metrics.loss)
@@ -203,10 +208,11 @@ def run_steps(
         skip_nonfinite=train.skip_nonfinite,
         after_step=after_step,
         profiler=session.profiler,  # profile.steps: traced from rollouts to update
+        stop_reason=reward_stops.get,  # a first step without one usable reward: the run cannot learn
     )
     end = time.perf_counter()
     if outcome.stopped_because is not None:
-        say(f"[red]{outcome.stopped_because}[/]")
+        say(f"[red]{escape(outcome.stopped_because)}[/]")
     result.stopped_because = outcome.stopped_because
     tokens_per_second = meter.overall(end)
     backend = setup.backend
