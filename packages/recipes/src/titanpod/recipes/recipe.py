@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import typing
 from dataclasses import dataclass, field
@@ -230,7 +231,8 @@ def dataclass_from_dict(kind: type, data: dict[str, Any], where: str) -> Any:
     fields = {f.name for f in dataclasses.fields(kind)}
     unknown = sorted(set(data) - fields)
     if unknown:
-        raise ValueError(f"Unknown fields in {where}: {', '.join(unknown)}.")
+        named = ", ".join(with_closest(name, fields) for name in unknown)
+        raise ValueError(f"Unknown fields in {where}: {named}.")
     hints = typing.get_type_hints(kind)
     for name, value in data.items():  # before any __post_init__ compares a value of the wrong type
         if not dataclasses.is_dataclass(hints[name]):
@@ -242,3 +244,10 @@ def dataclass_from_dict(kind: type, data: dict[str, Any], where: str) -> Any:
         for name, value in data.items()
     }
     return kind(**values)
+
+
+def with_closest(name: str, fields: set[str]) -> str:
+    """``name`` as an unknown field is reported: with the closest field's name when one is close (a typo, or
+    ``-`` written for ``_``), e.g. ``stpes (did you mean steps?)``."""
+    close = difflib.get_close_matches(name.replace("-", "_"), sorted(fields), n=1)
+    return f"{name} (did you mean {close[0]}?)" if close else name

@@ -194,7 +194,9 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
         start_step = session.resume(model, step, data.train)
         session.say(
             f"lane [bold]{backend.lane}[/] on {backend.device(session.info.local_rank)}, {recipe.model.family}: "
-            f"{parameters:,} parameters from {escape(started_from)}; step {describe_step(recipe.train, backend)}; "
+            f"{parameters:,} parameters from {escape(started_from)}; "
+            f"layout {placement.describe(recipe.parallel, session.info.world_size)}; "
+            f"step {describe_step(recipe.train, backend)}; "
             f"run directory {session.run_dir}"
         )
         session.say(data.describe())
