@@ -14,12 +14,14 @@ from rich.table import Table
 
 from titanpod.recipes.app import Finished
 from titanpod.recipes.command_line import (
+    flag_value,
     listing_line,
     optional_value,
     parse_args,
     recipe_argument,
     with_steps_scaled,
 )
+from titanpod.recipes.posttrain.fine_tune_length import with_checkpoint_seq_len
 from titanpod.recipes.posttrain.grpo_recipe import GRPORecipe
 from titanpod.recipes.posttrain.registry import (
     DEFAULT_POSTTRAIN_RECIPE,
@@ -105,6 +107,8 @@ def parse_command(argv: list[str]) -> Command[Any] | None:
     else:
         base = get_posttrain_recipe(name).build()
     base = with_steps_scaled(base, argv)
+    if isinstance(base, SFTRecipe):  # a fine-tune from a checkpoint packs rows as long as the checkpoint's
+        base = with_checkpoint_seq_len(base, argv, flag_value(argv, "--model.init-from"))
     command = parse_args(
         Command[type(base)],  # type: ignore[misc]
         Command(recipe=base, recipe_name=name),
