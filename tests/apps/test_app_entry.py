@@ -1,5 +1,5 @@
-"""The entry the three commands share: ``--version`` without the heavy libraries, a short header instead of the
-recipe, and a stopped run that ends with the command that resumes it (which then does)."""
+"""The entry the three commands share: ``--version`` and ``--help`` without the heavy libraries, a short header
+instead of the recipe, and a stopped run that ends with the command that resumes it (which then does)."""
 
 from __future__ import annotations
 
@@ -27,16 +27,33 @@ TINY_RUN = [
 ]  # fmt: skip
 
 
+def heavy_imports_of(app: str, flag: str) -> subprocess.CompletedProcess[str]:
+    """``titanpod-<app> <flag>`` in a fresh interpreter; its last line of output lists the heavy libraries it
+    imported."""
+    script = (
+        f"import sys\nfrom titanpod.{app}.cli import main\ntry:\n    code = main([{flag!r}])\n"
+        f"except SystemExit as stop:\n    code = stop.code\n"
+        f"print(sorted(name for name in {HEAVY!r} if name in sys.modules))\nsys.exit(code)"
+    )
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
+
+
 @pytest.mark.parametrize("app", ["pretrain", "posttrain", "diffusion"])
 def test_version_answers_without_importing_torch_jax_or_transformers(app):
-    script = (
-        f"import sys; from titanpod.{app}.cli import main; code = main(['--version']); "
-        f"print(sorted(name for name in {HEAVY!r} if name in sys.modules)); sys.exit(code)"
-    )
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
+    done = heavy_imports_of(app, "--version")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [f"titanpod-{app} 0.1.0", "[]"]
+
+
+@pytest.mark.parametrize("app", ["pretrain", "posttrain", "diffusion"])
+def test_help_lists_every_recipe_field_without_importing_torch_jax_or_transformers(app):
+    done = heavy_imports_of(app, "--help")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "[]"
+    assert any(line.startswith(f"usage: titanpod-{app}") for line in lines)
+    assert "--train.steps" in done.stdout and "--print-recipe" in done.stdout
 
 
 def test_the_resume_command_names_the_runs_recipe_file_and_the_run():

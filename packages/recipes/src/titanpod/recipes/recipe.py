@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, Self
 
-from titanpod.checkpoint import CheckpointConfig
-from titanpod.checkpoint.pretrained import args_differences
+from titanpod.checkpoint.config import CheckpointConfig
 from titanpod.data.config import DataConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import ProfileConfig, TrainConfig
@@ -67,6 +66,8 @@ class ModelConfig:
         ``head_dim`` of ``dim // n_heads`` is the same as none): ``ValueError`` names each that differs, with both
         values, since weights cannot change size. ``flavor`` is not read."""
         asked = self.shape.apply(found, "model.shape (with model.init_from)")
+        from titanpod.checkpoint.pretrained import args_differences  # here: torch, read only when it is asked
+
         differences = args_differences(found, asked)
         if differences:
             listing = "\n  ".join(differences)
