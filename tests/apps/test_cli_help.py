@@ -12,9 +12,9 @@ from titanpod.device.config import LaneChoice
 from titanpod.diffusion.cli import main as diffusion_main
 from titanpod.models.flux.args import FLUX_FLAVORS
 from titanpod.posttrain.cli import main as posttrain_main
-from titanpod.posttrain.cli import parse_command as parse_posttrain
+from titanpod.posttrain.command import parse_command as parse_posttrain
 from titanpod.pretrain.cli import main as pretrain_main
-from titanpod.pretrain.cli import parse_command, parse_recipe
+from titanpod.pretrain.command import parse_command, parse_recipe
 from titanpod.recipes.command_line import flags_from_values
 from titanpod.recipes.diffusion.recipe import FluxFlavor
 

@@ -23,7 +23,7 @@ from titanpod.device import get_backend
 from titanpod.models import Transformer
 from titanpod.posttrain.cli import main as posttrain_main
 from titanpod.pretrain.cli import main as pretrain_main
-from titanpod.pretrain.cli import parse_recipe
+from titanpod.pretrain.command import parse_recipe
 from titanpod.pretrain.convert import main as convert_main
 from titanpod.recipes.families import build_model, decoder_adapters
 from titanpod.runs.init_from import build_pretrained_model, following, pretrained_for

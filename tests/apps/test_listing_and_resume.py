@@ -11,7 +11,7 @@ import pytest
 
 from titanpod.diffusion.cli import main as diffusion_main
 from titanpod.posttrain.cli import main as posttrain_main
-from titanpod.pretrain.cli import parse_command
+from titanpod.pretrain.command import parse_command
 from titanpod.recipes import RECIPES
 from titanpod.recipes.command_line import first_sentence, optional_value
 from titanpod.recipes.diffusion.registry import DIFFUSION_RECIPES
@@ -37,13 +37,14 @@ def test_first_sentence_stops_at_the_first_sentence_end_only():
         (lambda: posttrain_main(["--list-recipes"]), POSTTRAIN_RECIPES, lambda entry: entry.description),
     ],
 )
-def test_list_recipes_shows_whole_first_sentences(capsys, main, recipes, descriptions):
+def test_list_recipes_shows_whole_first_sentences_as_plain_text(capsys, main, recipes, descriptions):
     main()
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(recipes)
     for line, (name, entry) in zip(lines, recipes.items(), strict=True):
         whole = " ".join(descriptions(entry).split())
-        assert line.startswith(name) and line.endswith(first_sentence(whole))
+        assert line.startswith(name) and line.endswith(first_sentence(whole).replace("``", ""))
+        assert "``" not in line  # code spans shown as --help shows them, without their double backticks
         assert line[-1] in ".!?" or first_sentence(whole) == whole  # never cut mid-sentence
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from titanpod.checkpoint import load_model
-from titanpod.posttrain.cli import main, parse_command
+from titanpod.posttrain.cli import main
+from titanpod.posttrain.command import parse_command
 
 SHORT_SFT = [
     "--train.steps", "4", "--train.warmup-steps", "1", "--train.log-every", "2",

@@ -11,7 +11,7 @@ from PIL import Image
 
 from tests.conftest import XLA_ENV
 from titanpod.checkpoint import load_weights
-from titanpod.pretrain.cli import parse_recipe
+from titanpod.pretrain.command import parse_recipe
 from titanpod.recipes.families import build_model
 
 SHORT_RUN = [

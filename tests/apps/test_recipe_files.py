@@ -4,11 +4,11 @@ reading back to the same recipe, and errors that name the file and the field."""
 import dataclasses
 
 from titanpod.diffusion.cli import main as diffusion_main
-from titanpod.diffusion.cli import parse_train
+from titanpod.diffusion.command import parse_train
 from titanpod.posttrain.cli import main as posttrain_main
-from titanpod.posttrain.cli import parse_command as parse_posttrain
+from titanpod.posttrain.command import parse_command as parse_posttrain
 from titanpod.pretrain.cli import main as pretrain_main
-from titanpod.pretrain.cli import parse_recipe
+from titanpod.pretrain.command import parse_recipe
 from titanpod.recipes import Recipe, get_recipe
 from titanpod.recipes.diffusion import DiffusionRecipe
 from titanpod.recipes.posttrain.grpo_recipe import GRPORecipe
@@ -89,14 +89,16 @@ def test_bad_recipe_files_are_refused_naming_the_file_and_the_field(tmp_path, ca
         "choice.toml": 'base = "llama3_debug"\n[kernels]\nattention = "splsh"\n',
         "base.toml": 'base = "llama3_debgu"\n',
         "section.json": '{"train": 5}',
+        "hyphen.toml": 'base = "llama3_debug"\n[train]\nwarmup-steps = 3\n',
     }
     expected = {
         "missing.toml": "no such recipe file",
-        "typo.toml": "Unknown fields in recipe.train: stepz",
+        "typo.toml": "Unknown fields in recipe.train: stepz (did you mean steps?)",
         "syntax.toml": "is not valid TOML",
         "choice.toml": "recipe.kernels.attention must be one of sdpa, splash, splash_sdpa, cpu_flash; got 'splsh'",
         "base.toml": "Did you mean 'llama3_debug'",
         "section.json": "recipe.train is a section of fields",
+        "hyphen.toml": "Unknown fields in recipe.train: warmup-steps (did you mean warmup_steps?)",
     }
     for name, text in cases.items():
         path = tmp_path / name
@@ -107,3 +109,12 @@ def test_bad_recipe_files_are_refused_naming_the_file_and_the_field(tmp_path, ca
         assert str(path) in err.replace(" ", "") or name in err, err
         assert expected[name] in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_recipe_file_that_shortens_the_run_keeps_its_warmup_share_unless_it_sets_one(tmp_path):
+    short = tmp_path / "short.toml"
+    short.write_text('base = "sft_debug"\n[train]\nsteps = 10\n')  # sft_debug warms up 30 of 300 steps
+    assert parse_posttrain(["--recipe", str(short)]).recipe.train.warmup_steps == 1
+    own = tmp_path / "own.toml"
+    own.write_text('base = "sft_debug"\n[train]\nsteps = 10\nwarmup_steps = 4\n')
+    assert parse_posttrain(["--recipe", str(own)]).recipe.train.warmup_steps == 4

@@ -201,7 +201,7 @@ def test_resume_needs_no_earlier_run_directory_when_the_checkpoints_are_elsewher
 
 
 def test_the_command_line_sets_the_checkpoint_dir():
-    from titanpod.pretrain.cli import parse_command
+    from titanpod.pretrain.command import parse_command
 
     command = parse_command(["--checkpoint.dir", "gs://bucket/run/checkpoints", "--checkpoint.every", "5"])
     assert command is not None

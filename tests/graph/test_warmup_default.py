@@ -6,7 +6,7 @@ import pytest
 
 from titanpod.graph import TrainConfig
 from titanpod.graph.schedule import lr_multiplier
-from titanpod.pretrain.cli import parse_command
+from titanpod.pretrain.command import parse_command
 from titanpod.recipes import Recipe, get_recipe
 
 

@@ -86,7 +86,7 @@ def test_sharded_op_runs_per_shard():
 def test_op_names_depend_on_registration_order_not_object_ids():
     """Two kernels of one shape get ``<base>`` and ``<base>_2`` in every process, so a captured step's code (the
     compiled-step cache's key) is the same from run to run."""
-    from titanpod.kernels.jax_op import free_op_name
+    from titanpod.kernels.jax_custom_op import free_op_name
 
     base = "names_test_square"
     first = free_op_name(base)

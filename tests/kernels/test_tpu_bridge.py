@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from titanpod.kernels import KernelConfig, model_ops
-from titanpod.kernels.jax_op import pallas_interpret
+from titanpod.kernels.jax_custom_op import pallas_interpret
 from titanpod.kernels.tpu_bridge import explicit_arity
 from titanpod.kernels.tpu_splash import TorchTpuSplashAttention
 

@@ -400,7 +400,7 @@ def test_the_xla_plan_of_qwen3_06b_on_one_v5e_is_within_10_percent_of_libtpu(fla
     """libtpu's figures for these steps compiled for v5litepod-1 (arguments + temporaries + outputs - aliased), from
     docs/recipes.md's table: fp32 block inputs and bf16 weight copies (no FSDP gather), fp32 matmul outputs kept by
     ``selective``, and fp32 logits kept by the Pallas loss are each counted."""
-    from titanpod.pretrain.cli import parse_command
+    from titanpod.pretrain.command import parse_command
 
     command = parse_command([*QWEN3_06B_ON_ONE_V5E, *flags, "--device.lane", "xla"])
     plan = plan_run(command.recipe, chip_by_name("v5e"), 1, 0.4)

@@ -193,7 +193,7 @@ def test_read_back_names_a_tensor_the_model_does_not_hold():
 
 
 def test_rollout_mode_vllm_parses_and_opens_the_vllm_engine(vllm):
-    from titanpod.posttrain.cli import parse_command  # the app's own parsing; imported here, as it loads GRPO
+    from titanpod.posttrain.command import parse_command  # the app's own parsing; imported here, as it loads GRPO
 
     command = parse_command(
         [

@@ -13,7 +13,7 @@ import torch
 import titanpod.runs.pretrain
 from titanpod.device.backends.cpu import CpuBackend
 from titanpod.device.memory import MemoryStats, host_memory_stats
-from titanpod.pretrain.cli import parse_recipe
+from titanpod.pretrain.command import parse_recipe
 from titanpod.runs import run_pretraining
 
 CHIPS_PER_HOST = 4

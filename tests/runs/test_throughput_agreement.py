@@ -10,7 +10,7 @@ import warnings
 from rich.console import Console
 
 from titanpod.graph import PeakTooLowWarning
-from titanpod.pretrain.cli import parse_recipe, print_summary
+from titanpod.pretrain.command import parse_recipe, print_summary
 from titanpod.runs import run_pretraining
 
 SHORT = [

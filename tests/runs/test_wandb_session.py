@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from tests.graph.wandb_records import history, offline_environment, wandb_records
-from titanpod.pretrain.cli import parse_recipe
+from titanpod.pretrain.command import parse_recipe
 from titanpod.runs import run_pretraining
 from titanpod.runs.pretrain import with_resume
 from titanpod.runs.wandb_run import RUN_ID_FILE, WandbStartError

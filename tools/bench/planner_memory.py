@@ -46,7 +46,7 @@ def measure(case: str, steps: int) -> dict:
     from titanpod.device.memory import host_memory_stats, reset_host_peak
     from titanpod.graph import build_step
     from titanpod.kernels import model_ops
-    from titanpod.pretrain.cli import parse_recipe
+    from titanpod.pretrain.command import parse_recipe
     from titanpod.recipes.families import build_model, get_flavor
     from titanpod.recipes.planner import plan_run
     from titanpod.recipes.planner.plan import with_changes

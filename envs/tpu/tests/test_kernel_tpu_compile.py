@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as P
 
 from titanpod.kernels import GroupedMatmulConfig, PallasLossConfig, SplashConfig
 from titanpod.kernels.grouped_matmul import MegabloxGroupedMatmul
-from titanpod.kernels.jax_op import JaxOp, pallas_interpret
+from titanpod.kernels.jax_custom_op import JaxOp, pallas_interpret
 from titanpod.kernels.pallas_loss import PallasLinearCrossEntropy
 from titanpod.kernels.splash import SplashAttention
 

@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from titanpod.kernels import GroupedMatmulConfig, PallasLossConfig, SplashConfig
 from titanpod.kernels.grouped_matmul import MegabloxGroupedMatmul
-from titanpod.kernels.jax_op import JaxOp
+from titanpod.kernels.jax_custom_op import JaxOp
 from titanpod.kernels.pallas_loss import PallasLinearCrossEntropy
 from titanpod.kernels.splash import SplashAttention
 from titanpod.kernels.tpu_splash import TorchTpuSplashAttention

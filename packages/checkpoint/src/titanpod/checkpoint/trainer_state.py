@@ -58,6 +58,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from titanpod.checkpoint.checksums import VerifiedHashes, damage, manifest_of
+from titanpod.checkpoint.config import CheckpointConfig
 from titanpod.checkpoint.dcp_reader import (
     quiet_single_process,
     refuse_unsafe_metadata,
@@ -102,7 +103,6 @@ from titanpod.checkpoint.step_folders import (
 )
 from titanpod.checkpoint.trainer_file_schema import check_trainer_file
 from titanpod.graph import TrainStep
-from titanpod.models.field_checks import check_field_types, whole_number
 
 __all__ = [
     "COMMIT_MARKER",
@@ -125,42 +125,6 @@ READABLE_FORMATS = (1, 2)
 """The ``trainer.json`` formats read (format 1 files are checked by size only)."""
 STATE_FOLDER = "state"
 ORBAX_FOLDER = "orbax"
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    """When trainer-state checkpoints are written and whether a run resumes from one."""
-
-    every: int = 0
-    """Save the trainer state every this many steps (0: only at the end, if ``at_end``)."""
-    at_end: bool = True
-    """Save the trainer state after the last step (and when the run is interrupted)."""
-    keep_last: int = 2
-    """Complete checkpoints to keep; older ones are deleted once a newer one is complete (0 keeps all)."""
-    async_save: bool = False
-    """Write in the background: training goes on while the files are written."""
-    resume: str = "auto"
-    """``auto``: continue from the newest complete checkpoint in the run directory, if any;
-    ``never``: start fresh (refused where checkpoints already are: name a new run); or the path of a
-    checkpoint folder."""
-    export_hf: bool = False
-    """After the last step, also export the model as Hugging Face sharded safetensors to ``<run>/hf``."""
-    dir: str = ""
-    """Where checkpoints go: ``""`` means ``<run>/checkpoints``; else any local path or fsspec URL, such as
-    ``gs://bucket/run/checkpoints`` (needs gcsfs), ``memory://run`` or ``file:///data/run/checkpoints``.
-    At a URL a save is complete once its ``COMMITTED`` marker is written (there is no rename)."""
-    allow_changes: tuple[str, ...] = ()
-    """Recipe fields this run may change from the checkpoint it resumes, beyond the harmless ones
-    (``titanpod.checkpoint.recipe_changes.HARMLESS_CHANGES``): dotted names, each its own argument or
-    comma-separated, ``*`` matching any part (``--checkpoint.allow-changes data.seq_len,train.lr`` or
-    ``--checkpoint.allow-changes 'data.*' train.lr``). Needed only by the run that makes the change."""
-
-    def __post_init__(self) -> None:
-        check_field_types(self, "checkpoint")
-        whole_number("checkpoint.every", self.every, at_least=0)
-        whole_number("checkpoint.keep_last", self.keep_last, at_least=0)
-        names = tuple(name.strip() for entry in self.allow_changes for name in entry.split(",") if name.strip())
-        object.__setattr__(self, "allow_changes", names)  # a recipe file's list, or "a,b", as a tuple of names
 
 
 @dataclass(frozen=True)

@@ -7,35 +7,9 @@ slot or a kernel FLUX does not have and is refused, with the fix.
 
 from __future__ import annotations
 
+from titanpod.kernels.config import KernelConfig, flux_kernel_problems
 from titanpod.kernels.splash import SplashAttention, SplashConfig
-from titanpod.kernels.swaps import KernelConfig
 from titanpod.models.flux.ops import FluxOps, full_sdpa_attention
-
-FLUX_ATTENTION = ("sdpa", "splash")
-"""The ``kernels.attention`` settings FLUX runs."""
-
-
-def flux_kernel_problems(config: KernelConfig) -> list[str]:
-    """What in ``config`` FLUX cannot run, each with its fix; empty when it runs all of it."""
-    defaults = KernelConfig()
-    problems = []
-    if config.attention not in FLUX_ATTENTION:
-        problems.append(
-            f"kernels.attention {config.attention!r}: FLUX's unmasked joint attention runs "
-            f"{' or '.join(FLUX_ATTENTION)}; choose one of them"
-        )
-    if config.window is not None:
-        problems.append(f"kernels.window {config.window}: FLUX's attention is unmasked; leave kernels.window unset")
-    if config.head_loss != defaults.head_loss:
-        problems.append(
-            f"kernels.head_loss {config.head_loss!r}: FLUX has no vocabulary head (its loss is flow matching); "
-            f"leave it {defaults.head_loss!r}"
-        )
-    if config.expert_matmul != defaults.expert_matmul:
-        problems.append(
-            f"kernels.expert_matmul {config.expert_matmul!r}: FLUX has no experts; leave it {defaults.expert_matmul!r}"
-        )
-    return problems
 
 
 def flux_ops(config: KernelConfig) -> FluxOps:

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from titanpod.kernels.jax_op import JaxOp, free_op_name, holds_torchax_tensors, jax_op, pallas_interpret
+from titanpod.kernels.jax_custom_op import JaxOp, free_op_name, holds_torchax_tensors, jax_op, pallas_interpret
 from titanpod.kernels.mesh_split import batch_axes
 from titanpod.kernels.pallas.gmm_kernel import GroupedMatmulConfig, tiled_gmm
 

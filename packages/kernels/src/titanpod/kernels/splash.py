@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from titanpod.kernels.jax_op import JaxOp, free_op_name, jax_op, pallas_interpret
+from titanpod.kernels.jax_custom_op import JaxOp, free_op_name, jax_op, pallas_interpret
 from titanpod.kernels.mesh_split import batch_axes, head_axis
 from titanpod.kernels.pallas.splash_kernel import (
     LANES,

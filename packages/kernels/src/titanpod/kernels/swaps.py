@@ -3,52 +3,17 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import get_args
 
 from titanpod.kernels.chunked_loss import chunked_linear_cross_entropy
+from titanpod.kernels.config import AttentionKernel, ExpertMatmulKernel, HeadLossKernel, KernelConfig
 from titanpod.kernels.cpu_attention import CpuFlashAttention
-from titanpod.kernels.grouped_matmul import GroupedMatmulConfig, MegabloxGroupedMatmul
-from titanpod.kernels.pallas_loss import PallasLinearCrossEntropy, PallasLossConfig
+from titanpod.kernels.grouped_matmul import MegabloxGroupedMatmul
+from titanpod.kernels.pallas_loss import PallasLinearCrossEntropy
 from titanpod.kernels.splash import SplashAttention, SplashConfig, local_causal_sdpa
 from titanpod.kernels.tpu_splash import TorchTpuSplashAttention
 from titanpod.models import ModelOps, batched_expert_matmul, linear_cross_entropy, sdpa_attention
 from titanpod.models.common.ops import HeadLossOp
-
-AttentionKernel = Literal["sdpa", "splash", "splash_sdpa", "cpu_flash"]
-"""What ``KernelConfig.attention`` accepts."""
-HeadLossKernel = Literal["reference", "chunked", "pallas"]
-"""What ``KernelConfig.head_loss`` accepts."""
-ExpertMatmulKernel = Literal["loop", "gmm"]
-"""What ``KernelConfig.expert_matmul`` accepts."""
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """Which implementation fills each slot."""
-
-    attention: AttentionKernel = "sdpa"
-    """``sdpa`` (PyTorch's scaled_dot_product_attention), ``splash`` (Pallas splash attention through
-    JAX, every lane), ``splash_sdpa`` (torch_tpu's own splash kernel: the tpu lane only, no packed documents)
-    or ``cpu_flash`` (a C++ flash attention built on first use: the cpu lane only, head dims 16 to 128,
-    fastest against ``sdpa`` at 16 and 32)."""
-    head_loss: HeadLossKernel = "reference"
-    """``reference`` (full logits + cross-entropy), ``chunked`` (PyTorch, never holds all logits) or
-    ``pallas`` (Pallas kernels for the TPU, likewise)."""
-    expert_matmul: ExpertMatmulKernel = "loop"
-    """``loop`` (the PyTorch reference: one batched matmul over the experts' fixed-size buffers) or ``gmm``
-    (megablox grouped matmul)."""
-    window: int | None = None
-    """Local attention window for every attention kernel (keys before each query); ``None`` is causal."""
-    splash: SplashConfig = field(default_factory=SplashConfig)
-    """Splash attention's tiles (its window comes from ``window``)."""
-    grouped_matmul: GroupedMatmulConfig = field(default_factory=GroupedMatmulConfig)
-    """Grouped matmul tiles."""
-    pallas_loss: PallasLossConfig = field(default_factory=PallasLossConfig)
-    """Tiles of the Pallas cross-entropy."""
-    chunk_rows: int | None = None
-    """Rows of logits per chunk for ``chunked``; ``None`` fits 256 MiB of fp32 logits."""
-
 
 _CHOICES = {
     "attention": get_args(AttentionKernel),

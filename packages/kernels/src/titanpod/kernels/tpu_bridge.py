@@ -77,7 +77,7 @@ class TpuKernel:
     def _register(self, inputs: tuple[torch.Tensor, ...]) -> Any:
         import jax
 
-        from titanpod.kernels.jax_op import shape_structs
+        from titanpod.kernels.jax_custom_op import shape_structs
 
         if len(inputs) != self.n_inputs:
             raise TypeError(f"{self.qualified_name} takes {self.n_inputs} tensors, got {len(inputs)}.")

@@ -9,12 +9,13 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from titanpod.parallel.config import MESH_AXES, PARAM_SHARD_AXES
 from titanpod.parallel.errors import PlanError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)

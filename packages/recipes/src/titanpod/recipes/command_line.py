@@ -16,7 +16,10 @@ from typing import TypeVar
 import tyro
 from tyro.constructors import ConstructorRegistry, StructConstructorSpec, StructTypeInfo
 
+from titanpod.recipes.warmup import with_scaled_warmup
+
 Command = TypeVar("Command")
+Recipe = TypeVar("Recipe")
 
 RECIPE_FLAG = "--recipe"
 """The flag whose value (a recipe name or file) gives every other flag its default."""
@@ -33,6 +36,34 @@ def recipe_argument(argv: Sequence[str], default: str) -> str:
         elif arg.startswith(RECIPE_FLAG + "="):
             value = arg.split("=", 1)[1]
     return value
+
+
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of the last ``flag VALUE`` or ``flag=VALUE`` in ``argv`` (``_`` and ``-`` alike in the name, as
+    tyro reads them), else ``None``."""
+    wanted = flag.replace("_", "-")
+    value = None
+    for index, arg in enumerate(argv):
+        name, equals, given = arg.partition("=")
+        if not name.startswith("--") or name.replace("_", "-") != wanted:
+            continue
+        if equals:
+            value = given
+        elif index + 1 < len(argv):
+            value = argv[index + 1]
+    return value
+
+
+def with_steps_scaled(recipe: Recipe, argv: Sequence[str]) -> Recipe:
+    """``recipe`` ready for the ``--train.steps`` in ``argv``: a shorter run than the recipe's warms up for the same
+    share of its steps (``titanpod.recipes.warmup``), unless ``--train.warmup-steps`` is given too."""
+    steps = flag_value(argv, "--train.steps")
+    if steps is None or flag_value(argv, "--train.warmup-steps") is not None:
+        return recipe
+    try:
+        return with_scaled_warmup(recipe, int(steps))
+    except ValueError:  # not a number: tyro refuses it, naming the flag
+        return recipe
 
 
 def optional_value(argv: Sequence[str], flag: str, bare: str = "") -> list[str]:
@@ -65,6 +96,12 @@ def first_sentence(text: str | None) -> str:
     flat = " ".join((text or "").split())
     end = _SENTENCE_END.search(flat)
     return flat[: end.end()] if end else flat
+
+
+def listing_line(name: str, description: str | None, width: int) -> str:
+    """A ``--list-recipes`` line: the name padded to ``width``, then the first sentence of its description as
+    plain text (code spans without their double backticks, as ``--help`` shows them)."""
+    return f"{name:{width}s} {first_sentence(description).replace('``', '')}"
 
 
 _SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\betc)(?<!\bvs)[.!?](?=$| [A-Z0-9(\[`'\"])")

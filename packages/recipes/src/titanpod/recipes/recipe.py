@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import typing
 import unicodedata
@@ -10,8 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, Self
 
-from titanpod.checkpoint import CheckpointConfig
-from titanpod.checkpoint.pretrained import args_differences
+from titanpod.checkpoint.config import CheckpointConfig
 from titanpod.data.config import DataConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import ProfileConfig, TrainConfig
@@ -67,6 +67,8 @@ class ModelConfig:
         ``head_dim`` of ``dim // n_heads`` is the same as none): ``ValueError`` names each that differs, with both
         values, since weights cannot change size. ``flavor`` is not read."""
         asked = self.shape.apply(found, "model.shape (with model.init_from)")
+        from titanpod.checkpoint.pretrained import args_differences  # here: torch, read only when it is asked
+
         differences = args_differences(found, asked)
         if differences:
             listing = "\n  ".join(differences)
@@ -247,7 +249,8 @@ def dataclass_from_dict(kind: type, data: dict[str, Any], where: str) -> Any:
     fields = {f.name for f in dataclasses.fields(kind)}
     unknown = sorted(set(data) - fields)
     if unknown:
-        raise ValueError(f"Unknown fields in {where}: {', '.join(unknown)}.")
+        named = ", ".join(with_closest(name, fields) for name in unknown)
+        raise ValueError(f"Unknown fields in {where}: {named}.")
     hints = typing.get_type_hints(kind)
     for name, value in data.items():  # before any __post_init__ compares a value of the wrong type
         if not dataclasses.is_dataclass(hints[name]):
@@ -259,3 +262,10 @@ def dataclass_from_dict(kind: type, data: dict[str, Any], where: str) -> Any:
         for name, value in data.items()
     }
     return kind(**values)
+
+
+def with_closest(name: str, fields: set[str]) -> str:
+    """``name`` as an unknown field is reported: with the closest field's name when one is close (a typo, or
+    ``-`` written for ``_``), e.g. ``stpes (did you mean steps?)``."""
+    close = difflib.get_close_matches(name.replace("-", "_"), sorted(fields), n=1)
+    return f"{name} (did you mean {close[0]}?)" if close else name

@@ -12,7 +12,9 @@ Both formats hold the same mapping as ``RecipeFile.to_dict``, nested by section.
     steps = 200
     lr = 1e-3
 
-TOML has no null: leave a field out to keep the base's value. Command-line flags apply on top of the file.
+TOML has no null: leave a field out to keep the base's value. Command-line flags apply on top of the file. A file
+that lowers ``train.steps`` without ``warmup_steps`` keeps the base's warmup share (``titanpod.recipes.warmup``).
+An unknown field is named with the closest known one.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
+
+from titanpod.recipes.warmup import with_scaled_warmup
 
 RECIPE_FILE_SUFFIXES = (".json", ".toml")
 """Suffixes that make ``--recipe`` read a file instead of looking up a recipe name."""
@@ -81,6 +85,9 @@ def load_recipe_file(path: Path, named: Callable[[str], Any], kind_of: Callable[
             base = named(base_name)
         except KeyError as error:
             raise ValueError(f"--recipe {path}: {BASE_KEY} = {base_name!r}: {error.args[0]}") from error
+        steps = (data.get("train") or {}).get("steps") if isinstance(data.get("train"), Mapping) else None
+        if isinstance(steps, int) and "warmup_steps" not in data["train"]:
+            base = with_scaled_warmup(base, steps)  # a shorter run keeps its warmup's share: titanpod.recipes.warmup
         recipe_type, data = type(base), merged(base.to_dict(), data)
     else:
         recipe_type = kind_of(data)

@@ -77,6 +77,13 @@ class Placement:
         """The batch this process loads, from the recipe's batch per data rank."""
         return per_data_rank * self.batches_per_process
 
+    def describe(self, parallel: ParallelConfig, world_size: int) -> str:
+        """The layout in words for a run's header: the placement, and the mesh axes larger than 1
+        (``sharded (fsdp 4, tp 2)``, ``one process``)."""
+        axes = self.xla_axes or (parallel.mesh_axes(world_size) if world_size > 1 else {})
+        shown = ", ".join(f"{axis} {size}" for axis, size in axes.items() if size > 1)
+        return f"{self.kind} ({shown})" if shown else self.kind
+
     def step_options(self, parallel: ParallelConfig) -> dict[str, Any]:
         """The keyword arguments ``titanpod.graph.build_step`` takes from the placement."""
         return {

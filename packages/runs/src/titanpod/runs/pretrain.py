@@ -136,6 +136,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             + (f"{recipe.model.family} {recipe.model.flavor}" if pretrained is None else recipe.model.family)
             + f": {parameters:,} parameters"
             + (f" from {escape(pretrained.describe())}" if pretrained is not None else "")
+            + f"; layout {placement.describe(recipe.parallel, info.world_size)}"
             + f"; step {describe_step(recipe.train, backend)}; run directory {session.run_dir}"
         )
         session.say(data.describe())

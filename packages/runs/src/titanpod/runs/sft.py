@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from titanpod.checkpoint.pretrained import PretrainedFolder, open_pretrained
-from titanpod.data.sft.batches import build_sft_data
+from titanpod.data.sft.batches import encode_sft_records, pack_sft_data
 from titanpod.data.sft.records import check_covers
 from titanpod.data.sft.tokenizer import CHARS, SFTTokenizer, load_sft_tokenizer
 from titanpod.data.tasks import Task, get_task
@@ -183,9 +183,10 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
         raise ValueError(
             f"data.seq_len {recipe.data.seq_len} is longer than the model's max_seq_len {model.args.max_seq_len}."
         )
+    records = encode_sft_records(recipe.data, tokenizer, recipe.train.seed)  # bad data fails before the weights load
     parameters = parameter_count(model)
     placement = place_from_folder(model, recipe.model.family, layout, pretrained, console, seeded)
-    data = build_sft_data(recipe.data, tokenizer, recipe.train.seed, placement.data_rank, placement.data_world)
+    data = pack_sft_data(records, recipe.data, tokenizer, recipe.train.seed, placement.data_rank, placement.data_world)
     task, test_examples = eval_task_and_examples(recipe, tokenizer)
     with RunSession(recipe, backend, console) as session:
         if session.is_main:
@@ -194,7 +195,9 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
         start_step = session.resume(model, step, data.train)
         session.say(
             f"lane [bold]{backend.lane}[/] on {backend.device(session.info.local_rank)}, {recipe.model.family}: "
-            f"{parameters:,} parameters from {escape(started_from)}; step {describe_step(recipe.train, backend)}; "
+            f"{parameters:,} parameters from {escape(started_from)}; "
+            f"layout {placement.describe(recipe.parallel, session.info.world_size)}; "
+            f"step {describe_step(recipe.train, backend)}; "
             f"run directory {session.run_dir}"
         )
         session.say(data.describe())

@@ -20,6 +20,7 @@ from rich.markup import escape
 from titanpod.data.sft.config import SFTDataConfig
 from titanpod.data.sft.records import (
     SHOWN_SKIPS,
+    ExampleSet,
     SFTExample,
     check_covers,
     encode_records,
@@ -178,11 +179,22 @@ class SFTData:
         return self.description
 
 
-def build_sft_data(config: SFTDataConfig, tokenizer: SFTTokenizer, seed: int, rank: int = 0, world: int = 1) -> SFTData:
-    """Read or generate the records, tokenize, and pack them into batches for data rank ``rank`` of ``world``.
+@dataclass
+class SFTRecords:
+    """A run's records, read and tokenized: what does not depend on the data rank, so a run checks it before it
+    reads any weights."""
 
-    Every problem (an unknown task, unreadable files, a bad record, too little data) is raised here.
-    """
+    encoded: ExampleSet
+    """The usable examples, and the records skipped."""
+    task: Task | None
+    """The built-in task (``data.source task``), else ``None``."""
+    where: str
+    """Words naming the records."""
+
+
+def encode_sft_records(config: SFTDataConfig, tokenizer: SFTTokenizer, seed: int) -> SFTRecords:
+    """Read or generate the records and tokenize them. Every problem with the data (an unknown task, unreadable
+    files, a bad record, a chat record and no chat template, too little data) is raised here."""
     task = None
     if config.source == "task":
         task = get_task(config.task)
@@ -190,7 +202,14 @@ def build_sft_data(config: SFTDataConfig, tokenizer: SFTTokenizer, seed: int, ra
         records, where = task_records(task, config.train_examples, seed), f"task {task.name} (train split)"
     else:
         records, where = read_jsonl_records(config)
-    encoded = encode_records(records, tokenizer, config, where)
+    return SFTRecords(encode_records(records, tokenizer, config, where), task, where)
+
+
+def pack_sft_data(
+    records: SFTRecords, config: SFTDataConfig, tokenizer: SFTTokenizer, seed: int, rank: int = 0, world: int = 1
+) -> SFTData:
+    """Pack tokenized ``records`` into batches for data rank ``rank`` of ``world``."""
+    encoded, where = records.encoded, records.where
     batches = SFTBatches(encoded.examples, config.seq_len, config.batch_size, tokenizer.pad_id, seed, rank, world)
     rows = batches.rows.tokens_RS.shape[0]
     fill = sum(len(example) for example in encoded.examples) / max(rows * config.seq_len, 1)
@@ -206,4 +225,10 @@ def build_sft_data(config: SFTDataConfig, tokenizer: SFTTokenizer, seed: int, ra
         f"{batches.trained_tokens():,} response tokens), {batches.batches_per_epoch:,} batches of {config.batch_size} "
         f"per epoch; loss on response tokens only, examples kept apart by document masking{skipped}"
     )
-    return SFTData(batches, task, encoded.skipped, description)
+    return SFTData(batches, records.task, encoded.skipped, description)
+
+
+def build_sft_data(config: SFTDataConfig, tokenizer: SFTTokenizer, seed: int, rank: int = 0, world: int = 1) -> SFTData:
+    """Read or generate the records, tokenize, and pack them into batches for data rank ``rank`` of ``world``
+    (``encode_sft_records`` then ``pack_sft_data``)."""
+    return pack_sft_data(encode_sft_records(config, tokenizer, seed), config, tokenizer, seed, rank, world)

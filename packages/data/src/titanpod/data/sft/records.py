@@ -24,7 +24,7 @@ from typing import Any
 
 from titanpod.data.config import DataConfig
 from titanpod.data.sft.config import SFTDataConfig
-from titanpod.data.sft.tokenizer import SFTTokenizer
+from titanpod.data.sft.tokenizer import NoChatTemplateError, SFTTokenizer
 from titanpod.data.sources import DataError, data_files, decode_error, quiet_datasets, read_error
 from titanpod.data.tasks import Task
 from titanpod.models import IGNORE_INDEX
@@ -166,6 +166,8 @@ def encode_records(records: Sequence[Record], tokenizer: SFTTokenizer, config: S
                     f"it is {len(example) + 1} tokens with the end token, taking {len(example)} positions, more than "
                     f"data.seq_len {config.seq_len}"
                 )
+        except NoChatTemplateError as error:  # every chat record would fail alike: not a bad record
+            raise NoChatTemplateError(f"{where}: {error}") from error
         except ValueError as error:
             reason = f"example {index} of {where}: {error}"
             if config.bad_examples == "skip":

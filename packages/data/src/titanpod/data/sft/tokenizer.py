@@ -55,6 +55,11 @@ def character_tokenizer() -> Tokenizer:
     return tokenizer
 
 
+class NoChatTemplateError(ValueError):
+    """Chat records and a tokenizer without a chat template: a problem of the tokenizer, not of one record, so it
+    is never skipped as a bad record (``data.bad_examples skip`` would skip every one)."""
+
+
 @dataclass(frozen=True)
 class SFTTokenizer:
     """A ``tokenizers.Tokenizer`` with what post-training needs around it: the end-of-text id (appended to
@@ -107,10 +112,11 @@ class SFTTokenizer:
     @cached_property
     def _chat(self) -> Any:
         if self.chat_template is None:
-            raise ValueError(
-                f"The tokenizer {self.spec!r} has no chat template; messages need one. Use a tokenizer folder whose "
-                f"{CONFIG_FILE} has a chat_template (or a {TEMPLATE_FILE}), --data.tokenizer chars, or "
-                "prompt/response data with --data.format plain."
+            raise NoChatTemplateError(
+                f"the tokenizer {self.spec!r} has no chat template, and chat records (messages, or --data.format "
+                "chat) are rendered through one. Give the records as prompt/response pairs with --data.format "
+                f"plain, or name a tokenizer of the model's vocabulary that has one: --data.tokenizer FOLDER, whose "
+                f"{CONFIG_FILE} holds a chat_template (or beside it a {TEMPLATE_FILE})."
             )
         try:
             from transformers import PreTrainedTokenizerFast

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 
 ArgsT = TypeVar("ArgsT")
 
@@ -95,6 +97,8 @@ class StateDictAdapter(ABC, Generic[ArgsT]):
                 f"The Hugging Face tensors do not fit the model: missing {missing or 'none'}, "
                 f"unexpected {unexpected or 'none'}."
             )
+        import torch  # here: reading the adapters (a recipe's families) needs no torch
+
         parts: dict[str, list[tuple[HFSlot, torch.Tensor]]] = {}
         for hf_name, slot in layout.items():
             parts.setdefault(slot.name, []).append((slot, hf_state[hf_name]))

@@ -11,9 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from titanpod.models.adapters.base import HFSlot, StateDictAdapter, UnsupportedConfigError
 from titanpod.models.adapters.decoder_config import (
@@ -23,7 +21,11 @@ from titanpod.models.adapters.decoder_config import (
     hf_config_from_args,
 )
 from titanpod.models.common.args import DecoderArgs
-from titanpod.models.common.transformer import Transformer
+
+if TYPE_CHECKING:
+    import torch
+
+    from titanpod.models.common.transformer import Transformer
 
 _TOP_LEVEL = {
     "model.embed_tokens.weight": "tok_embeddings.weight",
@@ -83,6 +85,10 @@ def _hf_name(name: str, expert: int | None) -> str:
 def decoder_hf_layout(args: DecoderArgs) -> Mapping[str, HFSlot]:
     """Every Hugging Face tensor name of a decoder of shape ``args`` -> its titanpod slot, in parameter
     order with experts one by one. Cached per ``args`` and read-only."""
+    import torch  # here: reading the adapters (a recipe's families) needs no torch
+
+    from titanpod.models.common.transformer import Transformer
+
     with torch.device("meta"):
         model = Transformer(args)
     layout: dict[str, HFSlot] = {}

@@ -9,7 +9,7 @@ from typing import Any
 
 from titanpod.models.adapters.base import UnsupportedConfigError
 from titanpod.models.common.args import DecoderArgs, MoEArgs
-from titanpod.models.common.rope import Llama3RopeScaling
+from titanpod.models.common.rope_scaling import Llama3RopeScaling
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,15 @@ import re
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from titanpod.models.adapters.base import HFSlot, StateDictAdapter, UnsupportedConfigError
-from titanpod.models.flux.autoencoder import FluxAutoencoder, build_flux_autoencoder
 from titanpod.models.flux.autoencoder_args import FluxAutoencoderArgs
+
+if TYPE_CHECKING:
+    import torch
+
+    from titanpod.models.flux.autoencoder import FluxAutoencoder
 
 DIFFUSERS_CLASS = "AutoencoderKL"
 """``_class_name`` of the config.json this adapter reads and writes."""
@@ -173,6 +175,8 @@ def diffusers_name(name: str) -> str:
 def autoencoder_hf_layout(args: FluxAutoencoderArgs) -> Mapping[str, HFSlot]:
     """Every diffusers tensor name of an autoencoder of shape ``args`` -> its titanpod parameter, in
     parameter order. Cached per ``args`` and read-only."""
+    from titanpod.models.flux.autoencoder import build_flux_autoencoder  # here: the adapter is read without torch
+
     model = build_flux_autoencoder(args, device="meta")
     return MappingProxyType({diffusers_name(name): HFSlot(name) for name, _ in model.named_parameters()})
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from titanpod.models.adapters.base import HFSlot, StateDictAdapter, UnsupportedConfigError
 from titanpod.models.flux.args import FluxArgs
-from titanpod.models.flux.transformer import FluxTransformer
+
+if TYPE_CHECKING:
+    import torch
+
+    from titanpod.models.flux.transformer import FluxTransformer
 
 DIFFUSERS_CLASS = "FluxTransformer2DModel"
 """The diffusers class whose checkpoints this adapter reads and writes."""

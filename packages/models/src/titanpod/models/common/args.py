@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from titanpod.models.common.rope import Llama3RopeScaling
+from titanpod.models.common.rope_scaling import Llama3RopeScaling
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from titanpod.models.common.args import DecoderArgs
-from titanpod.models.common.rope import Llama3RopeScaling
+from titanpod.models.common.rope_scaling import Llama3RopeScaling
 
 _LLAMA31 = Llama3RopeScaling(
     factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192

@@ -7,7 +7,7 @@ from typing import Literal
 
 from titanpod.data.images.config import ImageDataConfig
 from titanpod.kernels import KernelConfig
-from titanpod.kernels.flux_swaps import flux_kernel_problems
+from titanpod.kernels.config import flux_kernel_problems
 from titanpod.models.choice import choose
 from titanpod.models.flux import FLUX_FLAVORS, FluxArgs
 from titanpod.parallel import ParallelConfig

@@ -12,15 +12,16 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from titanpod.models.adapters import DecoderAdapter, StateDictAdapter
 from titanpod.models.choice import choose
 from titanpod.parallel import ShardingPlan
 from titanpod.recipes.families.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 def shipped_specs() -> dict[str, ModelSpec]:
@@ -60,6 +61,8 @@ def build_model(
     On the meta device (the default) nothing is allocated; move with ``model.to_empty(device=...)`` and call
     ``model.init_weights(seed)``.
     """
+    import torch  # here, not at the top: the command line reads the recipes without torch
+
     spec = model_spec(family, specs)
     args = spec.flavor(flavor) if isinstance(flavor, str) else flavor
     with torch.device(device):

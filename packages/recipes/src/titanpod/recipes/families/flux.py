@@ -11,11 +11,11 @@ from titanpod.data.images.config import ImageDataConfig
 from titanpod.device import DeviceConfig
 from titanpod.graph import TrainConfig
 from titanpod.kernels import KernelConfig
-from titanpod.models import FLUX_FLAVORS, FluxTransformer
 from titanpod.models.adapters import FLUX_TRANSFORMER_ADAPTER
+from titanpod.models.flux.args import FLUX_FLAVORS
 from titanpod.parallel import FLUX_PLAN, ParallelConfig
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe, FluxModelConfig, SampleConfig
-from titanpod.recipes.families.spec import ModelSpec
+from titanpod.recipes.families.spec import ModelClass, ModelSpec
 from titanpod.recipes.recipe import OutputConfig, TargetConfig
 
 
@@ -78,7 +78,7 @@ def flux1_12b() -> DiffusionRecipe:
 SPEC = ModelSpec(
     name="flux",
     flavors=FLUX_FLAVORS,
-    build=FluxTransformer,
+    build=ModelClass("titanpod.models.flux.transformer", "FluxTransformer"),
     plan=FLUX_PLAN,
     hf_adapter=FLUX_TRANSFORMER_ADAPTER,
     recipes={recipe.__name__: recipe for recipe in (flux_debug, flux1_12b)},

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from titanpod.models import Transformer
 from titanpod.models.adapters import DecoderAdapter, DecoderHFForm
 from titanpod.models.llama3 import LLAMA3_FLAVORS
 from titanpod.parallel import DECODER_PLAN, ParallelConfig
-from titanpod.recipes.families.spec import ModelSpec
+from titanpod.recipes.families.spec import ModelClass, ModelSpec
 from titanpod.recipes.recipe import Recipe, TargetConfig
 from titanpod.recipes.recipe_templates import debug_recipe, pod_recipe
 
@@ -74,7 +73,7 @@ def llama3_405b_pp() -> Recipe:
 SPEC = ModelSpec(
     name="llama3",
     flavors=LLAMA3_FLAVORS,
-    build=Transformer,
+    build=ModelClass("titanpod.models.common.transformer", "Transformer"),
     plan=DECODER_PLAN,
     hf_adapter=DecoderAdapter("llama3", HF_FORM),
     recipes={recipe.__name__: recipe for recipe in (llama3_debug, llama3_8b, llama3_70b, llama3_405b, llama3_405b_pp)},

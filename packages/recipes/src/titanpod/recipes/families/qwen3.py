@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from titanpod.models import Transformer
 from titanpod.models.adapters import DecoderAdapter, DecoderHFForm
 from titanpod.models.qwen3 import QWEN3_FLAVORS
 from titanpod.parallel import DECODER_PLAN
-from titanpod.recipes.families.spec import ModelSpec
+from titanpod.recipes.families.spec import ModelClass, ModelSpec
 from titanpod.recipes.recipe import Recipe, TargetConfig
 from titanpod.recipes.recipe_templates import ONE_CHIP_KERNELS, debug_recipe, pod_recipe
 
@@ -61,7 +60,7 @@ def qwen3_32b() -> Recipe:
 SPEC = ModelSpec(
     name="qwen3",
     flavors=QWEN3_FLAVORS,
-    build=Transformer,
+    build=ModelClass("titanpod.models.common.transformer", "Transformer"),
     plan=DECODER_PLAN,
     hf_adapter=DecoderAdapter("qwen3", HF_FORM),
     recipes={recipe.__name__: recipe for recipe in (qwen3_debug, qwen3_06b, qwen3_8b, qwen3_32b)},

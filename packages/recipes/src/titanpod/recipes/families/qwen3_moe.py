@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from titanpod.models import Transformer
 from titanpod.models.adapters import DecoderAdapter, DecoderHFForm
 from titanpod.models.qwen3_moe import QWEN3_MOE_FLAVORS
 from titanpod.parallel import DECODER_PLAN, ParallelConfig
-from titanpod.recipes.families.spec import ModelSpec
+from titanpod.recipes.families.spec import ModelClass, ModelSpec
 from titanpod.recipes.recipe import Recipe, TargetConfig
 from titanpod.recipes.recipe_templates import debug_recipe, pod_recipe
 
@@ -42,7 +41,7 @@ def qwen3_235b_a22b() -> Recipe:
 SPEC = ModelSpec(
     name="qwen3_moe",
     flavors=QWEN3_MOE_FLAVORS,
-    build=Transformer,
+    build=ModelClass("titanpod.models.common.transformer", "Transformer"),
     plan=DECODER_PLAN,
     hf_adapter=DecoderAdapter("qwen3_moe", HF_FORM),
     recipes={recipe.__name__: recipe for recipe in (qwen3_moe_debug, qwen3_235b_a22b)},

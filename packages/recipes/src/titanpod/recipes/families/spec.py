@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from titanpod.models.adapters import StateDictAdapter
 from titanpod.models.choice import choose
 from titanpod.parallel import ShardingPlan
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -43,3 +45,18 @@ class ModelSpec:
     def flavor(self, name: str) -> Any:
         """The args of flavor ``name``; ``KeyError`` lists the flavors and names the closest."""
         return choose(f"{self.name} flavor", name, self.flavors)
+
+
+@dataclass(frozen=True)
+class ModelClass:
+    """A model class named by its module, imported when the first model is built: a family's spec (and so every
+    named recipe) is read without torch, as the command line reads them. Called as ``ModelSpec.build`` is."""
+
+    module: str
+    """The module defining the class, e.g. ``titanpod.models.common.transformer``."""
+    name: str
+    """The class, e.g. ``Transformer``."""
+
+    def __call__(self, args: Any, ops: Any) -> nn.Module:
+        """``module.name(args, ops)``: the model, on the current default device."""
+        return getattr(importlib.import_module(self.module), self.name)(args, ops)

@@ -122,8 +122,6 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
     layout = start_placement("diffusion", recipe.parallel, recipe.train, backend)
     check_block_recompute(recipe, backend.single_controller)
     info = process_info()
-    if console is not None and info.is_main:
-        console.print_json(recipe.to_json())
     device = backend.parameter_device(info.local_rank)  # the host on the xla lane: its step places the transformer
     torch.manual_seed(recipe.train.seed)
     sharded = info.world_size > 1 or backend.single_controller
@@ -144,6 +142,7 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
     with RunSession(recipe, backend, console) as session:
         session.say(
             f"lane [bold]{backend.lane}[/] on {device}, FLUX {recipe.model.flavor}: {parameters:,} parameters; "
+            f"layout {placement.describe(recipe.parallel, info.world_size)}; "
             f"{image_tokens} image tokens + {text_tokens} text tokens per sample; codec {recipe.model.autoencoder}; "
             f"run directory {session.run_dir}"
         )

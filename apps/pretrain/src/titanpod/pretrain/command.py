@@ -1,0 +1,205 @@
+"""What ``titanpod-pretrain`` does with its command line (``titanpod.pretrain.cli`` is its entry): parse it into a
+recipe, then print, plan, compile, rehearse or train it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
+
+import tyro
+from rich.console import Console
+from rich.table import Table
+
+from titanpod.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
+from titanpod.recipes.app import Finished
+from titanpod.recipes.command_line import (
+    listing_line,
+    optional_value,
+    parse_args,
+    recipe_argument,
+    split_lanes,
+    with_steps_scaled,
+)
+from titanpod.recipes.errors import print_error
+from titanpod.recipes.recipe_files import is_recipe_file
+from titanpod.recipes.recipe_files import load_recipe_file as read_recipe_file
+
+if TYPE_CHECKING:
+    from titanpod.runs import PretrainResult
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """What the command line asks for: a recipe, and whether to train it, plan it, rehearse it or print it."""
+
+    recipe: Annotated[Recipe, tyro.conf.arg(name="")]
+    """The recipe with every override applied."""
+    recipe_name: Annotated[str, tyro.conf.arg(name="recipe")] = DEFAULT_RECIPE
+    """A recipe name (see --list-recipes), or a recipe file: a run's recipe.json, or a TOML file with
+    ``base = "NAME"`` and the fields that differ. It gives every other flag its default."""
+    list_recipes: tyro.conf.FlagCreatePairsOff[bool] = False
+    """List the named recipes and exit."""
+    print_recipe: tyro.conf.FlagCreatePairsOff[bool] = False
+    """Print the resolved recipe as JSON (a recipe file --recipe reads back) and exit without running."""
+    resume: Annotated[str | None, tyro.conf.arg(metavar="[NAME]")] = None
+    """Continue a run from its newest checkpoint: --resume NAME, the run directory NAME under --output.runs-dir
+    (or the run started as --output.run-name NAME); --resume alone, --output.run-name or else the newest run of
+    the recipe that has a checkpoint."""
+    dry_run: tyro.conf.FlagCreatePairsOff[bool] = False
+    """Plan on the recipe's target slice instead of training: memory per device and step time."""
+    rehearse: tyro.conf.FlagCreatePairsOff[bool] = False
+    """Run the recipe on this machine at a small size with every setting it makes, and check it resumes exactly."""
+    rehearse_lanes: tuple[Literal["cpu", "xla"], ...] | None = None
+    """Lanes to rehearse on; ``None``: the recipe's, or both for a TPU recipe."""
+    compile_for: str | None = None
+    """Compile the whole training step for a TPU slice (``v5p-8``, ``v6e-256``; ``target``: the recipe's own) with
+    libtpu on this host, without TPUs or weights, and report memory a chip, flops, the compiler's estimated step
+    time and the collectives (needs the tpu environment: ``cd envs/tpu && uv run titanpod-pretrain ...``)."""
+    compile_layers: tuple[int, ...] = ()
+    """With --compile-for: compile the model cut to this many layers; two depths (``2 4``) compile both and
+    extrapolate the whole model's figures by depth."""
+    compile_output: Path | None = None
+    """With --compile-for: the folder for report.json (default ``<runs_dir>/compile-<recipe>-<slice>``)."""
+    compile_keep_program: tyro.conf.FlagCreatePairsOff[bool] = False
+    """With --compile-for: also keep the optimised HLO and the serialised executable in that folder."""
+    chip: str | None = None
+    """Short for --target.chip: the chip kind --dry-run plans for (``v5p``, ``v6e``, ``h100`` ...)."""
+    chips: int | None = None
+    """Short for --target.chips: the chips in the slice --dry-run plans for."""
+
+
+def parse_command(argv: list[str]) -> Command | None:
+    """The recipe named by ``--recipe`` with the remaining flags applied; ``None`` after ``--list-recipes``.
+
+    ``--chip`` and ``--chips`` are short for ``--target.chip`` and ``--target.chips``. A value tyro refuses (a
+    choice that does not exist, a number that is not one) raises ``SystemExit(2)`` after saying so on stderr.
+    """
+    name = recipe_argument(argv, DEFAULT_RECIPE)
+    base = load_recipe_file(Path(name)) if is_recipe_file(name) else get_recipe(name)
+    base = with_steps_scaled(base, argv)
+    command = parse_args(
+        Command,
+        Command(recipe=base, recipe_name=name),
+        optional_value(split_lanes(argv), "--resume"),
+        prog="titanpod-pretrain",
+        description=(
+            f"Train the recipe chosen with --recipe (default {DEFAULT_RECIPE}; see --list-recipes), or plan "
+            f"(--dry-run), rehearse (--rehearse) or print it (--print-recipe). Every recipe field below overrides "
+            f"it; the defaults shown are those of {name}."
+        ),
+        recipe_type=Recipe,
+    )
+    if command.list_recipes:
+        for recipe_name, build in RECIPES.items():
+            print(listing_line(recipe_name, build.__doc__, 24))
+        return None
+    recipe = command.recipe
+    if command.resume is not None:
+        from titanpod.runs.run_lookup import with_resume
+
+        recipe = with_resume(recipe, command.resume)
+    if command.chip is not None or command.chips is not None:
+        chip = recipe.target.chip if command.chip is None else command.chip
+        chips = recipe.target.chips if command.chips is None else command.chips
+        recipe = dataclasses.replace(recipe, target=dataclasses.replace(recipe.target, chip=chip, chips=chips))
+    return dataclasses.replace(command, recipe=recipe)
+
+
+def load_recipe_file(path: Path) -> Recipe:
+    """The recipe in ``path`` (a run's recipe.json, or a TOML file; see ``titanpod.recipes.recipe_files``);
+    ``ValueError`` names the file and what is wrong."""
+    return read_recipe_file(path, get_recipe, lambda data: Recipe)
+
+
+def parse_recipe(argv: list[str]) -> Recipe | None:
+    """The recipe the command line describes; ``None`` after ``--list-recipes``."""
+    command = parse_command(argv)
+    return None if command is None else command.recipe
+
+
+def print_summary(console: Console, result: PretrainResult) -> None:
+    """A short table of what the run did and where it wrote."""
+    from titanpod.runs.summary_rows import loss_rows, mfu_text
+
+    summary = result.summary
+    table = Table(title="titanpod-pretrain summary", show_header=False)
+    table.add_row("lane", result.lane)
+    table.add_row("parameters", f"{result.parameters:,}")
+    table.add_row("steps", f"{summary.steps_done}" + (" (interrupted)" if summary.interrupted else ""))
+    table.add_row("step mode", result.step_description)
+    if summary.skipped_steps:
+        table.add_row("skipped (NaN/Inf gradients)", ", ".join(map(str, summary.skipped_steps)))
+    for label, value in loss_rows(summary.losses):
+        table.add_row(label, value)
+    table.add_row("tokens/s (after step 1)", f"{summary.tokens_per_second:,.0f}")
+    table.add_row("MFU", mfu_text(summary))
+    if summary.compile_seconds is not None:
+        how = {"hit": "loaded from the compiled-step cache", "miss": "compiled, then cached", "off": "compiled"}
+        table.add_row("whole-step compile", f"{summary.compile_seconds:.1f} s ({how[summary.compile_cache or 'off']})")
+    peak = summary.peak_memory_gib
+    table.add_row("peak memory", "unavailable" if peak is None else f"{peak:.2f} GiB")
+    table.add_row("wall time", f"{summary.wall_seconds:.1f} s")
+    console.print(table)
+    console.print(f"run directory: {result.run_dir} (recipe.json, metrics.jsonl, tensorboard/)", soft_wrap=True)
+    console.print(f"weights: {result.weights_path or 'not saved'}", soft_wrap=True)
+    if summary.stopped_because:
+        console.print(f"[bold red]stopped[/] at {summary.stopped_because}", soft_wrap=True)
+
+
+parse = parse_command
+"""The command ``argv`` asks for (``titanpod.recipes.app.AppCommands``)."""
+
+
+def act(command: Command, console: Console) -> int | None:
+    """``--print-recipe``, ``--dry-run``, ``--compile-for`` and ``--rehearse``: the exit status; ``None`` to train."""
+    recipe = command.recipe
+    if command.print_recipe:
+        print(recipe.to_json(), end="")
+        return 0
+    if command.dry_run:
+        from titanpod.recipes.planner.report import dry_run
+
+        plan = dry_run(recipe, console)  # PlanError is a ValueError: exit status 2
+        return 0 if plan.fits else 1
+    if command.compile_for is not None:
+        return compile_command(command, console)
+    if command.rehearse:
+        from titanpod.runs.rehearsal import rehearse
+        from titanpod.runs.rehearsal.command import rehearse_command
+
+        return rehearse_command(recipe, command.rehearse_lanes, console, rehearse)
+    return None
+
+
+def train(command: Command, console: Console) -> Finished:
+    """Train the recipe; the main process (rank 0 under torchrun) prints the header and the summary."""
+    from titanpod.device import process_info
+    from titanpod.runs import run_pretraining
+    from titanpod.runs.process_exit import run_exit_code
+
+    info = process_info()
+    speaking = console if info.is_main else None
+    result = run_pretraining(command.recipe, speaking)
+    if speaking is not None:
+        print_summary(speaking, result)
+    summary = result.summary
+    return Finished(run_exit_code(summary), result.run_dir, summary.interrupted, info.is_main, info.world_size)
+
+
+def compile_command(command: Command, console: Console) -> int:
+    """``--compile-for SLICE``: 0 when the step compiled for the slice fits a chip, 1 when not, 2 on bad input."""
+    from titanpod.runs.slice_compile_command import compile_for_command
+
+    try:
+        return compile_for_command(
+            command.recipe,
+            command.compile_for or "target",
+            console,
+            layers=command.compile_layers,
+            output_dir=command.compile_output,
+            keep_program=command.compile_keep_program,
+        )
+    except (KeyError, ValueError, RuntimeError) as error:
+        print_error(error)
+        return 2
