@@ -11,7 +11,7 @@ import pytest
 
 from titanpod.device import chip_by_name
 from titanpod.device.memory import MemoryStats
-from titanpod.pretrain.cli import parse_command
+from titanpod.pretrain.command import parse_command
 from titanpod.runs.device_fit import RecipeDoesNotFitDevice, check_recipe_fits_device
 
 V5E_BYTES = 16909336064

@@ -46,7 +46,7 @@ def losses(run_dir: Path) -> list[float]:
 def test_fsdp2_and_hsdp_on_two_processes_equal_one_process_over_the_same_global_batch(tmp_path):
     fsdp = diffusion(tmp_path, "--parallel.fsdp", "2", "--output.run-name", "fsdp", processes=2)
     assert fsdp.stdout.count("titanpod-diffusion summary") == 1  # rank 0 alone reports
-    assert fsdp.stdout.count('"name": "flux_debug"') == 1  # and prints the recipe
+    assert fsdp.stdout.count("titanpod-diffusion: recipe flux_debug") == 1  # and prints the header
     hsdp = ["--parallel.dp-replicate", "2", "--parallel.fsdp", "1"]  # whole on each rank, gradients averaged
     diffusion(tmp_path, *hsdp, "--output.run-name", "hsdp", processes=2)
     diffusion(tmp_path, "--train.grad-accum-steps", "2", "--output.run-name", "one")
