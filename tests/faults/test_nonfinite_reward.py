@@ -10,10 +10,8 @@ import math
 
 import pytest
 
-from titanpod.checkpoint import CheckpointConfig, load_model, save_model
-from titanpod.data.sft.tokenizer import load_sft_tokenizer
-from titanpod.models import DecoderArgs
-from titanpod.recipes.families import build_model
+from tests.rl.tiny_policy import write_tiny_policy
+from titanpod.checkpoint import CheckpointConfig, load_model
 from titanpod.recipes.posttrain.grpo_recipe import GRPOConfig, GRPOModelConfig, GRPORecipe
 from titanpod.recipes.posttrain.registry import grpo_debug
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig
@@ -21,18 +19,11 @@ from titanpod.recipes.recipe import OutputConfig
 from titanpod.rl.grpo.run import run_grpo
 from titanpod.rl.rollout import trainer_state, weights_checksum
 
-TINY = DecoderArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=64, max_seq_len=48)
-
 
 @pytest.fixture(scope="module")
 def sft_folder(tmp_path_factory):
     """A titanpod model folder with random weights and the character tokenizer, as an SFT run leaves it."""
-    model = build_model("llama3", TINY)
-    model.to_empty(device="cpu")
-    model.init_weights(seed=0)
-    folder = tmp_path_factory.mktemp("sft") / "model"
-    save_model(model, "llama3", folder, {"step": 0}, extra_files=load_sft_tokenizer("chars").files())
-    return folder
+    return write_tiny_policy(tmp_path_factory.mktemp("sft") / "model")
 
 
 def recipe(runs, folder, name: str, reward_function: str | None = None) -> GRPORecipe:

@@ -13,12 +13,11 @@ import torch
 from rich.console import Console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from titanpod.checkpoint import CheckpointConfig, load_model, save_model
+from tests.rl.tiny_policy import write_tiny_policy
+from titanpod.checkpoint import CheckpointConfig, load_model
 from titanpod.data.sft.tokenizer import load_sft_tokenizer
 from titanpod.data.tasks import Example, get_task
 from titanpod.graph import ProfileConfig
-from titanpod.models import DecoderArgs
-from titanpod.recipes.families import build_model
 from titanpod.recipes.posttrain.grpo_recipe import GRPOConfig, GRPOModelConfig, GRPORecipe
 from titanpod.recipes.posttrain.registry import POSTTRAIN_RECIPES, grpo_debug
 from titanpod.recipes.posttrain.rollout_config import RolloutConfig
@@ -32,18 +31,11 @@ from titanpod.rl.grpo.setup import check_launch
 from titanpod.rl.rollout import BuiltinEngine, Completion, trainer_state, weights_checksum
 from titanpod.rl.rollout.ray_rollout import import_ray
 
-TINY = DecoderArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=64, max_seq_len=48)
-
 
 @pytest.fixture(scope="module")
 def sft_folder(tmp_path_factory):
     """A titanpod model folder with random weights and the character tokenizer, as an SFT run leaves it."""
-    model = build_model("llama3", TINY)
-    model.to_empty(device="cpu")
-    model.init_weights(seed=0)
-    folder = tmp_path_factory.mktemp("sft") / "model"
-    save_model(model, "llama3", folder, {"step": 0}, extra_files=load_sft_tokenizer("chars").files())
-    return folder
+    return write_tiny_policy(tmp_path_factory.mktemp("sft") / "model")
 
 
 def tiny(tmp_path, folder, run_name: str, steps: int = 2, train: dict | None = None, **grpo) -> GRPORecipe:
