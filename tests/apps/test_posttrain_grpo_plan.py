@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from tests.rl.test_grpo_run import TINY, sft_folder, tiny  # noqa: F401  (sft_folder: a fixture)
+from tests.rl.test_grpo_run import sft_folder, tiny  # noqa: F401  (sft_folder: a fixture)
+from tests.rl.tiny_policy import TINY
 from titanpod.parallel import ParallelConfig
 from titanpod.posttrain.cli import main
 from titanpod.recipes.planner.grpo import plan_grpo

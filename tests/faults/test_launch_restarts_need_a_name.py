@@ -5,11 +5,21 @@ by flag or in its recipe file, is launched."""
 from __future__ import annotations
 
 import json
+import os
+from unittest import mock
 
 import pytest
 
 from titanpod.runs.pod_launch.cli import main
 from titanpod.runs.pod_launch.run_name import names_its_run
+
+
+@pytest.fixture(autouse=True)
+def restored_environment():
+    """The launcher sets its variables (MASTER_ADDR, WORLD_SIZE, ...) in its own process's environment for the
+    agent it starts; here that process is the test worker, whose later tests must not see them."""
+    with mock.patch.dict(os.environ):
+        yield
 
 
 def test_max_restarts_without_a_run_name_is_refused_before_torchrun(capsys):
