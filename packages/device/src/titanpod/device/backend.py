@@ -51,6 +51,12 @@ class Backend(ABC):
         return None
 
     @classmethod
+    def sdpa_problem(cls) -> str | None:
+        """Why ``scaled_dot_product_attention`` cannot run on this lane's devices as installed, with the fix;
+        ``None`` when it can. Reads installed versions only."""
+        return None
+
+    @classmethod
     def detected(cls) -> bool:
         """Whether this machine has what the lane runs on, for the automatic choice (see ``LaneRegistry``)."""
         return cls.unavailable_reason() is None

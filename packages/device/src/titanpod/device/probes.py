@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from pathlib import Path
 
@@ -42,3 +43,11 @@ def cuda_visible() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of a distribution (``libtpu``), from its metadata; ``None`` when not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None

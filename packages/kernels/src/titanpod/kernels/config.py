@@ -11,7 +11,7 @@ from titanpod.kernels.pallas.gmm_kernel import GroupedMatmulConfig
 from titanpod.kernels.pallas.loss_kernel import PallasLossConfig
 from titanpod.kernels.pallas.splash_kernel import SplashConfig
 
-AttentionKernel = Literal["sdpa", "splash", "splash_sdpa", "cpu_flash"]
+AttentionKernel = Literal["sdpa", "splash", "splash_sdpa", "cpu_flash", "math"]
 """What ``KernelConfig.attention`` accepts."""
 HeadLossKernel = Literal["reference", "chunked", "pallas"]
 """What ``KernelConfig.head_loss`` accepts."""
@@ -27,7 +27,9 @@ class KernelConfig:
     """``sdpa`` (PyTorch's scaled_dot_product_attention), ``splash`` (Pallas splash attention through
     JAX, every lane), ``splash_sdpa`` (torch_tpu's own splash kernel: the tpu lane only, no packed documents)
     or ``cpu_flash`` (a C++ flash attention built on first use: the cpu lane only, head dims 16 to 128,
-    fastest against ``sdpa`` at 16 and 32)."""
+    fastest against ``sdpa`` at 16 and 32) or ``math`` (scores, mask and softmax in plain PyTorch ops: every
+    lane, no attention kernel, the whole score matrix in memory; for a torch_tpu whose SDPA kernel the installed
+    libtpu cannot compile)."""
     head_loss: HeadLossKernel = "reference"
     """``reference`` (full logits + cross-entropy), ``chunked`` (PyTorch, never holds all logits) or
     ``pallas`` (Pallas kernels for the TPU, likewise)."""

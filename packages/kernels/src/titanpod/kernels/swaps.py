@@ -9,6 +9,7 @@ from titanpod.kernels.chunked_loss import chunked_linear_cross_entropy
 from titanpod.kernels.config import AttentionKernel, ExpertMatmulKernel, HeadLossKernel, KernelConfig
 from titanpod.kernels.cpu_attention import CpuFlashAttention
 from titanpod.kernels.grouped_matmul import MegabloxGroupedMatmul
+from titanpod.kernels.math_attention import MathAttention
 from titanpod.kernels.pallas_loss import PallasLinearCrossEntropy
 from titanpod.kernels.splash import SplashAttention, SplashConfig, local_causal_sdpa
 from titanpod.kernels.tpu_splash import TorchTpuSplashAttention
@@ -34,6 +35,8 @@ def model_ops(config: KernelConfig) -> ModelOps:
         attention = TorchTpuSplashAttention(splash)
     elif config.attention == "cpu_flash":
         attention = CpuFlashAttention(config.window)
+    elif config.attention == "math":
+        attention = MathAttention(config.window)
     else:
         attention = sdpa_attention if config.window is None else local_causal_sdpa(config.window)
     head_loss: HeadLossOp = linear_cross_entropy

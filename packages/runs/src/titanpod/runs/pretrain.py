@@ -15,6 +15,7 @@ from titanpod.data.tokenizer import BUILTIN
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainConfig, TrainSummary, build_step
 from titanpod.kernels import model_ops
+from titanpod.kernels.lane_check import check_kernels_on_lane
 from titanpod.models import RegionValues, Transformer, parameter_count, region_initializer
 from titanpod.recipes.families import build_model
 from titanpod.recipes.recipe import Recipe
@@ -90,6 +91,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     """
     recipe = with_pipeline_microbatches(recipe)
     backend = get_backend(recipe.device.lane)
+    check_kernels_on_lane(recipe.kernels, backend)
     layout = start_placement("pretrain", recipe.parallel, recipe.train, backend, recipe.data.seq_len)
     torch.manual_seed(recipe.train.seed)
     pretrained = pretrained_for(recipe)  # a folder that does not fit fails before anything is built

@@ -25,6 +25,7 @@ from titanpod.data.tasks import Task, get_task
 from titanpod.device import Backend, get_backend
 from titanpod.graph import TrainSummary, build_step
 from titanpod.kernels import model_ops
+from titanpod.kernels.lane_check import check_kernels_on_lane
 from titanpod.models import RegionValues, Transformer, parameter_count
 from titanpod.recipes.families import build_model, decoder_adapters
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
@@ -172,6 +173,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
     and writes, and the final model is gathered one tensor at a time and streamed into its files by rank 0.
     """
     backend = get_backend(recipe.device.lane)
+    check_kernels_on_lane(recipe.kernels, backend)
     layout = start_placement("sft", recipe.parallel, recipe.train, backend, recipe.data.seq_len)
     torch.manual_seed(recipe.train.seed)
     folder = None if recipe.model.init_from is None else open_pretrained(recipe.model.init_from, decoder_adapters())

@@ -18,15 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from packaging.version import Version
 
 from titanpod.device.backend import Backend
 from titanpod.device.chips import ChipSpec, chip_by_name
 from titanpod.device.errors import LaneUnavailableError
 from titanpod.device.host_launch import HostLaunch
 from titanpod.device.memory import MemoryStats, unavailable_memory_stats
-from titanpod.device.probes import module_installed, tpu_attached
+from titanpod.device.probes import installed_version, module_installed, tpu_attached
 
 TPU_TYPE_ENV_VARS = ("TPU_ACCELERATOR_TYPE", "ACCELERATOR_TYPE")
+SDPA_KERNEL_LIBTPU = Version("0.0.50")
+"""The oldest libtpu whose Mosaic compiles torch_tpu's SDPA kernel (it uses ``math.log2``, which 0.0.42.1 cannot
+lower: docs/tpu-chip.md); torch_tpu 0.2.0 asks for this libtpu or later."""
 """Environment variables a TPU VM sets to its slice type, e.g. ``v5p-128``."""
 
 
@@ -92,6 +96,20 @@ class TpuBackend(Backend):
                 "another lane (TITANPOD_LANE=cpu)."
             )
         return None
+
+    @classmethod
+    def sdpa_problem(cls) -> str | None:
+        """torch_tpu runs ``scaled_dot_product_attention`` as a Pallas kernel that libtpu before 0.0.50 cannot
+        compile; the run would fail at its first backward, on the chip, with a Mosaic error."""
+        installed = installed_version("libtpu")
+        if installed is None or Version(installed) >= SDPA_KERNEL_LIBTPU:
+            return None
+        return (
+            f"kernels.attention 'sdpa' on the tpu lane runs torch_tpu's SDPA kernel, which libtpu {installed} cannot "
+            f"compile (it needs libtpu {SDPA_KERNEL_LIBTPU} or later). Install a newer libtpu "
+            "(uv sync --locked --project envs/tpu pins 0.0.52), or choose an attention that does not use it: "
+            "--kernels.attention math (plain PyTorch ops, the whole score matrix in memory) or splash."
+        )
 
     @classmethod
     def profiler_config(cls, folder: Path, rank: int) -> Any:

@@ -1,0 +1,49 @@
+"""Causal GQA attention written out in plain PyTorch ops: scores, mask, softmax, weighted values.
+
+Legend: B batch, H query heads, K key/value heads, D head dim, S sequence.
+
+It holds the whole [B, H, S, S] score matrix (fp32 for the softmax), so it costs memory that SDPA's
+fused kernels do not; what it buys is that it needs no attention kernel at all. On the tpu lane,
+torch_tpu sends ``scaled_dot_product_attention`` to a Pallas kernel that libtpu releases before 0.0.50
+cannot compile (docs/tpu-chip.md); these matmuls, ``where`` and ``softmax`` lower like any other op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from titanpod.models import document_causal_mask
+
+
+@dataclass(frozen=True)
+class MathAttention:
+    """Callable with the ``AttentionOp`` signature: causal (or local) GQA attention, kept within packed
+    documents when given document ids; equal to ``sdpa_attention`` (and to the local SDPA reference)."""
+
+    window: int | None = None
+    """Keys before each query it may see (query i sees keys i-window..i); ``None``: every earlier key."""
+
+    def __call__(
+        self,
+        q_BHSD: torch.Tensor,
+        k_BKSD: torch.Tensor,
+        v_BKSD: torch.Tensor,
+        document_ids_BS: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attended values [B, H, S, D]; H is a multiple of K."""
+        H, S, D = q_BHSD.shape[1:]
+        groups = H // k_BKSD.shape[1]
+        k_BHSD = k_BKSD.repeat_interleave(groups, dim=1)
+        v_BHSD = v_BKSD.repeat_interleave(groups, dim=1)
+        scores_BHSS = torch.matmul(q_BHSD, k_BHSD.transpose(-2, -1)).float() * D**-0.5
+        i_S = torch.arange(S, device=q_BHSD.device)
+        allowed_SS = i_S[None, :] <= i_S[:, None]
+        if self.window is not None:
+            allowed_SS = allowed_SS & (i_S[None, :] >= i_S[:, None] - self.window)
+        allowed = allowed_SS if document_ids_BS is None else allowed_SS & document_causal_mask(document_ids_BS)
+        # The diagonal is always allowed, so no row is all -inf.
+        scores_BHSS = scores_BHSS.masked_fill(~allowed, float("-inf"))
+        weights_BHSS = torch.softmax(scores_BHSS, dim=-1).to(v_BHSD.dtype)
+        return torch.matmul(weights_BHSS, v_BHSD)
