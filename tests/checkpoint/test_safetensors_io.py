@@ -70,3 +70,13 @@ def test_pickles_alone_are_refused_by_name(tmp_path):
     (tmp_path / "pytorch_model.bin").unlink()
     with pytest.raises(FileNotFoundError, match=r"No model\.safetensors\.index\.json or model\.safetensors in"):
         SafetensorsFiles.find(tmp_path)
+
+
+def test_shard_sizes_read_like_the_hub_writes_them_and_a_bad_one_names_the_form():
+    from titanpod.checkpoint.safetensors_io import parse_size
+
+    assert [parse_size(text) for text in ("5GB", "500MB", "2GiB", "1.5 GB", "100KB", "7", 7)] == [
+        5 * 10**9, 500 * 10**6, 2 * 1024**3, 15 * 10**8, 100_000, 7, 7,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"Cannot read the size 'five GB'; write it like 5GB, 500MB or 2GiB"):
+        parse_size("five GB")

@@ -15,7 +15,6 @@ Only safetensors: pickles are never read.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,21 +42,19 @@ PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 Progress = Callable[[str], None]
 """Called with a line of progress text (e.g. ``print``)."""
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 _DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes from ``5GB``, ``500MB``, ``2GiB`` or a plain integer; ``ValueError`` otherwise."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"Cannot read the size {text!r}; write it like 5GB, 500MB or 2GiB.")
-    number, unit = match.groups()
-    return int(float(number) * _UNITS[(unit or "B").lower()])
+    """Bytes from ``5GB``, ``500MB``, ``2GiB`` or a plain integer (pydantic's ``ByteSize``); ``ValueError``
+    otherwise."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        return int(TypeAdapter(ByteSize).validate_python(text))
+    except ValidationError:
+        raise ValueError(f"Cannot read the size {text!r}; write it like 5GB, 500MB or 2GiB.") from None
 
 
 def dtype_from_name(name: str) -> torch.dtype:
