@@ -70,3 +70,55 @@ def test_a_one_step_run_reports_that_step_in_the_report_and_the_summary_alike():
     summary, reports = run(steps=1, log_every=1)
     assert len(reports) == 1 and reports[0].tokens_per_second > 0
     assert summary.tokens_per_second == reports[0].tokens_per_second
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_time_in_validation_and_saves_is_left_out_of_tokens_per_second():
+    from titanpod.graph.throughput import ThroughputMeter
+
+    clock = Clock()
+    meter = ThroughputMeter(clock)
+    with meter.outside_training():  # before the first step ends: nothing is timed yet, so nothing to leave out
+        clock.now += 7.0
+    clock.now += 2.0
+    meter.step_done(STEP_TOKENS, first=True)
+    for _ in range(3):  # three steps of 1 s, each followed by a 5 s save
+        clock.now += 1.0
+        meter.step_done(STEP_TOKENS, first=False)
+        with meter.outside_training():
+            clock.now += 5.0
+    tokens_per_second, elapsed = meter.report()
+    assert tokens_per_second == pytest.approx(3 * STEP_TOKENS / 3.0)
+    assert elapsed == pytest.approx(7.0 + 2.0 + 3 * 6.0)  # wall time, saves included
+
+
+def test_a_slow_after_step_hook_does_not_lower_the_reported_rate_in_a_run():
+    import time
+
+    hook_seconds = []
+
+    def slow_save(step_number: int) -> None:
+        began = time.perf_counter()
+        time.sleep(0.3)
+        hook_seconds.append(time.perf_counter() - began)
+
+    reports = []
+    config = TrainConfig(steps=4, lr=1e-2, warmup_steps=1, log_every=4)
+    backend = get_backend("cpu")
+    summary = train(tiny_model(), batches(), config, backend, flops_per_token=FLOPS, on_report=reports.append,
+                    after_step=slow_save)  # fmt: skip
+    # the hook ran after steps 1, 2 and 3 before the report (and after step 4, after it): the rate's seconds are
+    # the elapsed time less the first step's and less those three calls
+    (report,) = reports
+    timed = 3 * STEP_TOKENS / report.tokens_per_second
+    assert timed < report.elapsed_seconds - sum(hook_seconds[:3])
+    assert summary.wall_seconds >= sum(hook_seconds)

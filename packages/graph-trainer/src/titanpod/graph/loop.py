@@ -231,7 +231,8 @@ def train(
             progress.update(task, loss=f"{metrics.loss:.4f}", tps=f"{tps:,.0f}", dropped=shown)
         progress.update(task, completed=step_number)
         if after_step is not None:
-            after_step(step_number)
+            with meter.outside_training():
+                after_step(step_number)
 
     with _progress(console) as progress:
         task = progress.add_task("train", total=config.steps, completed=start_step, loss="-", tps="-", dropped="")
