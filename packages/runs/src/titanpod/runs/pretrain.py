@@ -27,7 +27,7 @@ from titanpod.runs.pipelined import with_pipeline_microbatches
 from titanpod.runs.placement import ENTRY_MODULES, start_placement
 from titanpod.runs.run_lookup import with_resume as with_resume  # re-exported: the apps import it from here
 from titanpod.runs.session import RunSession
-from titanpod.runs.session import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
+from titanpod.runs.session_dir import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
 from titanpod.runs.validation import validation_loss
 
 ENTRY_MODULE = ENTRY_MODULES["pretrain"]

@@ -9,28 +9,22 @@ the rest to a ``RunSession``::
         summary = session.train(batches, flops_per_token=..., after_step=validate, at_end=score)
         session.save_final_weights(summary, lambda: save_model(model, family, session.run_dir / "model"))
 
-The session owns the run directory (rank 0 holds its lock while the session is open and refuses an earlier
-run's files unless the run resumes or starts over: ``titanpod.runs.run_folder``; rank 0 writes
-``recipe.json`` once ``resume`` has accepted the run; under torchrun rank 0 picks the name and the others
-receive it), the console (rank 0 only), the metrics writers (rank 0: ``metrics.jsonl``, ``tensorboard/`` and
-the W&B run, ``titanpod.runs.wandb_run``; ``loss.png`` drawn from them at the end),
-the trainer-state checkpoints (partial saves removed, resume, a save every ``checkpoint.every`` steps and at
-the end, a background save completed whatever happened), the final weights (a sharded model gathered one
-tensor at a time and streamed into its files by rank 0) and, on a clean exit, the process group's teardown.
-SIGINT (Ctrl-C) and SIGTERM are handled by ``titanpod.graph.train``: the step in flight finishes and the
-summary comes back marked ``interrupted``; the session then saves the checkpoint and says so. A second signal
-stops at once, and nothing is saved (``TrainSummary.stopped_at_once``).
+The session owns the run directory and its lock (``titanpod.runs.session_dir``), the console (rank 0 only),
+the metrics writers (rank 0: ``metrics.jsonl``, ``tensorboard/`` and the W&B run, ``titanpod.runs.wandb_run``;
+``loss.png`` drawn from them at the end), the trainer-state checkpoints (partial saves removed, resume, a save
+every ``checkpoint.every`` steps and at the end, a background save completed whatever happened), the final
+weights (a sharded model gathered one tensor at a time and streamed into its files by rank 0) and, on a clean
+exit, the process group's teardown. SIGINT (Ctrl-C) and SIGTERM are handled by ``titanpod.graph.train``: the
+step in flight finishes and the summary comes back marked ``interrupted``; the session then saves the
+checkpoint and says so. A second signal stops at once, and nothing is saved (``TrainSummary.stopped_at_once``).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
-import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -42,19 +36,19 @@ from torch import nn
 
 from titanpod.checkpoint import Checkpointer, complete_checkpoints
 from titanpod.checkpoint.disk_space import state_bytes
-from titanpod.checkpoint.locations import Location
 from titanpod.device import Backend, ensure_process_group, process_info
 from titanpod.graph import JsonlWriter, StepMetrics, StepProfiler, TensorBoardWriter, TrainStep, TrainSummary, train
 from titanpod.graph.interrupt import exit_status, signal_name, stop_after_step
 from titanpod.graph.metrics_rows import set_aside_unreadable
 from titanpod.graph.steps import Batch
 from titanpod.graph.tracking import WandbWriter, final_figures
-from titanpod.recipes.recipe import NamedRun, RunRecipe
+from titanpod.recipes.recipe import RunRecipe
+from titanpod.runs.every_rank import raise_on_every_rank
 from titanpod.runs.folder_locks import FolderLocks
 from titanpod.runs.loss_plot import LOSS_PLOT_FILE, write_loss_plot
 from titanpod.runs.peer_loss import report_lost_peer, say_anywhere
-from titanpod.runs.recipe_history import RECIPE_FILE, record_recipe
-from titanpod.runs.run_folder import as_recorded, claim_run_dir
+from titanpod.runs.run_folder import as_recorded
+from titanpod.runs.session_dir import HeldRunDir, run_dir_of
 from titanpod.runs.space_check import NotEnoughSpaceError, check_space, save_needs
 from titanpod.runs.wandb_run import WandbStartError, open_wandb
 
@@ -74,69 +68,6 @@ class ResumableData(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a position saved by ``state_dict``."""
         ...
-
-
-def run_dir_of(recipe: NamedRun) -> Path:
-    """The run directory: ``<runs_dir>/<run_name>``, or ``<runs_dir>/<recipe>-<YYYYmmdd-HHMMSS>``.
-
-    Under torchrun every rank must call it: rank 0 picks the name and the others receive it. A job that torchrun
-    restarts (``titanpod-launch --max-restarts``) must be named, or each attempt would start a run of its own.
-    """
-    if not recipe.output.run_name and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
-        raise ValueError(
-            "This job restarts itself after a failure (--max-restarts), and each restart resumes the run it finds "
-            "by name: name the run with --output.run-name NAME (or output.run_name in the recipe)."
-        )
-    name = recipe.output.run_name or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if dist.is_initialized():
-        chosen = [name]
-        dist.broadcast_object_list(chosen, src=0)  # a timestamped name could differ by a second
-        name = chosen[0]
-    return Path(recipe.output.runs_dir) / name
-
-
-def prepare_run_dir(
-    recipe: RunRecipe, run_dir: Path, checkpoints: Location, say: Callable[[str], None]
-) -> FolderLocks | None:
-    """Rank 0 claims the run directory (and the checkpoint folder) before anything of the run is written.
-
-    It creates the directory, checks it and a local checkpoint folder can be written, takes its lock for the
-    run's life, clears what killed writes left, and refuses an earlier run's files unless this run resumes them
-    or starts over (``titanpod.runs.run_folder``). A ``recipe.json`` already there (an earlier run of the
-    directory) is left as it is: the session replaces it, keeping it in ``recipe-history/``, once ``resume`` has
-    accepted the new recipe (``titanpod.runs.recipe_history``).
-
-    Returns the locks on rank 0 (the run directory's and the checkpoint folder's; ``None`` elsewhere). Under
-    torchrun every rank must call it: a refusal is raised on every rank.
-    """
-    lock, problem = None, None
-    if process_info().is_main:
-        try:
-            start_over = recipe.output.start_over
-            lock = claim_run_dir(run_dir, checkpoints, resume=recipe.checkpoint.resume, start_over=start_over, say=say)
-        except (OSError, ValueError, RuntimeError) as error:
-            if lock is not None:
-                lock.release()
-            problem = error
-    raise_on_every_rank(problem)
-    return lock
-
-
-def remove_if_empty(folder: Path) -> None:
-    """Remove ``folder`` when it holds nothing (a folder with anything in it stays as it is)."""
-    with suppress(OSError):
-        folder.rmdir()
-
-
-def raise_on_every_rank(problem: BaseException | None) -> None:
-    """Raise rank 0's ``problem`` on every rank (under torchrun every rank must call it), so the other ranks stop
-    too instead of waiting for rank 0; nothing when rank 0 had none."""
-    if dist.is_initialized():
-        shared = [problem]
-        dist.broadcast_object_list(shared, src=0)
-        problem = shared[0]
-    if problem is not None:
-        raise problem
 
 
 class RunSession:
@@ -175,23 +106,13 @@ class RunSession:
         """The run directory (the same path on every rank)."""
         self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
         """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
-        new_dir = self.info.is_main and not self.run_dir.exists()
-        self._new_dir = new_dir
-        self._accepted = False
-        try:
-            self.lock = prepare_run_dir(asked, self.run_dir, self.checkpointer.folder, self.say)
-            """Rank 0's hold on the run directory and the checkpoint folder, given back when the session ends
-            (``None`` on other ranks)."""
-        except BaseException:
-            if new_dir:  # made moments ago by this refused start; another run's files are never removed
-                remove_if_empty(self.run_dir)
-            raise
+        self.held_dir = HeldRunDir(asked, self.run_dir, self.checkpointer.folder, self.info.is_main, self.say)
+        """The run directory while the session holds it (rank 0's lock, what a refused start removes)."""
         try:
             self._open(recipe, backend)
         except BaseException:
-            if new_dir:  # made moments ago, it holds nothing but what this failed start wrote
-                shutil.rmtree(self.run_dir, ignore_errors=True)
-            self._let_go()
+            self.held_dir.remove_made()  # made moments ago, it holds nothing but what this failed start wrote
+            self.held_dir.let_go()
             raise
 
     def _open(self, recipe: RunRecipe, backend: Backend) -> None:
@@ -252,6 +173,12 @@ class RunSession:
         return self.info.is_main
 
     @property
+    def lock(self) -> FolderLocks | None:
+        """Rank 0's hold on the run directory and the checkpoint folder, given back when the session ends
+        (``None`` on other ranks)."""
+        return self.held_dir.lock
+
+    @property
     def devices(self) -> int:
         """Devices one training step spans (every host device on a single controller, else one per process)."""
         return self.backend.devices_in_job(self.info.world_size)
@@ -306,15 +233,13 @@ class RunSession:
         folder = self.checkpointer.resume_folder()
         if folder is None:
             self._set_aside_later_metrics()
-            self._record_recipe()
-            self._accepted = True
+            self.held_dir.accept(self.recipe.to_json())
             return self.start_step
         point = self.checkpointer.load(folder, model, step, self.recipe.to_dict())
         data.load_state_dict(point.data_state)
         self.start_step = point.step
         self._set_aside_later_metrics()
-        self._record_recipe()
-        self._accepted = True
+        self.held_dir.accept(self.recipe.to_json())
         steps = self.recipe.train.steps
         self.say(f"resumed from {folder}: {self.start_step} of {steps} steps done")
         if self.start_step >= steps:
@@ -347,11 +272,6 @@ class RunSession:
                     f"{METRICS_FILE}: the rows after step {self.start_step}, from an attempt that went past its last "
                     f"checkpoint, are now in {aside.name}"
                 )
-
-    def _record_recipe(self) -> None:
-        """Rank 0: this run's recipe as ``recipe.json``, a different earlier one kept in ``recipe-history/``."""
-        if self.is_main and (kept := record_recipe(self.run_dir, self.recipe.to_json())) is not None:
-            self.say(f"{RECIPE_FILE} now holds this run's recipe; the earlier one is kept as {kept}")
 
     def save_checkpoint(self, step_number: int) -> None:
         """Save the trainer state after ``step_number`` steps (every rank; in the background with
@@ -530,10 +450,10 @@ class RunSession:
                 for writer in self.writers:
                     writer.close()
                 self.writers = []
-                if kind is not None and self._new_dir and not self._accepted:
-                    shutil.rmtree(self.run_dir, ignore_errors=True)  # a refused run leaves nothing behind
+                if kind is not None:
+                    self.held_dir.remove_if_refused()
             finally:
-                self._let_go()
+                self.held_dir.let_go()
         if kind is None and dist.is_initialized():
             dist.barrier()  # no rank tears the group down while another still has collectives in flight
             dist.destroy_process_group()
@@ -550,11 +470,6 @@ class RunSession:
         """The newest complete checkpoint folder, read by whichever rank asks (``None`` when there is none)."""
         found = complete_checkpoints(self.checkpointer.folder)
         return str(found[-1][1]) if found else None
-
-    def _let_go(self) -> None:
-        """Rank 0: give the run directory's lock back (a second call does nothing)."""
-        if self.lock is not None:
-            self.lock.release()
 
     def _registered(self) -> tuple[nn.Module, TrainStep]:
         if self.model is None or self.step is None:
