@@ -9,20 +9,19 @@ the rest to a ``RunSession``::
         summary = session.train(batches, flops_per_token=..., after_step=validate, at_end=score)
         session.save_final_weights(summary, lambda: save_model(model, family, session.run_dir / "model"))
 
-The session owns the run directory and its lock (``titanpod.runs.session_dir``), the console (rank 0 only),
-the metrics writers (rank 0: ``metrics.jsonl``, ``tensorboard/`` and the W&B run, ``titanpod.runs.wandb_run``;
-``loss.png`` drawn from them at the end), the trainer-state checkpoints (partial saves removed, resume, a save
-every ``checkpoint.every`` steps and at the end, a background save completed whatever happened), the final
-weights (a sharded model gathered one tensor at a time and streamed into its files by rank 0) and, on a clean
-exit, the process group's teardown. SIGINT (Ctrl-C) and SIGTERM are handled by ``titanpod.graph.train``: the
-step in flight finishes and the summary comes back marked ``interrupted``; the session then saves the
-checkpoint and says so. A second signal stops at once, and nothing is saved (``TrainSummary.stopped_at_once``).
+The session owns the run directory and its lock (``titanpod.runs.session_dir``), the console (rank 0 only), the
+metrics writers and the loss plot (``titanpod.runs.session_writers``), the trainer-state checkpoints (partial
+saves removed, resume, a save every ``checkpoint.every`` steps and at the end, a background save completed
+whatever happened), the final weights (a sharded model gathered one tensor at a time and streamed into its files
+by rank 0) and, on a clean exit, the process group's teardown. SIGINT (Ctrl-C) and SIGTERM are handled by
+``titanpod.graph.train``: the step in flight finishes and the summary comes back marked ``interrupted``; the
+session then saves the checkpoint and says so. A second signal stops at once, and nothing is saved
+(``TrainSummary.stopped_at_once``).
 """
 
 from __future__ import annotations
 
 import signal
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,23 +38,21 @@ from titanpod.checkpoint.disk_space import state_bytes
 from titanpod.device import Backend, ensure_process_group, process_info
 from titanpod.graph import JsonlWriter, StepMetrics, StepProfiler, TensorBoardWriter, TrainStep, TrainSummary, train
 from titanpod.graph.interrupt import exit_status, signal_name, stop_after_step
-from titanpod.graph.metrics_rows import set_aside_unreadable
 from titanpod.graph.steps import Batch
-from titanpod.graph.tracking import WandbWriter, final_figures
+from titanpod.graph.tracking import WandbWriter
 from titanpod.recipes.recipe import RunRecipe
 from titanpod.runs.every_rank import raise_on_every_rank
 from titanpod.runs.folder_locks import FolderLocks
-from titanpod.runs.loss_plot import LOSS_PLOT_FILE, write_loss_plot
 from titanpod.runs.peer_loss import report_lost_peer, say_anywhere
 from titanpod.runs.run_folder import as_recorded
 from titanpod.runs.session_dir import HeldRunDir, run_dir_of
+from titanpod.runs.session_writers import RunWriters
 from titanpod.runs.space_check import NotEnoughSpaceError, check_space, save_needs
-from titanpod.runs.wandb_run import WandbStartError, open_wandb
 
 Written = TypeVar("Written")
 """What a trainer's final-weights writer returns (a path, a folder)."""
 
-METRICS_FILE, TENSORBOARD_FOLDER, PROFILE_FOLDER = "metrics.jsonl", "tensorboard", "profile"
+PROFILE_FOLDER = "profile"
 
 
 class ResumableData(Protocol):
@@ -118,26 +115,9 @@ class RunSession:
     def _open(self, recipe: RunRecipe, backend: Backend) -> None:
         """The rest of ``__init__``, with the run directory held: a failure here lets go of it."""
         self.checkpointer.check_fresh_start(self.run_dir)
-        self.writers: list[JsonlWriter | TensorBoardWriter | WandbWriter] = []
-        """The metrics writers (rank 0 only): ``metrics.jsonl``, ``tensorboard/`` with ``output.tensorboard``,
-        and a W&B run with ``output.wandb``."""
-        self.trackers: list[TensorBoardWriter | WandbWriter] = []
-        """The writers that also take the recipe, images and the final figures (TensorBoard, W&B)."""
-        wandb = self._open_wandb(recipe) if recipe.output.wandb else None  # first: it may stop the run
-        if self.info.is_main:
-            if (damaged := set_aside_unreadable(self.run_dir / METRICS_FILE)) is not None:
-                self.say(
-                    f"[yellow]{self.run_dir / METRICS_FILE} cannot be read back ({damaged[1]}): moved to "
-                    f"{damaged[0].name}, and this run starts a new {METRICS_FILE}[/]"
-                )
-            self.writers.append(JsonlWriter(self.run_dir / METRICS_FILE))
-            if recipe.output.tensorboard:
-                board = TensorBoardWriter(self.run_dir / TENSORBOARD_FOLDER)
-                board.write_config(recipe.to_dict())
-                self.trackers.append(board)
-            if wandb is not None:
-                self.trackers.append(wandb)
-        self.writers.extend(self.trackers)
+        self.run_writers = RunWriters(self.run_dir, recipe.name, self.info.is_main, self.console is None, self.say)
+        """Where the run's reports, figures and images go (rank 0)."""
+        self.run_writers.open(recipe)
         self.profiler = None
         """Traces the steps ``profile.steps`` names into ``<run>/profile`` (every rank its own file); ``None``
         when profiling is off."""
@@ -154,23 +134,21 @@ class RunSession:
         self._data_state: Callable[[], dict[str, Any]] = dict
         self._reported_error: Exception | None = None
 
-    def _open_wandb(self, recipe: RunRecipe) -> WandbWriter | None:
-        """Rank 0 starts or continues the run's W&B run (``titanpod.runs.wandb_run``); ``None`` elsewhere, when
-        W&B is off or when it cannot start. When it cannot start and ``output.wandb_required`` is on, every rank
-        raises, before any work."""
-        wandb, problem = None, None
-        if self.info.is_main:
-            try:
-                wandb = open_wandb(recipe.output, self.run_dir, recipe.to_dict(), self.say)
-            except (WandbStartError, ValueError) as error:
-                problem = error
-        raise_on_every_rank(problem)
-        return wandb
-
     @property
     def is_main(self) -> bool:
         """True on rank 0, the process that prints and writes shared files."""
         return self.info.is_main
+
+    @property
+    def writers(self) -> list[JsonlWriter | TensorBoardWriter | WandbWriter]:
+        """The metrics writers (rank 0 only): ``metrics.jsonl``, ``tensorboard/`` with ``output.tensorboard``,
+        and a W&B run with ``output.wandb``."""
+        return self.run_writers.all
+
+    @property
+    def trackers(self) -> list[TensorBoardWriter | WandbWriter]:
+        """The writers that also take the recipe, images and the final figures (TensorBoard, W&B)."""
+        return self.run_writers.trackers
 
     @property
     def lock(self) -> FolderLocks | None:
@@ -190,25 +168,21 @@ class RunSession:
 
     def write_report(self, report: StepMetrics) -> None:
         """Append a training report to every writer (rank 0)."""
-        for writer in self.writers:
-            writer.write(report)
+        self.run_writers.write_report(report)
 
     def write_scalars(self, step_number: int, values: dict[str, float]) -> None:
         """Append named figures at ``step_number`` (a validation loss, an accuracy) to every writer (rank 0)."""
-        for writer in self.writers:
-            writer.write_scalars(step_number, values)
+        self.run_writers.write_scalars(step_number, values)
 
     def write_image(self, step_number: int, name: str, path: Path) -> None:
         """Add the PNG file at ``path`` (a sample grid) as image ``name`` at ``step_number`` to TensorBoard and
         W&B (rank 0)."""
-        for tracker in self.trackers:
-            tracker.write_image(step_number, name, path)
+        self.run_writers.write_image(step_number, name, path)
 
     def write_summary(self, summary: TrainSummary) -> None:
         """Hand the run's final figures (``titanpod.graph.tracking.final_figures``) to TensorBoard (as the
         hyper-parameters' metrics) and W&B (as the run's summary), rank 0."""
-        for tracker in self.trackers:
-            tracker.write_summary(final_figures(summary))
+        self.run_writers.write_summary(summary)
 
     def resume(
         self,
@@ -232,13 +206,13 @@ class RunSession:
         self._data_state = data_state if data_state is not None else data.state_dict
         folder = self.checkpointer.resume_folder()
         if folder is None:
-            self._set_aside_later_metrics()
+            self.run_writers.set_aside_after(self.start_step)
             self.held_dir.accept(self.recipe.to_json())
             return self.start_step
         point = self.checkpointer.load(folder, model, step, self.recipe.to_dict())
         data.load_state_dict(point.data_state)
         self.start_step = point.step
-        self._set_aside_later_metrics()
+        self.run_writers.set_aside_after(self.start_step)
         self.held_dir.accept(self.recipe.to_json())
         steps = self.recipe.train.steps
         self.say(f"resumed from {folder}: {self.start_step} of {steps} steps done")
@@ -262,16 +236,6 @@ class RunSession:
             except NotEnoughSpaceError as error:
                 problem = error
         raise_on_every_rank(problem)
-
-    def _set_aside_later_metrics(self) -> None:
-        """Rank 0: the rows of ``metrics.jsonl`` past the step this run starts from (an earlier attempt went on
-        past its last checkpoint) moved to a file beside it, so the file keeps one row per step."""
-        for writer in self.writers:
-            if isinstance(writer, JsonlWriter) and (aside := writer.set_aside_after(self.start_step)) is not None:
-                self.say(
-                    f"{METRICS_FILE}: the rows after step {self.start_step}, from an attempt that went past its last "
-                    f"checkpoint, are now in {aside.name}"
-                )
 
     def save_checkpoint(self, step_number: int) -> None:
         """Save the trainer state after ``step_number`` steps (every rank; in the background with
@@ -352,19 +316,7 @@ class RunSession:
         titled with the recipe's name) from ``metrics.jsonl``, which a resumed run appends to: the plot covers the
         whole run. Returns its path; ``None`` on other ranks, before any report, and when it cannot be drawn,
         which is a warning and never a failed run."""
-        if not self.is_main:
-            return None
-        try:
-            path = write_loss_plot(self.run_dir, self.recipe.name, METRICS_FILE)
-        except Exception as error:  # a picture never costs a run
-            message = f"could not draw {LOSS_PLOT_FILE}: {type(error).__name__}: {error}"
-            if self.console is None:
-                warnings.warn(message, RuntimeWarning, stacklevel=2)
-            self.say(f"[yellow]{message}[/]")
-            return None
-        if path is not None:
-            self.say(f"loss curve: {path}")
-        return path
+        return self.run_writers.draw_loss_plot()
 
     def save_at_end(self, summary: TrainSummary) -> None:
         """The at-end checkpoint (``checkpoint.at_end``) when this run trained a step; after a signal, a line
@@ -447,9 +399,7 @@ class RunSession:
             self.checkpointer.wait()  # a background save in flight is completed, whatever happened
         finally:
             try:
-                for writer in self.writers:
-                    writer.close()
-                self.writers = []
+                self.run_writers.close()
                 if kind is not None:
                     self.held_dir.remove_if_refused()
             finally:
