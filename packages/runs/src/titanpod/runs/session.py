@@ -10,61 +10,37 @@ the rest to a ``RunSession``::
         session.save_final_weights(summary, lambda: save_model(model, family, session.run_dir / "model"))
 
 The session owns the run directory and its lock (``titanpod.runs.session_dir``), the console (rank 0 only), the
-metrics writers and the loss plot (``titanpod.runs.session_writers``), the trainer-state checkpoints (partial
-saves removed, resume, a save every ``checkpoint.every`` steps and at the end, a background save completed
-whatever happened), the final weights (a sharded model gathered one tensor at a time and streamed into its files
-by rank 0) and, on a clean exit, the process group's teardown. SIGINT (Ctrl-C) and SIGTERM are handled by
-``titanpod.graph.train``: the step in flight finishes and the summary comes back marked ``interrupted``; the
-session then saves the checkpoint and says so. A second signal stops at once, and nothing is saved
-(``TrainSummary.stopped_at_once``).
+metrics writers and the loss plot (``titanpod.runs.session_writers``), the trainer-state checkpoints, resume and
+the final weights, each save completed through a signal (``titanpod.runs.session_saves``), a profile of the
+steps ``profile.steps`` names, and, on a clean exit, the process group's teardown.
 """
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from rich.console import Console
 from torch import nn
 
-from titanpod.checkpoint import Checkpointer, complete_checkpoints
-from titanpod.checkpoint.disk_space import state_bytes
+from titanpod.checkpoint import Checkpointer
 from titanpod.device import Backend, ensure_process_group, process_info
 from titanpod.graph import JsonlWriter, StepMetrics, StepProfiler, TensorBoardWriter, TrainStep, TrainSummary, train
-from titanpod.graph.interrupt import exit_status, signal_name, stop_after_step
 from titanpod.graph.steps import Batch
 from titanpod.graph.tracking import WandbWriter
 from titanpod.recipes.recipe import RunRecipe
-from titanpod.runs.every_rank import raise_on_every_rank
 from titanpod.runs.folder_locks import FolderLocks
 from titanpod.runs.peer_loss import report_lost_peer, say_anywhere
 from titanpod.runs.run_folder import as_recorded
 from titanpod.runs.session_dir import HeldRunDir, run_dir_of
+from titanpod.runs.session_saves import ResumableData, RunSaves, Written
 from titanpod.runs.session_writers import RunWriters
-from titanpod.runs.space_check import NotEnoughSpaceError, check_space, save_needs
-
-Written = TypeVar("Written")
-"""What a trainer's final-weights writer returns (a path, a folder)."""
 
 PROFILE_FOLDER = "profile"
-
-
-class ResumableData(Protocol):
-    """What the session needs of a trainer's data: its position, to save and to restore."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """The data position (what ``load_state_dict`` takes back)."""
-        ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a position saved by ``state_dict``."""
-        ...
 
 
 class RunSession:
@@ -79,7 +55,7 @@ class RunSession:
 
     def __init__(self, recipe: RunRecipe, backend: Backend, console: Console | None = None) -> None:
         """Join the process group under torchrun (single-controller lanes run one process), claim the run
-        directory (``prepare_run_dir``: rank 0 holds its lock until the session ends, refuses an earlier run's
+        directory (``titanpod.runs.session_dir``: rank 0 holds its lock until the session ends, refuses an earlier run's
         files unless this run resumes or starts over), refuse ``checkpoint.resume never`` where checkpoints
         already are (before anything else is written), and remove checkpoints whose save never completed. A start
         that fails here, or before ``resume`` accepts the run (a refused checkpoint, too little disk space), leaves
@@ -125,19 +101,29 @@ class RunSession:
             folder = self.run_dir / PROFILE_FOLDER
             self.profiler = StepProfiler(recipe.profile, folder, backend.lane, self.info.rank, self.say)
         self.checkpointer.remove_partial()
-        self.start_step = 0
-        """Steps done before this run started (set by ``resume``)."""
-        self.model: nn.Module | None = None
-        """The trained module whose parameters the checkpoints hold (set by ``resume``)."""
-        self.step: TrainStep | None = None
-        """The training step whose optimizer state the checkpoints hold (set by ``resume``)."""
-        self._data_state: Callable[[], dict[str, Any]] = dict
+        self.saves = RunSaves(recipe, self.checkpointer, self.run_dir, self.info, self.say)
+        """The checkpoints, resuming from one, and the final weights."""
         self._reported_error: Exception | None = None
 
     @property
     def is_main(self) -> bool:
         """True on rank 0, the process that prints and writes shared files."""
         return self.info.is_main
+
+    @property
+    def start_step(self) -> int:
+        """Steps done before this run started (set by ``resume``)."""
+        return self.saves.start_step
+
+    @property
+    def model(self) -> nn.Module | None:
+        """The trained module whose parameters the checkpoints hold (set by ``resume``)."""
+        return self.saves.model
+
+    @property
+    def step(self) -> TrainStep | None:
+        """The training step whose optimizer state the checkpoints hold (set by ``resume``)."""
+        return self.saves.step
 
     @property
     def writers(self) -> list[JsonlWriter | TensorBoardWriter | WandbWriter]:
@@ -200,48 +186,21 @@ class RunSession:
         Every rank must call it. Once the checkpoint is accepted (or the run starts fresh), rank 0 writes
         ``recipe.json``, keeping a different earlier one in ``recipe-history/``.
         """
-        self.model, self.step = model, step
-        self.checkpointer.check_step(step)  # a state that cannot be saved where checkpoints go fails now
-        self._check_space(model, step)
-        self._data_state = data_state if data_state is not None else data.state_dict
-        folder = self.checkpointer.resume_folder()
-        if folder is None:
-            self.run_writers.set_aside_after(self.start_step)
-            self.held_dir.accept(self.recipe.to_json())
-            return self.start_step
-        point = self.checkpointer.load(folder, model, step, self.recipe.to_dict())
-        data.load_state_dict(point.data_state)
-        self.start_step = point.step
+        folder = self.saves.resume(model, step, data, data_state)
         self.run_writers.set_aside_after(self.start_step)
         self.held_dir.accept(self.recipe.to_json())
+        if folder is None:
+            return self.start_step
         steps = self.recipe.train.steps
         self.say(f"resumed from {folder}: {self.start_step} of {steps} steps done")
         if self.start_step >= steps:
             self.say("nothing left to train: raise --train.steps to continue this run")
         return self.start_step
 
-    def _check_space(self, model: nn.Module, step: TrainStep) -> None:
-        """Before step 1: refuse the run (on every rank) when a disk it saves to has less room than a checkpoint
-        and the final weights need, with a margin (``titanpod.runs.space_check``)."""
-        problem = None
-        if self.is_main:
-            saves = self.recipe.checkpoint.every > 0 or self.recipe.checkpoint.at_end
-            optimizer = state_bytes(step.state_dict()) if step.state_format == "torch" else 0
-            needs = save_needs(
-                self.checkpointer.folder, self.run_dir, model, optimizer, checkpoint=saves,
-                weights=self.recipe.output.save_weights, ranks=self.info.world_size,
-            )  # fmt: skip
-            try:
-                check_space(needs)
-            except NotEnoughSpaceError as error:
-                problem = error
-        raise_on_every_rank(problem)
-
     def save_checkpoint(self, step_number: int) -> None:
         """Save the trainer state after ``step_number`` steps (every rank; in the background with
         ``checkpoint.async_save``). A second save of the same step does nothing."""
-        model, step = self._registered()
-        self.checkpointer.save(step_number, model, step, self._data_state())
+        self.saves.save_checkpoint(step_number)
 
     def train(
         self,
@@ -265,7 +224,7 @@ class RunSession:
         ``data_parallel`` and ``reduce_loss`` are as in ``titanpod.graph.train``; the device count is
         the session's. A background save in flight is completed before this returns or raises.
         """
-        model, step = self._registered()
+        model, step = self.saves.registered()
         every = self.recipe.checkpoint.every
         profiler = self.profiler
 
@@ -296,7 +255,7 @@ class RunSession:
             )
             if at_end is not None and not summary.interrupted:
                 at_end(summary)
-            with self._saving_through_a_signal("the last checkpoint"):
+            with self.saves.saving_through_a_signal("the last checkpoint"):
                 self.save_at_end(summary)
             if at_end is not None and summary.interrupted and not summary.stopped_at_once:
                 at_end(summary)
@@ -326,31 +285,7 @@ class RunSession:
         and its data read ahead of its step, and a checkpoint must pair the weights after step N with the
         data position after exactly N steps. The newest checkpoint, from an earlier save, stays the one to resume.
         """
-        if summary.stopped_at_once:
-            newest = self._newest_checkpoint()
-            name = signal_name(summary.stop_signal or signal.SIGINT)
-            self.say(
-                f"[red]stopped at once by {name} after step {summary.steps_done}[/], the next step cut short: "
-                f"saved nothing; newest checkpoint {newest or 'none'}"
-            )
-            return
-        saving = self.recipe.checkpoint.at_end and summary.steps_done > self.start_step
-        if saving:
-            self.save_checkpoint(summary.steps_done)
-        if not summary.interrupted:
-            return
-        self.checkpointer.wait()  # the checkpoint named below is complete
-        newest = self._newest_checkpoint()
-        saved = f"saved checkpoint {newest}" if saving else f"checkpoint.at_end is off; newest checkpoint {newest}"
-        name = signal_name(summary.stop_signal or signal.SIGINT)
-        self.say(f"[yellow]stopped by {name} after step {summary.steps_done}[/]: {saved}")
-
-    def _newest_checkpoint(self) -> str | None:
-        """The newest complete checkpoint folder (rank 0; ``None`` elsewhere and when there is none)."""
-        if not self.is_main:
-            return None
-        found = complete_checkpoints(self.checkpointer.folder)
-        return str(found[-1][1]) if found else None
+        self.saves.save_at_end(summary)
 
     def save_final_weights(self, summary: TrainSummary, write: Callable[[], Written]) -> Written | None:
         """The final weights, when ``output.save_weights`` is on and the run has trained a step.
@@ -363,29 +298,7 @@ class RunSession:
         runs that save nothing (also a run stopped at once, whose weights may be half-updated), get ``None``.
         A SIGINT or SIGTERM during the save waits for it to complete, and says so; a second one stops at once.
         """
-        self._registered()
-        if not self.recipe.output.save_weights or summary.steps_done == 0 or summary.stopped_at_once:
-            return None
-        with self._saving_through_a_signal("the final weights"):
-            written = write()
-        return written if self.is_main else None
-
-    @contextmanager
-    def _saving_through_a_signal(self, what: str) -> Iterator[None]:
-        """Let a save in the block complete when SIGINT or SIGTERM arrives, and say so after (rank 0). A second
-        signal stops the save at once (what it wrote so far is removed) and the process with 128 + its number."""
-        with stop_after_step() as request:
-            try:
-                yield
-            except KeyboardInterrupt:
-                name = signal_name(request.signal_at_once())
-                newest = self._newest_checkpoint()
-                stopped = f"[red]stopped at once by {name} while saving {what}[/]"
-                self.say(f"{stopped}: not saved; newest checkpoint {newest}")
-                raise SystemExit(exit_status(request.signal_at_once())) from None
-        if request.signum is not None:
-            name = signal_name(request.signum)
-            self.say(f"[yellow]{name} came while saving {what}: the save was completed first[/]")
+        return self.saves.save_final_weights(summary, write)
 
     def __enter__(self) -> RunSession:
         return self
@@ -414,14 +327,4 @@ class RunSession:
             return
         self._reported_error = error
         info = self.info
-        report_lost_peer(error, info.rank, info.world_size, self._newest_checkpoint_anywhere, say_anywhere)
-
-    def _newest_checkpoint_anywhere(self) -> str | None:
-        """The newest complete checkpoint folder, read by whichever rank asks (``None`` when there is none)."""
-        found = complete_checkpoints(self.checkpointer.folder)
-        return str(found[-1][1]) if found else None
-
-    def _registered(self) -> tuple[nn.Module, TrainStep]:
-        if self.model is None or self.step is None:
-            raise RuntimeError("RunSession.resume(model, step, data) must be called before training or saving.")
-        return self.model, self.step
+        report_lost_peer(error, info.rank, info.world_size, self.saves.newest_checkpoint_anywhere, say_anywhere)
