@@ -87,7 +87,7 @@ def test_a_killed_rank_restarts_the_job_which_resumes_and_matches_an_uninterrupt
 
 def test_a_job_that_restarts_itself_must_name_its_run(monkeypatch):
     from titanpod.recipes.registry import get_recipe
-    from titanpod.runs.session import run_dir_of
+    from titanpod.runs.session_dir import run_dir_of
 
     recipe = get_recipe("llama3_debug")
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")

@@ -12,7 +12,7 @@ from titanpod.device import get_backend
 from titanpod.graph import StepMetrics
 from titanpod.recipes import llama3_debug
 from titanpod.recipes.recipe import OutputConfig
-from titanpod.runs import session as session_module
+from titanpod.runs import session_writers
 from titanpod.runs.loss_plot import read_loss_history, write_loss_plot
 from titanpod.runs.session import RunSession
 
@@ -101,6 +101,6 @@ def test_the_session_draws_its_reports_and_a_failure_to_draw_is_only_a_warning(t
         def broken(*args, **kwargs):
             raise OSError("No space left on device")
 
-        monkeypatch.setattr(session_module, "write_loss_plot", broken)
+        monkeypatch.setattr(session_writers, "write_loss_plot", broken)
         with pytest.warns(RuntimeWarning, match=r"could not draw loss.png: OSError: No space left on device"):
             assert session.draw_loss_plot() is None

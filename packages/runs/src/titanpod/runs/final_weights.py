@@ -8,10 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from titanpod.checkpoint import save_hf_checkpoint, save_model
+from titanpod.graph import TrainSummary
 from titanpod.recipes.families import hf_adapter
+from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
+from titanpod.recipes.recipe import Recipe
 from titanpod.runs.hf_export import HFExtras
 from titanpod.runs.pipelined import PipelineTensors, whole_model_on_writer
 from titanpod.runs.placement import Placement
+from titanpod.runs.session import RunSession
 
 MODEL_FOLDER, HF_FOLDER = "model", "hf"
 """Where a run writes its final weights (titanpod's layout) and its Hugging Face export."""
@@ -71,3 +75,27 @@ def write_final_weights(
             with_tokenizer = " with its tokenizer" if extras.tokenizer_files else ""
             say(f"exported the model{with_tokenizer} as a Hugging Face checkpoint: {hf_path}")
     return FinalWeights(weights, hf_path)
+
+
+def write_trained_weights(
+    session: RunSession,
+    placement: Placement,
+    recipe: Recipe | SFTRecipe,
+    summary: TrainSummary,
+    extras_at: Callable[[float | None], HFExtras],
+) -> FinalWeights:
+    """``write_final_weights`` for a runner that trained ``placement`` through ``session`` with ``recipe``: into the
+    run directory, after ``summary.steps_done`` steps, with what ``extras_at(final_loss)`` gives, the final loss
+    being the last report's (as ``metrics.jsonl`` logs it last; ``None`` before any report). Every rank calls it,
+    from the writer handed to ``RunSession.save_final_weights``."""
+    loss = summary.reports[-1].loss if summary.reports else None
+    return write_final_weights(
+        placement,
+        recipe.model.family,
+        session.run_dir,
+        summary.steps_done,
+        recipe.to_json(),
+        extras_at(loss),
+        recipe.checkpoint.export_hf,
+        session.say,
+    )

@@ -21,14 +21,14 @@ from titanpod.recipes.families import build_model
 from titanpod.recipes.recipe import Recipe
 from titanpod.runs.checkpoint_tokenizer import check_text_tokenizer
 from titanpod.runs.device_fit import check_recipe_fits_device
-from titanpod.runs.final_weights import write_final_weights
-from titanpod.runs.hf_export import training_extras
+from titanpod.runs.final_weights import write_trained_weights
+from titanpod.runs.hf_export import HFExtras, training_extras
 from titanpod.runs.init_from import build_pretrained_model, following, model_args, pretrained_for
 from titanpod.runs.pipelined import with_pipeline_microbatches
 from titanpod.runs.placement import ENTRY_MODULES, start_placement
 from titanpod.runs.run_lookup import with_resume as with_resume  # re-exported: the apps import it from here
 from titanpod.runs.session import RunSession
-from titanpod.runs.session import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
+from titanpod.runs.session_dir import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
 from titanpod.runs.validation import validation_loss
 
 ENTRY_MODULE = ENTRY_MODULES["pretrain"]
@@ -153,24 +153,13 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
             at_end=at_end,
         )
 
-        def write_weights() -> Path:
+        def extras_at(loss: float | None) -> HFExtras:
             sequences = data_config.batch_size * recipe.train.grad_accum_steps * placement.data_world  # every rank
             tokens = summary.steps_done * sequences * recipe.data.seq_len
-            loss = summary.reports[-1].loss if summary.reports else None  # as metrics.jsonl logs it last
-            extras = training_extras(
-                recipe.to_dict(), recipe.model.family, parameters, summary.steps_done, tokens, loss
-            )
-            written = write_final_weights(
-                placement,
-                recipe.model.family,
-                session.run_dir,
-                summary.steps_done,
-                recipe.to_json(),
-                extras,
-                recipe.checkpoint.export_hf,
-                session.say,
-            )
-            return written.weights
+            return training_extras(recipe.to_dict(), recipe.model.family, parameters, summary.steps_done, tokens, loss)
+
+        def write_weights() -> Path:
+            return write_trained_weights(session, placement, recipe, summary, extras_at).weights
 
         weights_path = session.save_final_weights(summary, write_weights)
     return PretrainResult(

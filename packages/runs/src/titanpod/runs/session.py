@@ -9,134 +9,38 @@ the rest to a ``RunSession``::
         summary = session.train(batches, flops_per_token=..., after_step=validate, at_end=score)
         session.save_final_weights(summary, lambda: save_model(model, family, session.run_dir / "model"))
 
-The session owns the run directory (rank 0 holds its lock while the session is open and refuses an earlier
-run's files unless the run resumes or starts over: ``titanpod.runs.run_folder``; rank 0 writes
-``recipe.json`` once ``resume`` has accepted the run; under torchrun rank 0 picks the name and the others
-receive it), the console (rank 0 only), the metrics writers (rank 0: ``metrics.jsonl``, ``tensorboard/`` and
-the W&B run, ``titanpod.runs.wandb_run``; ``loss.png`` drawn from them at the end),
-the trainer-state checkpoints (partial saves removed, resume, a save every ``checkpoint.every`` steps and at
-the end, a background save completed whatever happened), the final weights (a sharded model gathered one
-tensor at a time and streamed into its files by rank 0) and, on a clean exit, the process group's teardown.
-SIGINT (Ctrl-C) and SIGTERM are handled by ``titanpod.graph.train``: the step in flight finishes and the
-summary comes back marked ``interrupted``; the session then saves the checkpoint and says so. A second signal
-stops at once, and nothing is saved (``TrainSummary.stopped_at_once``).
+The session owns the run directory and its lock (``titanpod.runs.session_dir``), the console (rank 0 only), the
+metrics writers and the loss plot (``titanpod.runs.session_writers``), the trainer-state checkpoints, resume and
+the final weights, each save completed through a signal (``titanpod.runs.session_saves``), a profile of the
+steps ``profile.steps`` names, and, on a clean exit, the process group's teardown.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import time
-import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from rich.console import Console
 from torch import nn
 
-from titanpod.checkpoint import Checkpointer, complete_checkpoints
-from titanpod.checkpoint.disk_space import state_bytes
-from titanpod.checkpoint.locations import Location
+from titanpod.checkpoint import Checkpointer
 from titanpod.device import Backend, ensure_process_group, process_info
 from titanpod.graph import JsonlWriter, StepMetrics, StepProfiler, TensorBoardWriter, TrainStep, TrainSummary, train
-from titanpod.graph.interrupt import exit_status, signal_name, stop_after_step
-from titanpod.graph.metrics_rows import set_aside_unreadable
 from titanpod.graph.steps import Batch
-from titanpod.graph.tracking import WandbWriter, final_figures
-from titanpod.recipes.recipe import NamedRun, RunRecipe
+from titanpod.graph.tracking import WandbWriter
+from titanpod.recipes.recipe import RunRecipe
 from titanpod.runs.folder_locks import FolderLocks
-from titanpod.runs.loss_plot import LOSS_PLOT_FILE, write_loss_plot
 from titanpod.runs.peer_loss import report_lost_peer, say_anywhere
-from titanpod.runs.recipe_history import RECIPE_FILE, record_recipe
-from titanpod.runs.run_folder import as_recorded, claim_run_dir
-from titanpod.runs.space_check import NotEnoughSpaceError, check_space, save_needs
-from titanpod.runs.wandb_run import WandbStartError, open_wandb
+from titanpod.runs.run_folder import as_recorded
+from titanpod.runs.session_dir import HeldRunDir, run_dir_of
+from titanpod.runs.session_saves import ResumableData, RunSaves, Written
+from titanpod.runs.session_writers import RunWriters
 
-Written = TypeVar("Written")
-"""What a trainer's final-weights writer returns (a path, a folder)."""
-
-METRICS_FILE, TENSORBOARD_FOLDER, PROFILE_FOLDER = "metrics.jsonl", "tensorboard", "profile"
-
-
-class ResumableData(Protocol):
-    """What the session needs of a trainer's data: its position, to save and to restore."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """The data position (what ``load_state_dict`` takes back)."""
-        ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a position saved by ``state_dict``."""
-        ...
-
-
-def run_dir_of(recipe: NamedRun) -> Path:
-    """The run directory: ``<runs_dir>/<run_name>``, or ``<runs_dir>/<recipe>-<YYYYmmdd-HHMMSS>``.
-
-    Under torchrun every rank must call it: rank 0 picks the name and the others receive it. A job that torchrun
-    restarts (``titanpod-launch --max-restarts``) must be named, or each attempt would start a run of its own.
-    """
-    if not recipe.output.run_name and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
-        raise ValueError(
-            "This job restarts itself after a failure (--max-restarts), and each restart resumes the run it finds "
-            "by name: name the run with --output.run-name NAME (or output.run_name in the recipe)."
-        )
-    name = recipe.output.run_name or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if dist.is_initialized():
-        chosen = [name]
-        dist.broadcast_object_list(chosen, src=0)  # a timestamped name could differ by a second
-        name = chosen[0]
-    return Path(recipe.output.runs_dir) / name
-
-
-def prepare_run_dir(
-    recipe: RunRecipe, run_dir: Path, checkpoints: Location, say: Callable[[str], None]
-) -> FolderLocks | None:
-    """Rank 0 claims the run directory (and the checkpoint folder) before anything of the run is written.
-
-    It creates the directory, checks it and a local checkpoint folder can be written, takes its lock for the
-    run's life, clears what killed writes left, and refuses an earlier run's files unless this run resumes them
-    or starts over (``titanpod.runs.run_folder``). A ``recipe.json`` already there (an earlier run of the
-    directory) is left as it is: the session replaces it, keeping it in ``recipe-history/``, once ``resume`` has
-    accepted the new recipe (``titanpod.runs.recipe_history``).
-
-    Returns the locks on rank 0 (the run directory's and the checkpoint folder's; ``None`` elsewhere). Under
-    torchrun every rank must call it: a refusal is raised on every rank.
-    """
-    lock, problem = None, None
-    if process_info().is_main:
-        try:
-            start_over = recipe.output.start_over
-            lock = claim_run_dir(run_dir, checkpoints, resume=recipe.checkpoint.resume, start_over=start_over, say=say)
-        except (OSError, ValueError, RuntimeError) as error:
-            if lock is not None:
-                lock.release()
-            problem = error
-    raise_on_every_rank(problem)
-    return lock
-
-
-def remove_if_empty(folder: Path) -> None:
-    """Remove ``folder`` when it holds nothing (a folder with anything in it stays as it is)."""
-    with suppress(OSError):
-        folder.rmdir()
-
-
-def raise_on_every_rank(problem: BaseException | None) -> None:
-    """Raise rank 0's ``problem`` on every rank (under torchrun every rank must call it), so the other ranks stop
-    too instead of waiting for rank 0; nothing when rank 0 had none."""
-    if dist.is_initialized():
-        shared = [problem]
-        dist.broadcast_object_list(shared, src=0)
-        problem = shared[0]
-    if problem is not None:
-        raise problem
+PROFILE_FOLDER = "profile"
 
 
 class RunSession:
@@ -151,7 +55,7 @@ class RunSession:
 
     def __init__(self, recipe: RunRecipe, backend: Backend, console: Console | None = None) -> None:
         """Join the process group under torchrun (single-controller lanes run one process), claim the run
-        directory (``prepare_run_dir``: rank 0 holds its lock until the session ends, refuses an earlier run's
+        directory (``titanpod.runs.session_dir``: rank 0 holds its lock until the session ends, refuses an earlier run's
         files unless this run resumes or starts over), refuse ``checkpoint.resume never`` where checkpoints
         already are (before anything else is written), and remove checkpoints whose save never completed. A start
         that fails here, or before ``resume`` accepts the run (a refused checkpoint, too little disk space), leaves
@@ -175,48 +79,21 @@ class RunSession:
         """The run directory (the same path on every rank)."""
         self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
         """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
-        new_dir = self.info.is_main and not self.run_dir.exists()
-        self._new_dir = new_dir
-        self._accepted = False
-        try:
-            self.lock = prepare_run_dir(asked, self.run_dir, self.checkpointer.folder, self.say)
-            """Rank 0's hold on the run directory and the checkpoint folder, given back when the session ends
-            (``None`` on other ranks)."""
-        except BaseException:
-            if new_dir:  # made moments ago by this refused start; another run's files are never removed
-                remove_if_empty(self.run_dir)
-            raise
+        self.held_dir = HeldRunDir(asked, self.run_dir, self.checkpointer.folder, self.info.is_main, self.say)
+        """The run directory while the session holds it (rank 0's lock, what a refused start removes)."""
         try:
             self._open(recipe, backend)
         except BaseException:
-            if new_dir:  # made moments ago, it holds nothing but what this failed start wrote
-                shutil.rmtree(self.run_dir, ignore_errors=True)
-            self._let_go()
+            self.held_dir.remove_made()  # made moments ago, it holds nothing but what this failed start wrote
+            self.held_dir.let_go()
             raise
 
     def _open(self, recipe: RunRecipe, backend: Backend) -> None:
         """The rest of ``__init__``, with the run directory held: a failure here lets go of it."""
         self.checkpointer.check_fresh_start(self.run_dir)
-        self.writers: list[JsonlWriter | TensorBoardWriter | WandbWriter] = []
-        """The metrics writers (rank 0 only): ``metrics.jsonl``, ``tensorboard/`` with ``output.tensorboard``,
-        and a W&B run with ``output.wandb``."""
-        self.trackers: list[TensorBoardWriter | WandbWriter] = []
-        """The writers that also take the recipe, images and the final figures (TensorBoard, W&B)."""
-        wandb = self._open_wandb(recipe) if recipe.output.wandb else None  # first: it may stop the run
-        if self.info.is_main:
-            if (damaged := set_aside_unreadable(self.run_dir / METRICS_FILE)) is not None:
-                self.say(
-                    f"[yellow]{self.run_dir / METRICS_FILE} cannot be read back ({damaged[1]}): moved to "
-                    f"{damaged[0].name}, and this run starts a new {METRICS_FILE}[/]"
-                )
-            self.writers.append(JsonlWriter(self.run_dir / METRICS_FILE))
-            if recipe.output.tensorboard:
-                board = TensorBoardWriter(self.run_dir / TENSORBOARD_FOLDER)
-                board.write_config(recipe.to_dict())
-                self.trackers.append(board)
-            if wandb is not None:
-                self.trackers.append(wandb)
-        self.writers.extend(self.trackers)
+        self.run_writers = RunWriters(self.run_dir, recipe.name, self.info.is_main, self.console is None, self.say)
+        """Where the run's reports, figures and images go (rank 0)."""
+        self.run_writers.open(recipe)
         self.profiler = None
         """Traces the steps ``profile.steps`` names into ``<run>/profile`` (every rank its own file); ``None``
         when profiling is off."""
@@ -224,32 +101,46 @@ class RunSession:
             folder = self.run_dir / PROFILE_FOLDER
             self.profiler = StepProfiler(recipe.profile, folder, backend.lane, self.info.rank, self.say)
         self.checkpointer.remove_partial()
-        self.start_step = 0
-        """Steps done before this run started (set by ``resume``)."""
-        self.model: nn.Module | None = None
-        """The trained module whose parameters the checkpoints hold (set by ``resume``)."""
-        self.step: TrainStep | None = None
-        """The training step whose optimizer state the checkpoints hold (set by ``resume``)."""
-        self._data_state: Callable[[], dict[str, Any]] = dict
+        self.saves = RunSaves(recipe, self.checkpointer, self.run_dir, self.info, self.say)
+        """The checkpoints, resuming from one, and the final weights."""
         self._reported_error: Exception | None = None
-
-    def _open_wandb(self, recipe: RunRecipe) -> WandbWriter | None:
-        """Rank 0 starts or continues the run's W&B run (``titanpod.runs.wandb_run``); ``None`` elsewhere, when
-        W&B is off or when it cannot start. When it cannot start and ``output.wandb_required`` is on, every rank
-        raises, before any work."""
-        wandb, problem = None, None
-        if self.info.is_main:
-            try:
-                wandb = open_wandb(recipe.output, self.run_dir, recipe.to_dict(), self.say)
-            except (WandbStartError, ValueError) as error:
-                problem = error
-        raise_on_every_rank(problem)
-        return wandb
 
     @property
     def is_main(self) -> bool:
         """True on rank 0, the process that prints and writes shared files."""
         return self.info.is_main
+
+    @property
+    def start_step(self) -> int:
+        """Steps done before this run started (set by ``resume``)."""
+        return self.saves.start_step
+
+    @property
+    def model(self) -> nn.Module | None:
+        """The trained module whose parameters the checkpoints hold (set by ``resume``)."""
+        return self.saves.model
+
+    @property
+    def step(self) -> TrainStep | None:
+        """The training step whose optimizer state the checkpoints hold (set by ``resume``)."""
+        return self.saves.step
+
+    @property
+    def writers(self) -> list[JsonlWriter | TensorBoardWriter | WandbWriter]:
+        """The metrics writers (rank 0 only): ``metrics.jsonl``, ``tensorboard/`` with ``output.tensorboard``,
+        and a W&B run with ``output.wandb``."""
+        return self.run_writers.all
+
+    @property
+    def trackers(self) -> list[TensorBoardWriter | WandbWriter]:
+        """The writers that also take the recipe, images and the final figures (TensorBoard, W&B)."""
+        return self.run_writers.trackers
+
+    @property
+    def lock(self) -> FolderLocks | None:
+        """Rank 0's hold on the run directory and the checkpoint folder, given back when the session ends
+        (``None`` on other ranks)."""
+        return self.held_dir.lock
 
     @property
     def devices(self) -> int:
@@ -263,25 +154,21 @@ class RunSession:
 
     def write_report(self, report: StepMetrics) -> None:
         """Append a training report to every writer (rank 0)."""
-        for writer in self.writers:
-            writer.write(report)
+        self.run_writers.write_report(report)
 
     def write_scalars(self, step_number: int, values: dict[str, float]) -> None:
         """Append named figures at ``step_number`` (a validation loss, an accuracy) to every writer (rank 0)."""
-        for writer in self.writers:
-            writer.write_scalars(step_number, values)
+        self.run_writers.write_scalars(step_number, values)
 
     def write_image(self, step_number: int, name: str, path: Path) -> None:
         """Add the PNG file at ``path`` (a sample grid) as image ``name`` at ``step_number`` to TensorBoard and
         W&B (rank 0)."""
-        for tracker in self.trackers:
-            tracker.write_image(step_number, name, path)
+        self.run_writers.write_image(step_number, name, path)
 
     def write_summary(self, summary: TrainSummary) -> None:
         """Hand the run's final figures (``titanpod.graph.tracking.final_figures``) to TensorBoard (as the
         hyper-parameters' metrics) and W&B (as the run's summary), rank 0."""
-        for tracker in self.trackers:
-            tracker.write_summary(final_figures(summary))
+        self.run_writers.write_summary(summary)
 
     def resume(
         self,
@@ -299,65 +186,21 @@ class RunSession:
         Every rank must call it. Once the checkpoint is accepted (or the run starts fresh), rank 0 writes
         ``recipe.json``, keeping a different earlier one in ``recipe-history/``.
         """
-        self.model, self.step = model, step
-        self.checkpointer.check_step(step)  # a state that cannot be saved where checkpoints go fails now
-        self._check_space(model, step)
-        self._data_state = data_state if data_state is not None else data.state_dict
-        folder = self.checkpointer.resume_folder()
+        folder = self.saves.resume(model, step, data, data_state)
+        self.run_writers.set_aside_after(self.start_step)
+        self.held_dir.accept(self.recipe.to_json())
         if folder is None:
-            self._set_aside_later_metrics()
-            self._record_recipe()
-            self._accepted = True
             return self.start_step
-        point = self.checkpointer.load(folder, model, step, self.recipe.to_dict())
-        data.load_state_dict(point.data_state)
-        self.start_step = point.step
-        self._set_aside_later_metrics()
-        self._record_recipe()
-        self._accepted = True
         steps = self.recipe.train.steps
         self.say(f"resumed from {folder}: {self.start_step} of {steps} steps done")
         if self.start_step >= steps:
             self.say("nothing left to train: raise --train.steps to continue this run")
         return self.start_step
 
-    def _check_space(self, model: nn.Module, step: TrainStep) -> None:
-        """Before step 1: refuse the run (on every rank) when a disk it saves to has less room than a checkpoint
-        and the final weights need, with a margin (``titanpod.runs.space_check``)."""
-        problem = None
-        if self.is_main:
-            saves = self.recipe.checkpoint.every > 0 or self.recipe.checkpoint.at_end
-            optimizer = state_bytes(step.state_dict()) if step.state_format == "torch" else 0
-            needs = save_needs(
-                self.checkpointer.folder, self.run_dir, model, optimizer, checkpoint=saves,
-                weights=self.recipe.output.save_weights, ranks=self.info.world_size,
-            )  # fmt: skip
-            try:
-                check_space(needs)
-            except NotEnoughSpaceError as error:
-                problem = error
-        raise_on_every_rank(problem)
-
-    def _set_aside_later_metrics(self) -> None:
-        """Rank 0: the rows of ``metrics.jsonl`` past the step this run starts from (an earlier attempt went on
-        past its last checkpoint) moved to a file beside it, so the file keeps one row per step."""
-        for writer in self.writers:
-            if isinstance(writer, JsonlWriter) and (aside := writer.set_aside_after(self.start_step)) is not None:
-                self.say(
-                    f"{METRICS_FILE}: the rows after step {self.start_step}, from an attempt that went past its last "
-                    f"checkpoint, are now in {aside.name}"
-                )
-
-    def _record_recipe(self) -> None:
-        """Rank 0: this run's recipe as ``recipe.json``, a different earlier one kept in ``recipe-history/``."""
-        if self.is_main and (kept := record_recipe(self.run_dir, self.recipe.to_json())) is not None:
-            self.say(f"{RECIPE_FILE} now holds this run's recipe; the earlier one is kept as {kept}")
-
     def save_checkpoint(self, step_number: int) -> None:
         """Save the trainer state after ``step_number`` steps (every rank; in the background with
         ``checkpoint.async_save``). A second save of the same step does nothing."""
-        model, step = self._registered()
-        self.checkpointer.save(step_number, model, step, self._data_state())
+        self.saves.save_checkpoint(step_number)
 
     def train(
         self,
@@ -381,7 +224,7 @@ class RunSession:
         ``data_parallel`` and ``reduce_loss`` are as in ``titanpod.graph.train``; the device count is
         the session's. A background save in flight is completed before this returns or raises.
         """
-        model, step = self._registered()
+        model, step = self.saves.registered()
         every = self.recipe.checkpoint.every
         profiler = self.profiler
 
@@ -412,7 +255,7 @@ class RunSession:
             )
             if at_end is not None and not summary.interrupted:
                 at_end(summary)
-            with self._saving_through_a_signal("the last checkpoint"):
+            with self.saves.saving_through_a_signal("the last checkpoint"):
                 self.save_at_end(summary)
             if at_end is not None and summary.interrupted and not summary.stopped_at_once:
                 at_end(summary)
@@ -432,19 +275,7 @@ class RunSession:
         titled with the recipe's name) from ``metrics.jsonl``, which a resumed run appends to: the plot covers the
         whole run. Returns its path; ``None`` on other ranks, before any report, and when it cannot be drawn,
         which is a warning and never a failed run."""
-        if not self.is_main:
-            return None
-        try:
-            path = write_loss_plot(self.run_dir, self.recipe.name, METRICS_FILE)
-        except Exception as error:  # a picture never costs a run
-            message = f"could not draw {LOSS_PLOT_FILE}: {type(error).__name__}: {error}"
-            if self.console is None:
-                warnings.warn(message, RuntimeWarning, stacklevel=2)
-            self.say(f"[yellow]{message}[/]")
-            return None
-        if path is not None:
-            self.say(f"loss curve: {path}")
-        return path
+        return self.run_writers.draw_loss_plot()
 
     def save_at_end(self, summary: TrainSummary) -> None:
         """The at-end checkpoint (``checkpoint.at_end``) when this run trained a step; after a signal, a line
@@ -454,31 +285,7 @@ class RunSession:
         and its data read ahead of its step, and a checkpoint must pair the weights after step N with the
         data position after exactly N steps. The newest checkpoint, from an earlier save, stays the one to resume.
         """
-        if summary.stopped_at_once:
-            newest = self._newest_checkpoint()
-            name = signal_name(summary.stop_signal or signal.SIGINT)
-            self.say(
-                f"[red]stopped at once by {name} after step {summary.steps_done}[/], the next step cut short: "
-                f"saved nothing; newest checkpoint {newest or 'none'}"
-            )
-            return
-        saving = self.recipe.checkpoint.at_end and summary.steps_done > self.start_step
-        if saving:
-            self.save_checkpoint(summary.steps_done)
-        if not summary.interrupted:
-            return
-        self.checkpointer.wait()  # the checkpoint named below is complete
-        newest = self._newest_checkpoint()
-        saved = f"saved checkpoint {newest}" if saving else f"checkpoint.at_end is off; newest checkpoint {newest}"
-        name = signal_name(summary.stop_signal or signal.SIGINT)
-        self.say(f"[yellow]stopped by {name} after step {summary.steps_done}[/]: {saved}")
-
-    def _newest_checkpoint(self) -> str | None:
-        """The newest complete checkpoint folder (rank 0; ``None`` elsewhere and when there is none)."""
-        if not self.is_main:
-            return None
-        found = complete_checkpoints(self.checkpointer.folder)
-        return str(found[-1][1]) if found else None
+        self.saves.save_at_end(summary)
 
     def save_final_weights(self, summary: TrainSummary, write: Callable[[], Written]) -> Written | None:
         """The final weights, when ``output.save_weights`` is on and the run has trained a step.
@@ -491,29 +298,7 @@ class RunSession:
         runs that save nothing (also a run stopped at once, whose weights may be half-updated), get ``None``.
         A SIGINT or SIGTERM during the save waits for it to complete, and says so; a second one stops at once.
         """
-        self._registered()
-        if not self.recipe.output.save_weights or summary.steps_done == 0 or summary.stopped_at_once:
-            return None
-        with self._saving_through_a_signal("the final weights"):
-            written = write()
-        return written if self.is_main else None
-
-    @contextmanager
-    def _saving_through_a_signal(self, what: str) -> Iterator[None]:
-        """Let a save in the block complete when SIGINT or SIGTERM arrives, and say so after (rank 0). A second
-        signal stops the save at once (what it wrote so far is removed) and the process with 128 + its number."""
-        with stop_after_step() as request:
-            try:
-                yield
-            except KeyboardInterrupt:
-                name = signal_name(request.signal_at_once())
-                newest = self._newest_checkpoint()
-                stopped = f"[red]stopped at once by {name} while saving {what}[/]"
-                self.say(f"{stopped}: not saved; newest checkpoint {newest}")
-                raise SystemExit(exit_status(request.signal_at_once())) from None
-        if request.signum is not None:
-            name = signal_name(request.signum)
-            self.say(f"[yellow]{name} came while saving {what}: the save was completed first[/]")
+        return self.saves.save_final_weights(summary, write)
 
     def __enter__(self) -> RunSession:
         return self
@@ -527,13 +312,11 @@ class RunSession:
             self.checkpointer.wait()  # a background save in flight is completed, whatever happened
         finally:
             try:
-                for writer in self.writers:
-                    writer.close()
-                self.writers = []
-                if kind is not None and self._new_dir and not self._accepted:
-                    shutil.rmtree(self.run_dir, ignore_errors=True)  # a refused run leaves nothing behind
+                self.run_writers.close()
+                if kind is not None:
+                    self.held_dir.remove_if_refused()
             finally:
-                self._let_go()
+                self.held_dir.let_go()
         if kind is None and dist.is_initialized():
             dist.barrier()  # no rank tears the group down while another still has collectives in flight
             dist.destroy_process_group()
@@ -544,19 +327,4 @@ class RunSession:
             return
         self._reported_error = error
         info = self.info
-        report_lost_peer(error, info.rank, info.world_size, self._newest_checkpoint_anywhere, say_anywhere)
-
-    def _newest_checkpoint_anywhere(self) -> str | None:
-        """The newest complete checkpoint folder, read by whichever rank asks (``None`` when there is none)."""
-        found = complete_checkpoints(self.checkpointer.folder)
-        return str(found[-1][1]) if found else None
-
-    def _let_go(self) -> None:
-        """Rank 0: give the run directory's lock back (a second call does nothing)."""
-        if self.lock is not None:
-            self.lock.release()
-
-    def _registered(self) -> tuple[nn.Module, TrainStep]:
-        if self.model is None or self.step is None:
-            raise RuntimeError("RunSession.resume(model, step, data) must be called before training or saving.")
-        return self.model, self.step
+        report_lost_peer(error, info.rank, info.world_size, self.saves.newest_checkpoint_anywhere, say_anywhere)

@@ -31,8 +31,8 @@ from titanpod.recipes.families import build_model, decoder_adapters
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.checkpoint_tokenizer import check_run_tokenizer
 from titanpod.runs.evaluation import Evaluation, evaluate
-from titanpod.runs.final_weights import write_final_weights
-from titanpod.runs.hf_export import post_training_tokenizer, training_extras
+from titanpod.runs.final_weights import write_trained_weights
+from titanpod.runs.hf_export import HFExtras, post_training_tokenizer, training_extras
 from titanpod.runs.init_from import following, place_from_folder
 from titanpod.runs.placement import start_placement
 from titanpod.runs.pretrain import build_seeded_model, describe_step
@@ -256,9 +256,8 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
         if evaluations and session.is_main:
             write_eval_file(session.run_dir / EVAL_FILE, result.eval_task, evaluations)
 
-        def write_weights() -> Path:
-            loss = summary.reports[-1].loss if summary.reports else None  # as metrics.jsonl logs it last
-            extras = training_extras(
+        def extras_at(loss: float | None) -> HFExtras:
+            return training_extras(
                 recipe.to_dict(),
                 recipe.model.family,
                 parameters,
@@ -268,16 +267,9 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
                 accuracy=result.after.accuracy if result.after is not None else None,
                 accuracy_task=result.eval_task,
             )
-            written = write_final_weights(
-                placement,
-                recipe.model.family,
-                session.run_dir,
-                summary.steps_done,
-                recipe.to_json(),
-                extras,
-                recipe.checkpoint.export_hf,
-                session.say,
-            )
+
+        def write_weights() -> Path:
+            written = write_trained_weights(session, placement, recipe, summary, extras_at)
             result.hf_path = written.hf
             return written.weights
 
