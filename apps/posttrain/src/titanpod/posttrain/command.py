@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol
 
 import tyro
 from rich.console import Console
 from rich.table import Table
 
 from titanpod.recipes.app import Finished
+from titanpod.recipes.command_flags import RecipeCommand, RecipeT, ResumeFlag
 from titanpod.recipes.command_line import (
     flag_value,
     listing_line,
@@ -54,31 +55,20 @@ RUNNERS: Mapping[str, str] = {"sft": "titanpod.runs.sft:run_sft", "grpo": "titan
 """The runner of each recipe kind, as ``module:function`` (imported when a run starts)."""
 
 
-RecipeT = TypeVar("RecipeT")
-
-
 @dataclasses.dataclass(frozen=True)
-class Command(Generic[RecipeT]):
-    """What the command line asks for: a recipe with its overrides, its kind, and whether to run or print it."""
+class DryRunFlags:
+    """``--dry-run``: plan a GRPO recipe's memory instead of running it."""
 
-    recipe: Annotated[RecipeT, tyro.conf.arg(name="")]
-    """The recipe with every override applied."""
-    recipe_name: Annotated[str, tyro.conf.arg(name="recipe")] = DEFAULT_POSTTRAIN_RECIPE
-    """A recipe name (see --list-recipes), or a recipe file: a run's recipe.json, or a TOML file with
-    ``base = "NAME"`` and the fields that differ. It gives every other flag its default."""
-    list_recipes: tyro.conf.FlagCreatePairsOff[bool] = False
-    """List the named recipes and exit."""
-    print_recipe: tyro.conf.FlagCreatePairsOff[bool] = False
-    """Print the resolved recipe as JSON (a recipe file --recipe reads back) and exit without running."""
     dry_run: tyro.conf.FlagCreatePairsOff[bool] = False
     """GRPO recipes: print the memory one device needs (the trainer's share, the KL reference, the rollout
     engine's weights in its inference dtype and its KV cache) on --devices devices, and exit without running."""
     devices: int = 1
     """The devices (one process each) --dry-run plans for."""
-    resume: Annotated[str | None, tyro.conf.arg(metavar="[NAME]")] = None
-    """Continue a run from its newest checkpoint: --resume NAME, the run directory NAME under --output.runs-dir
-    (or the run started as --output.run-name NAME); --resume alone, --output.run-name or else the newest run of
-    the recipe that has a checkpoint."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Command(ResumeFlag, DryRunFlags, RecipeCommand[RecipeT]):
+    """What the command line asks for: a recipe with its overrides, its kind, and whether to run or print it."""
 
     @property
     def kind(self) -> str:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING
 
-import tyro
 from rich.console import Console
 from rich.table import Table
 
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
 from titanpod.recipes.app import Finished
+from titanpod.recipes.command_flags import RecipeCommand, ResumeFlag, SliceFlags
 from titanpod.recipes.command_line import (
     listing_line,
     optional_value,
@@ -30,28 +30,9 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True)
-class Command:
+class Command(SliceFlags, ResumeFlag, RecipeCommand[Recipe]):
     """What the command line asks for: a recipe, and whether to train it, plan it, rehearse it or print it."""
 
-    recipe: Annotated[Recipe, tyro.conf.arg(name="")]
-    """The recipe with every override applied."""
-    recipe_name: Annotated[str, tyro.conf.arg(name="recipe")] = DEFAULT_RECIPE
-    """A recipe name (see --list-recipes), or a recipe file: a run's recipe.json, or a TOML file with
-    ``base = "NAME"`` and the fields that differ. It gives every other flag its default."""
-    list_recipes: tyro.conf.FlagCreatePairsOff[bool] = False
-    """List the named recipes and exit."""
-    print_recipe: tyro.conf.FlagCreatePairsOff[bool] = False
-    """Print the resolved recipe as JSON (a recipe file --recipe reads back) and exit without running."""
-    resume: Annotated[str | None, tyro.conf.arg(metavar="[NAME]")] = None
-    """Continue a run from its newest checkpoint: --resume NAME, the run directory NAME under --output.runs-dir
-    (or the run started as --output.run-name NAME); --resume alone, --output.run-name or else the newest run of
-    the recipe that has a checkpoint."""
-    dry_run: tyro.conf.FlagCreatePairsOff[bool] = False
-    """Plan on the recipe's target slice instead of training: memory per device and step time."""
-    rehearse: tyro.conf.FlagCreatePairsOff[bool] = False
-    """Run the recipe on this machine at a small size with every setting it makes, and check it resumes exactly."""
-    rehearse_lanes: tuple[Literal["cpu", "xla"], ...] | None = None
-    """Lanes to rehearse on; ``None``: the recipe's, or both for a TPU recipe."""
     compile_for: str | None = None
     """Compile the whole training step for a TPU slice (``v5p-8``, ``v6e-256``; ``target``: the recipe's own) with
     libtpu on this host, without TPUs or weights, and report memory a chip, flops, the compiler's estimated step
@@ -59,14 +40,6 @@ class Command:
     compile_layers: tuple[int, ...] = ()
     """With --compile-for: compile the model cut to this many layers; two depths (``2 4``) compile both and
     extrapolate the whole model's figures by depth."""
-    compile_output: Path | None = None
-    """With --compile-for: the folder for report.json (default ``<runs_dir>/compile-<recipe>-<slice>``)."""
-    compile_keep_program: tyro.conf.FlagCreatePairsOff[bool] = False
-    """With --compile-for: also keep the optimised HLO and the serialised executable in that folder."""
-    chip: str | None = None
-    """Short for --target.chip: the chip kind --dry-run plans for (``v5p``, ``v6e``, ``h100`` ...)."""
-    chips: int | None = None
-    """Short for --target.chips: the chips in the slice --dry-run plans for."""
 
 
 def parse_command(argv: list[str]) -> Command | None:
@@ -99,11 +72,7 @@ def parse_command(argv: list[str]) -> Command | None:
         from titanpod.runs.run_lookup import with_resume
 
         recipe = with_resume(recipe, command.resume)
-    if command.chip is not None or command.chips is not None:
-        chip = recipe.target.chip if command.chip is None else command.chip
-        chips = recipe.target.chips if command.chips is None else command.chips
-        recipe = dataclasses.replace(recipe, target=dataclasses.replace(recipe.target, chip=chip, chips=chips))
-    return dataclasses.replace(command, recipe=recipe)
+    return dataclasses.replace(command, recipe=command.with_target_chips(recipe))
 
 
 def load_recipe_file(path: Path) -> Recipe:

@@ -109,10 +109,8 @@ class SplashAttention:
         op = self._op(S, H // K, D, q_BHsD.dtype, q_document_ids_Bs is not None, q_BHsD.device, (q_at, k_at))
         if q_document_ids_Bs is None or k_document_ids_BS is None:
             return op(q_BHsD, k_BKSD, v_BKSD)
-        # int32 segment ids, relative to each row's smallest key id: "same document" stays exact.
-        lowest_B1 = k_document_ids_BS.amin(dim=1, keepdim=True)
-        q_ids = (q_document_ids_Bs - lowest_B1).to(torch.int32)
-        return op(q_BHsD, k_BKSD, v_BKSD, q_ids, (k_document_ids_BS - lowest_B1).to(torch.int32))
+        q_ids_Bs = _segment_ids(q_document_ids_Bs, k_document_ids_BS)
+        return op(q_BHsD, k_BKSD, v_BKSD, q_ids_Bs, _segment_ids(k_document_ids_BS, k_document_ids_BS))
 
     def __call__(
         self,
@@ -138,9 +136,14 @@ class SplashAttention:
                 f"Splash attention needs integer document ids of shape [{B}, {S}] (one per token), "
                 f"got {document_ids_BS.dtype} {list(document_ids_BS.shape)}."
             )
-        # The kernel's segment ids are int32; ids relative to each row's smallest keep "same document" exact.
-        ids_BS = (document_ids_BS - document_ids_BS.amin(dim=1, keepdim=True)).to(torch.int32)
+        ids_BS = _segment_ids(document_ids_BS, document_ids_BS)
         return self._op(S, H // K, D, q_BHSD.dtype, True, q_BHSD.device)(q_BHSD, k_BKSD, v_BKSD, ids_BS)
+
+
+def _segment_ids(document_ids: torch.Tensor, key_document_ids_BS: torch.Tensor) -> torch.Tensor:
+    """The kernel's int32 segment ids for ``document_ids`` (a row's queries, [B, s], or its keys, [B, S]): each
+    relative to its row's smallest key id, so "same document" stays exact however large the ids are."""
+    return (document_ids - key_document_ids_BS.amin(dim=1, keepdim=True)).to(torch.int32)
 
 
 def _check_heads_and_dtype(H: int, K: int, dtype: torch.dtype) -> None:
