@@ -16,6 +16,10 @@ from titanpod.recipes.rehearsal.scaling import REHEARSAL_LANES
 
 TIMEOUT_SECONDS = 30 * 60
 """A run that takes longer than this is stopped and named (a hung collective would otherwise wait forever)."""
+HOST_COLLECTIVE_WAIT_SECONDS = 10 * 60
+"""How long XLA's CPU collectives wait for every host device's thread (its default, 40 s, aborts the process).
+The host's devices share a few cores, and a device running an interpreted Pallas kernel can reach a collective
+minutes after the others, so the wait is long; ``TIMEOUT_SECONDS`` still ends a run that truly hangs."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,11 @@ def launch_environment(lane: str) -> dict[str, str]:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.processes)))
     if spec.host_devices > 1:  # one controller drives this many JAX devices on the host's CPU
         env["JAX_PLATFORMS"] = "cpu"
-        flag = f"--xla_force_host_platform_device_count={spec.host_devices}"
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
+        flags = (
+            f"--xla_force_host_platform_device_count={spec.host_devices} "
+            f"--xla_cpu_collective_call_terminate_timeout_seconds={HOST_COLLECTIVE_WAIT_SECONDS}"
+        )
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flags}".strip()
     return env
 
 
