@@ -12,8 +12,8 @@ from torch import nn
 
 from tests.models.flux.test_flux_transformer import inputs as flux_inputs
 from tests.models.flux.test_flux_transformer import random_model as random_flux
-from titanpod.models import DecoderArgs, ModelOps, MoEArgs, Transformer
-from titanpod.models.common.block_runner import BlockCall, Carry, blocks_in_order
+from titanpod.models import BlockCall, DecoderArgs, ModelOps, MoEArgs, Transformer, blocks_in_order
+from titanpod.models.common.block_runner import Carry
 
 MOE = DecoderArgs(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16,
                   moe=MoEArgs(n_experts=4, top_k=2, expert_ffn_dim=16, capacity_factor=1.0))  # fmt: skip
