@@ -4,7 +4,7 @@ Llama 3, Qwen 3 and Qwen 3 MoE are one ``Transformer`` class configured by ``Dec
 its named flavors (``titanpod.models.llama3`` ...); the Hugging Face adapters are in ``titanpod.models.adapters``.
 A family as a whole (flavors, builder, plan, adapter, recipes) is one spec in ``titanpod.recipes.families``.
 Each model takes a ``ModelOps`` for its swappable slots (attention, head + loss, expert
-matmul); the defaults are PyTorch references.
+matmul, block runner); the defaults are PyTorch references.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from titanpod.models.common.args import DecoderArgs, MoEArgs
+    from titanpod.models.common.block_runner import BlockCall, BlockRunner, blocks_in_order
     from titanpod.models.common.counting import decoder_flops_per_token, parameter_count
     from titanpod.models.common.init import ParamInit, Region, RegionValues, region_initializer
     from titanpod.models.common.ops import (
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 _HOMES = {
     "DecoderArgs": "titanpod.models.common.args",
     "MoEArgs": "titanpod.models.common.args",
+    "BlockCall": "titanpod.models.common.block_runner",
+    "BlockRunner": "titanpod.models.common.block_runner",
+    "blocks_in_order": "titanpod.models.common.block_runner",
     "decoder_flops_per_token": "titanpod.models.common.counting",
     "parameter_count": "titanpod.models.common.counting",
     "ParamInit": "titanpod.models.common.init",
@@ -72,6 +76,8 @@ _HOMES = {
 __all__ = [
     "FLUX_FLAVORS",
     "IGNORE_INDEX",
+    "BlockCall",
+    "BlockRunner",
     "DecoderArgs",
     "FluxArgs",
     "FluxOps",
@@ -88,6 +94,7 @@ __all__ = [
     "Transformer",
     "WholeSequence",
     "batched_expert_matmul",
+    "blocks_in_order",
     "decoder_flops_per_token",
     "document_causal_mask",
     "linear_cross_entropy",

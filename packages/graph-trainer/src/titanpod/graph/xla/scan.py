@@ -1,26 +1,32 @@
 """The transformer blocks as one ``jax.lax.scan`` over stacked parameters, while the xla step is traced.
 
-Legend: L blocks, B batch, S sequence, M model dim, N tokens (B x S), E experts.
+Legend: L blocks.
 
-The model runs its blocks through ``model.run_layers`` (``titanpod.models.Transformer``); here that
-method is replaced, for the trace only, by a scan whose body is block 0 run on block i's slice of
-the stacked parameters (``titanpod.graph.xla.layer_stack``). Block 0's forward is whatever the
-step made of it (``rematerialised_blocks``: ``jax.checkpoint`` with the memory policy, the FSDP
-gather inside), so each trip of the loop gathers, computes and is recomputed as one unrolled block
-is. The program then holds one block's code however deep the model is. An MoE block's router logits
-and dropped counts come out of the scan stacked [L, ...] and go back to the model as lists.
+A model runs each list of its blocks through its block runner slot (``ops.block_runner``,
+``titanpod.models.common.block_runner``), handing it how one block is called, the tensors carried from block
+to block and the inputs every block shares. For the trace, ``scanned_layers`` fills that slot with a
+``ScanRunner``: a scan whose body is the model's own call on block 0, bound to block i's slice of the stacked
+parameters (``titanpod.graph.xla.layer_stack``). Block 0's forward is whatever the step made of it
+(``rematerialised_blocks``: ``jax.checkpoint`` with the memory policy, the FSDP gather inside), so each trip of
+the loop gathers, computes and is recomputed as one unrolled block is. The program then holds one block's code
+however deep the model is. What a block gives out besides its carry (an MoE block's router logits and dropped
+count) comes out of the scan stacked [L, ...] and goes back to the model one entry a block.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
 from titanpod.graph.binding import parameters_bound
+from titanpod.models.common.block_runner import BlockCall, Carry, blocks_in_order
+
+SLOT = "block_runner"
+"""The field of a model's ops (``ModelOps``, ``FluxOps``) that runs its blocks: where the scan is installed."""
 
 
 @contextlib.contextmanager
@@ -29,118 +35,89 @@ def scanned_layers(model: nn.Module, stacked: Mapping[str, Sequence[Any]]) -> It
     (``layers``, ``transformer.double_blocks`` ...) -> the JAX values of its blocks' parameters stacked [L, ...],
     in the order of block 0's ``named_parameters``.
 
-    A decoder (blocks in ``model.layers``, run by ``model.run_layers``) has its ``run_layers`` replaced; any other
-    model's block lists (``titanpod.graph.blocks``) each iterate as one call that runs the loop (``_ScannedList``),
-    so a model's own ``for block in self.blocks`` runs every block."""
-    if set(stacked) == {"layers"} and hasattr(model, "run_layers"):
-        with _scanned_decoder(model, stacked["layers"]):
-            yield
-        return
-    swapped = []
+    The module holding each list must run it through its ops' block runner slot; a ``ScanRunner`` fills that
+    slot until the context ends. ``ValueError`` when a list's owner has no such slot, or when the model ran
+    a stacked list some other way (its blocks would not have seen their parameters)."""
+    lists: dict[str, nn.ModuleList] = {}
+    for path, arrays in stacked.items():
+        blocks = model.get_submodule(path)
+        if not isinstance(blocks, nn.ModuleList):
+            raise ValueError(f"train.scan_layers: {path} is not a list of blocks (an nn.ModuleList).")
+        _check_count(blocks[0], arrays)
+        lists[path] = blocks
+    runner = ScanRunner({blocks: list(stacked[path]) for path, blocks in lists.items()})
+    owners = {id(owner): owner for owner in (_owner(model, path) for path in lists)}
+    originals = [(owner, owner.ops) for owner in owners.values()]
     try:
-        for path, arrays in stacked.items():
-            blocks = model.get_submodule(path)
-            if not isinstance(blocks, nn.ModuleList):
-                raise ValueError(f"train.scan_layers: {path} is not a list of blocks (an nn.ModuleList).")
-            _check_count(blocks[0], arrays)
-            blocks.__class__ = _ScannedList
-            blocks.scan_arrays = list(arrays)  # type: ignore[attr-defined]
-            swapped.append(blocks)
+        for owner, ops in originals:
+            owner.ops = dataclasses.replace(ops, **{SLOT: runner})
         yield
     finally:
-        for blocks in swapped:
-            blocks.__class__ = nn.ModuleList
-            del blocks.scan_arrays
+        for owner, ops in originals:
+            owner.ops = ops
+    unscanned = [path for path, blocks in lists.items() if not runner.ran(blocks)]
+    if unscanned:
+        raise ValueError(
+            f"train.scan_layers: the model ran {', '.join(unscanned)} without its block runner "
+            f"(ops.{SLOT}), so the loop over stacked parameters never ran. Set train.scan_layers=false."
+        )
+
+
+class ScanRunner:
+    """A block runner (``titanpod.models.common.block_runner.BlockRunner``) that runs each list it has stacked
+    parameters for as one ``lax.scan`` of its first block, and any other list as the plain loop."""
+
+    def __init__(self, stacked: Mapping[nn.Module, Sequence[Any]]) -> None:
+        self._stacked = {id(blocks): list(arrays) for blocks, arrays in stacked.items()}
+        self._ran: set[int] = set()
+
+    def ran(self, blocks: nn.Module) -> bool:
+        """Whether ``blocks`` has been run as a scan."""
+        return id(blocks) in self._ran
+
+    def __call__(
+        self, blocks: Sequence[nn.Module], call: BlockCall, carry: Carry, inputs: tuple[Any, ...]
+    ) -> tuple[Carry, list[Any]]:
+        """The last block's carry and each block's other output, as ``blocks_in_order`` gives them."""
+        arrays = self._stacked.get(id(blocks))
+        if arrays is None:
+            return blocks_in_order(blocks, call, carry, inputs)
+        import jax
+        from torchax.interop import jax_view, torch_view
+
+        template = blocks[0]
+
+        def body(carry_j: tuple[Any, ...], slices_j: list[Any]) -> tuple[tuple[Any, ...], Any]:
+            with parameters_bound(template, torch_view(slices_j)):
+                next_carry, out = call(template, tuple(torch_view(carry_j)), inputs)
+            return tuple(jax_view(tuple(next_carry))), jax_view(out)
+
+        carry_j, out_L = jax.lax.scan(body, tuple(jax_view(tuple(carry))), arrays)
+        self._ran.add(id(blocks))
+        return tuple(torch_view(carry_j)), [torch_view(_block_slice(out_L, i)) for i in range(len(blocks))]
+
+
+def _block_slice(tree: Any, index: int) -> Any:
+    """Block ``index``'s entry of a scan's stacked outputs (``None`` stays ``None``)."""
+    import jax
+
+    return jax.tree.map(lambda stacked: stacked[index], tree)
+
+
+def _owner(model: nn.Module, path: str) -> nn.Module:
+    """The module holding the block list at ``path``; ``ValueError`` when it has no block runner slot."""
+    owner = model.get_submodule(path.rpartition(".")[0])
+    ops = getattr(owner, "ops", None)
+    if not (dataclasses.is_dataclass(ops) and any(f.name == SLOT for f in dataclasses.fields(ops))):
+        raise ValueError(
+            f"train.scan_layers needs a model that runs its blocks through the block runner slot of its ops "
+            f"(ops.{SLOT}: titanpod.models ModelOps, FluxOps); {type(owner).__name__}, which holds {path}, has "
+            f"none. Set train.scan_layers=false."
+        )
+    return owner
 
 
 def _check_count(template: nn.Module, stacked: Sequence[Any]) -> None:
     count = len(list(template.parameters()))
     if count != len(stacked):
         raise ValueError(f"Block 0 has {count} parameters but {len(stacked)} stacked arrays were given.")
-
-
-class _ScannedList(nn.ModuleList):
-    """A block list, while traced, as one call: iterating it gives ``run_all``, which runs block 0's forward on
-    each block's slice of the stacked parameters (``scan_arrays``) in one ``lax.scan``. The tensors a block returns
-    are carried to the next block in place of its leading arguments (FLUX's double-stream block returns its image
-    and text streams, its first two arguments); the other arguments are the same for every block."""
-
-    scan_arrays: list[Any]
-
-    def __iter__(self) -> Iterator[Any]:
-        yield self.run_all
-
-    def run_all(self, *args: Any) -> Any:
-        """Every block of the list, one after another, on ``args`` (the first block's arguments)."""
-        import jax
-        from torchax.interop import jax_view, torch_view
-
-        template = self[0]
-        arrays = self.scan_arrays
-
-        def block(carried_j: list[Any], rest: tuple[Any, ...], slices_j: list[Any]) -> Any:
-            with parameters_bound(template, torch_view(slices_j)):
-                return template(*torch_view(carried_j), *rest)
-
-        # How many leading arguments a block hands on: as many tensors as it returns.
-        returned = jax.eval_shape(
-            lambda slices_j: jax_view(block(jax_view(list(args)), (), slices_j)), [a[0] for a in arrays]
-        )
-        single = not isinstance(returned, (tuple, list))
-        carried = 1 if single else len(returned)
-        rest = args[carried:]
-
-        def body(carry_j: list[Any], slices_j: list[Any]) -> tuple[list[Any], None]:
-            out = jax_view(block(carry_j, rest, slices_j))
-            return ([out] if single else list(out)), None
-
-        final_j, _ = jax.lax.scan(body, jax_view(list(args[:carried])), list(arrays))
-        return torch_view(final_j[0]) if single else tuple(torch_view(final_j))
-
-
-@contextlib.contextmanager
-def _scanned_decoder(model: nn.Module, stacked: Sequence[Any]) -> Iterator[None]:
-    """A decoder's ``run_layers`` as one ``lax.scan`` over ``stacked`` (its blocks' parameters, stacked)."""
-    blocks = getattr(model, "layers", None)
-    if not isinstance(blocks, nn.ModuleList) or not hasattr(model, "run_layers"):
-        raise ValueError(
-            f"train.scan_layers needs a model whose blocks are in model.layers and run by model.run_layers "
-            f"(titanpod.models.Transformer); {type(model).__name__} has no such pair. Set train.scan_layers=false."
-        )
-    template = blocks[0]
-    count = len(list(template.parameters()))
-    if count != len(stacked):
-        raise ValueError(f"Block 0 has {count} parameters but {len(stacked)} stacked arrays were given.")
-
-    def run_layers(
-        h_BSM: torch.Tensor,
-        cos_SD: torch.Tensor,
-        sin_SD: torch.Tensor,
-        document_ids_BS: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        import jax
-        from torchax.interop import jax_view, torch_view
-
-        extra = () if document_ids_BS is None else (document_ids_BS,)
-
-        def body(h_j: Any, slices_j: list[Any]) -> tuple[Any, Any]:
-            with parameters_bound(template, torch_view(slices_j)):
-                out_BSM, routing = template(torch_view(h_j), cos_SD, sin_SD, *extra)
-            return jax_view(out_BSM), jax_view(routing)
-
-        h_j, routing_L = jax.lax.scan(body, jax_view(h_BSM), list(stacked))
-        if routing_L is None:
-            return torch_view(h_j), [], []
-        logits_LNE, dropped_L = routing_L
-        layers = logits_LNE.shape[0]
-        return (
-            torch_view(h_j),
-            [torch_view(logits_LNE[i]) for i in range(layers)],
-            [torch_view(dropped_L[i]) for i in range(layers)],
-        )
-
-    model.run_layers = run_layers  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        del model.run_layers

@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from titanpod.models.common.block_runner import BlockRunner, blocks_in_order
 from titanpod.models.common.sequence import (
     PositionedAttentionOp,
     SequenceShard,
@@ -186,3 +187,6 @@ class ModelOps:
     sequence: SequenceShard = field(default_factory=WholeSequence)
     """Which tokens of each row the model computes, at which positions: all of them, or (context
     parallelism, installed by titanpod.parallel) this process's chunks of every row."""
+    block_runner: BlockRunner = blocks_in_order
+    """Runs the transformer blocks (``titanpod.models.common.block_runner``): a Python loop, or (the xla step's
+    ``train.scan_layers``, installed while its step is traced) one loop over the blocks' stacked parameters."""

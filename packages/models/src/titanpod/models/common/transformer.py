@@ -80,6 +80,15 @@ class TransformerBlock(nn.Module):
         return h_BSM + (ffn_out[0] if isinstance(ffn_out, tuple) else ffn_out)
 
 
+def _decoder_block_call(
+    block: nn.Module, carry: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...]
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, torch.Tensor] | None]:
+    """A ``TransformerBlock`` as its runner calls it: hidden states carried, rotary tables (and document ids) shared;
+    an MoE block gives out its router logits and dropped count."""
+    h_BSM, routing = block(*carry, *inputs)
+    return (h_BSM,), routing
+
+
 class Transformer(nn.Module):
     """A decoder-only language model. ``forward`` gives logits; ``loss`` trains it."""
 
@@ -155,21 +164,13 @@ class Transformer(nn.Module):
         sin_SD: torch.Tensor,
         document_ids_BS: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """The transformer blocks in order over the embedded tokens: the last block's output [B, S, M], and
-        each MoE block's router logits [N, E] and dropped-choice count (0-d), one entry a block (empty lists
-        for a dense model). A step may run the same blocks another way (e.g. as one loop over stacked
-        parameters) by giving the model its own ``run_layers`` with this signature."""
-        router_logits: list[torch.Tensor] = []
-        dropped: list[torch.Tensor] = []
-        for layer in self.layers:
-            if document_ids_BS is None:
-                h_BSM, routing = layer(h_BSM, cos_SD, sin_SD)
-            else:
-                h_BSM, routing = layer(h_BSM, cos_SD, sin_SD, document_ids_BS)
-            if routing is not None:
-                router_logits.append(routing[0])
-                dropped.append(routing[1])
-        return h_BSM, router_logits, dropped
+        """The transformer blocks in order over the embedded tokens, through the block runner slot
+        (``ModelOps.block_runner``): the last block's output [B, S, M], and each MoE block's router logits [N, E]
+        and dropped-choice count (0-d), one entry a block (empty lists for a dense model)."""
+        inputs = (cos_SD, sin_SD) if document_ids_BS is None else (cos_SD, sin_SD, document_ids_BS)
+        (h_BSM,), routings = self.ops.block_runner(self.layers, _decoder_block_call, (h_BSM,), inputs)
+        kept = [routing for routing in routings if routing is not None]
+        return h_BSM, [logits for logits, _ in kept], [dropped for _, dropped in kept]
 
     def hidden_states(self, tokens_BS: torch.Tensor, document_ids_BS: torch.Tensor | None = None) -> torch.Tensor:
         """Final-norm hidden states, shape [B, S, M] (``document_ids_BS``: see ``hidden_states_and_router_logits``)."""

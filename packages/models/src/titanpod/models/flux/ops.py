@@ -1,4 +1,4 @@
-"""The swappable op behind the FLUX.1 transformer's attention slot, and its PyTorch reference.
+"""The swappable ops behind the FLUX.1 transformer's slots (attention, block runner), and their PyTorch references.
 
 Legend: B batch, H heads, S joint sequence (text tokens then image tokens), D head dim.
 
@@ -14,6 +14,8 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+
+from titanpod.models.common.block_runner import BlockRunner, blocks_in_order
 
 
 class FullAttentionOp(Protocol):
@@ -35,3 +37,5 @@ class FluxOps:
 
     attention: FullAttentionOp = full_sdpa_attention
     """Joint text-image attention slot of every double- and single-stream block."""
+    block_runner: BlockRunner = blocks_in_order
+    """Runs each list of blocks, double- then single-stream (``titanpod.models.common.block_runner``)."""

@@ -11,8 +11,8 @@ blocks run one fused linear (q, k, v and the MLP input) over the joined sequence
 attention and MLP in parallel. Every block is modulated (shift, scale, gate) by one vector
 per sample: timestep + guidance + pooled text embeddings.
 
-Build on the meta device, move with ``to_empty``, then ``init_weights``. The attention op
-arrives as ``FluxOps``; parallelism, kernels and compilation are applied from outside.
+Build on the meta device, move with ``to_empty``, then ``init_weights``. The attention op and the
+block runner arrive as ``FluxOps``; parallelism, kernels and compilation are applied from outside.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titanpod.models.common.block_runner import carry_in_carry_out
 from titanpod.models.common.init import ParamInit, init_parameters_
 from titanpod.models.common.norms import RMSNorm
 from titanpod.models.flux.args import FLUX_FLAVORS, FluxArgs
@@ -265,12 +266,11 @@ class FluxTransformer(nn.Module):
         cos_SD2, sin_SD2 = axes_rotary_cos_sin(
             torch.cat((txt_ids_T3, img_ids_L3), dim=0), self.args.axes_dims, self.args.rope_theta
         )
-        for block in self.double_blocks:
-            img_BLM, txt_BTM = block(img_BLM, txt_BTM, vec_BM, cos_SD2, sin_SD2)
+        shared = (vec_BM, cos_SD2, sin_SD2)
+        run = self.ops.block_runner
+        (img_BLM, txt_BTM), _ = run(self.double_blocks, carry_in_carry_out, (img_BLM, txt_BTM), shared)
         T = txt_BTM.shape[1]
-        x_BSM = torch.cat((txt_BTM, img_BLM), dim=1)
-        for block in self.single_blocks:
-            x_BSM = block(x_BSM, vec_BM, cos_SD2, sin_SD2)
+        (x_BSM,), _ = run(self.single_blocks, carry_in_carry_out, (torch.cat((txt_BTM, img_BLM), dim=1),), shared)
         return self.final_layer(x_BSM[:, T:], vec_BM)
 
     def parameter_init(self, name: str) -> ParamInit:
