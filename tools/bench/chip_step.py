@@ -1,9 +1,12 @@
 """Training speed on one TPU chip, measured, beside the compiler's estimate for the same program.
 
 Each configuration trains in its own process (one program may hold the chip; the next starts when it has let
-go), for ``--steps`` steps on the xla lane, without checkpoints or validation; its metrics.jsonl gives:
+go), for ``--steps`` steps on the xla lane (or the lane its flags name: ``qwen3_0.6b_tpu_lane`` runs the same
+model on ``torch.device("tpu")``, which needs torch_tpu), without checkpoints or validation; its metrics.jsonl
+gives:
 - measured: tokens/s over the steps after the first, model TFLOP/s, MFU (titanpod's count against the chip's
-  peak), the device's peak memory (``peak_memory_gib``);
+  peak), the device's peak memory (``peak_memory_gib``), and tokens/s over the xla lane's for the same model
+  (``of xla``: the ``qwen3_0.6b`` configuration, when it ran in the same call);
 - the compiler's figures for the program it ran: the bytes a device it needs (``program_memory_gib``) and,
   where the compiler gives one for the whole step (not through a layer scan), its estimated step time, from
   which measured / estimated.
@@ -38,11 +41,14 @@ CONFIGURATIONS: dict[str, str] = {
     "qwen3_0.6b_unscanned": QWEN3_06B + " --train.no-scan-layers",
     "qwen3_0.6b_sdpa": QWEN3_06B + " --kernels.attention sdpa",
     "qwen3_0.6b_2x8192": QWEN3_06B + " --data.seq-len 8192 --data.batch-size 2",
+    "qwen3_0.6b_tpu_lane": QWEN3_06B + " --device.lane tpu --train.step-mode whole_step",
 }
 """Name -> the training command's flags. A value may start with another configuration's name (its flags first)."""
 
-QUIET_RUN = "--device.lane xla --train.log-every 5 --checkpoint.every 0 --checkpoint.no-at-end --output.no-save-weights"
-"""What every measured run adds: the xla lane, reports every 5 steps, nothing saved, no validation."""
+QUIET_RUN = "--train.log-every 5 --checkpoint.every 0 --checkpoint.no-at-end --output.no-save-weights"
+"""What every measured run adds: reports every 5 steps, nothing saved, no validation."""
+XLA_REFERENCE = "qwen3_0.6b"
+"""The configuration every other one's tokens/s is set beside (``of xla``)."""
 
 
 def flags_of(name: str, table: dict[str, str]) -> list[str]:
@@ -55,7 +61,8 @@ def flags_of(name: str, table: dict[str, str]) -> list[str]:
 
 def measure(name: str, flags: list[str], steps: int, runs_dir: Path) -> dict:
     """Train configuration ``name`` for ``steps`` steps in a process of its own; its figures from metrics.jsonl."""
-    command = [sys.executable, "-m", "titanpod.pretrain.cli", *flags, *shlex.split(QUIET_RUN)]
+    # The xla lane unless the configuration names another (the last flag given wins).
+    command = [sys.executable, "-m", "titanpod.pretrain.cli", "--device.lane", "xla", *flags, *shlex.split(QUIET_RUN)]
     command += ["--train.steps", str(steps), "--train.warmup-steps", "1", "--data.validation-every", "0"]
     command += ["--output.runs-dir", str(runs_dir), "--output.run-name", name, "--output.start-over"]
     started = time.perf_counter()
@@ -121,18 +128,20 @@ def show(results: list[dict], matmul: float | None) -> None:
     if matmul is not None:
         print(f"chip bf16 matmul (8192^3, JAX): {matmul:.1f} TFLOP/s")
     header = f"{'configuration':<28} {'tokens/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>8} {'program GiB':>11}"
-    print(header + f" {'est. tokens/s':>13} {'meas/est':>8} {'of matmul':>9}")
+    print(header + f" {'est. tokens/s':>13} {'meas/est':>8} {'of matmul':>9} {'of xla':>6}")
+    reference = next((r for r in results if r["name"] == XLA_REFERENCE and "error" not in r), None)
     for r in results:
         if "error" in r:
             print(f"{r['name']:<28} failed (exit {r['exit']}): {r['error'][-300:]}")
             continue
         estimate = r.get("estimated_tokens_per_second")
         of_matmul = r["tflops_per_second"] / matmul if matmul else None
+        of_xla = r["tokens_per_second"] / reference["tokens_per_second"] if reference else None
         print(
             f"{r['name']:<28} {r['tokens_per_second']:>9,.0f} {r['tflops_per_second']:>8.1f} {r['mfu']:>6.1%} "
             f"{_num(r.get('peak_memory_gib')):>8} {_num(r.get('program_memory_gib')):>11} "
             f"{'-' if estimate is None else f'{estimate:,.0f}':>13} {_num(r.get('measured_over_estimated')):>8} "
-            f"{_num(of_matmul):>9}"
+            f"{_num(of_matmul):>9} {_num(of_xla):>6}"
         )
 
 
