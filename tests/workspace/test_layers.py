@@ -1,4 +1,4 @@
-"""The layer order of DESIGN.md, enforced by import-linter."""
+"""The layer order of docs/architecture.md, enforced by import-linter."""
 
 import shutil
 import subprocess

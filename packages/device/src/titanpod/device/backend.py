@@ -28,7 +28,8 @@ class Backend(ABC):
     compile_backend: ClassVar[str | None]
     """The ``torch.compile`` backend; ``None`` where the lane compiles another way (``jax.jit``)."""
     single_controller: ClassVar[bool] = False
-    """One process drives every device of the job and the compiler partitions the step (the xla lane);
+    """One process drives every device of the job and the compiler partitions the step (the xla lane): the step is
+    one ``jax.jit`` program (``titanpod.graph.xla.XlaStep``), and the dry run plans that program's memory;
     otherwise each process drives one device and shards through torch.distributed."""
     device_memory_is_host: ClassVar[bool] = False
     """The devices are the host's own memory (the cpu lane): nothing is held on the host beyond them."""

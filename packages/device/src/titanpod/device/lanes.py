@@ -28,7 +28,7 @@ from titanpod.device.probes import tpu_attached as tpu_attached
 from titanpod.device.registry import LANE_REGISTRY, LaneRegistry
 
 LANES: tuple[str, ...] = LANE_REGISTRY.names
-"""Every lane titanpod ships, in the order of DESIGN.md's lane table."""
+"""Every lane titanpod ships, in the order of the lane table in docs/architecture.md (Lanes)."""
 
 AUTO = "auto"
 LANE_ENV_VAR = "TITANPOD_LANE"

@@ -17,7 +17,7 @@ class LaneRegistry:
 
     entries: Mapping[str, str | type[Backend]]
     """Lane name -> ``"module:ClassName"``, imported on the first look-up, or the class itself (a lane defined
-    in code already imported). Listed in the order of DESIGN.md's lane table."""
+    in code already imported). Listed in the order of the lane table in docs/architecture.md (Lanes)."""
     auto_order: tuple[str, ...] = field(default=())
     """The lanes the automatic choice tries, first match wins (``Backend.detected``); a lane left out is used
     only when asked for by name."""

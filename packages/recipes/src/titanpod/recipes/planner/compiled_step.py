@@ -52,14 +52,15 @@ def widened_block(
     dtype: torch.dtype,
     hidden_bytes: int,
     *,
-    xla: bool,
+    jitted: bool,
     tp: int = 1,
     sequence_parallel: bool = False,
 ) -> SavedBytes:
-    """``measured`` (a block measured in ``dtype``) as the step keeps it: its input ``hidden_bytes`` wide; on the
-    xla lane under bf16, the matmul outputs in fp32, and with an fp32 hidden state everything saved in fp32."""
+    """``measured`` (a block measured in ``dtype``) as the step keeps it: its input ``hidden_bytes`` wide; when the
+    step is ``jitted`` (one XLA program, the xla lane's) under bf16, the matmul outputs in fp32, and with an fp32
+    hidden state everything saved in fp32."""
     region_input = measured.region_input * hidden_bytes // dtype.itemsize
-    if not xla or dtype == torch.float32:
+    if not jitted or dtype == torch.float32:
         return dataclasses.replace(measured, region_input=region_input)
     wide = block_saved_bytes(args, batch, seq_len, torch.float32, tp, sequence_parallel)
     all_saved = wide.all_saved if hidden_bytes == 4 else measured.all_saved

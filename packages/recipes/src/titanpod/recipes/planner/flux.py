@@ -31,6 +31,7 @@ from titanpod.recipes.layout_support import check_layout
 from titanpod.recipes.planner.activations import flash_attention_stand_in, measure_saved_bytes
 from titanpod.recipes.planner.host import HostMemoryPlan, plan_host_memory, planned_lane
 from titanpod.recipes.planner.host_table import add_host_row
+from titanpod.recipes.planner.lane_traits import runs_one_jitted_program
 from titanpod.recipes.planner.plan import FIT_FRACTION, MemoryPlan
 
 FROZEN_ENCODER_PARAMETERS = {"t5": 4_762_310_656, "clip": 123_060_480, "autoencoder": 83_819_683}
@@ -114,9 +115,10 @@ def flux_attention_kernel(recipe: DiffusionRecipe) -> str:
 
 
 def materialises_scores(recipe: DiffusionRecipe, lane: str) -> bool:
-    """Whether the run's attention builds the whole [B, H, S, S] score matrix: the reference on the xla lane, which
-    torchax runs as plain matmuls and a softmax (the torch lanes' SDPA is flash-style, as Splash is)."""
-    return lane == "xla" and flux_attention_kernel(recipe) != "splash"
+    """Whether the run's attention builds the whole [B, H, S, S] score matrix: the reference in a lane's jitted step
+    (the xla lane's), which torchax runs as plain matmuls and a softmax (the torch lanes' SDPA is flash-style, as
+    Splash is)."""
+    return runs_one_jitted_program(lane) and flux_attention_kernel(recipe) != "splash"
 
 
 def blocks_recomputed(recipe: DiffusionRecipe) -> bool:

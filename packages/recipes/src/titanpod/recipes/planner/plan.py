@@ -49,6 +49,7 @@ from titanpod.recipes.planner.compiled_step import (
     widened_block,
 )
 from titanpod.recipes.planner.host import HostMemoryPlan, plan_host_memory, planned_lane
+from titanpod.recipes.planner.lane_traits import runs_one_jitted_program
 from titanpod.recipes.planner.limits import FIT_FRACTION
 from titanpod.recipes.planner.pipeline_bubble import pipeline_bubble
 from titanpod.recipes.planner.pipeline_memory import pipeline_memory
@@ -177,14 +178,15 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     train, data = recipe.train, recipe.data
     dtype = torch.bfloat16 if train.precision == "bf16" else torch.float32
     local_seq = data.seq_len // mesh["cp"]  # each cp rank runs its share of every row through the blocks
-    # The xla lane's step keeps the hidden states between blocks whole over tp (titanpod.graph.xla's hidden_layout).
-    sequence_parallel = recipe.parallel.sequence_parallel and lane != "xla"
+    jitted = runs_one_jitted_program(lane)
+    # The jitted step keeps the hidden states between blocks whole over tp (titanpod.graph.xla's hidden_layout).
+    sequence_parallel = recipe.parallel.sequence_parallel and not jitted
     sharded = mesh["fsdp"] * mesh["cp"] * mesh["ep"] > 1  # parameters are gathered a block at a time
     hidden = hidden_itemsize(dtype, recipe.parallel.param_dtype, sharded)  # see compiled_step.py
     block = widened_block(
         block_saved_bytes(model.args, data.batch_size, local_seq, dtype, mesh["tp"], sequence_parallel),
         model.args, data.batch_size, local_seq, dtype, hidden,
-        xla=lane == "xla", tp=mesh["tp"], sequence_parallel=sequence_parallel,
+        jitted=jitted, tp=mesh["tp"], sequence_parallel=sequence_parallel,
     )  # fmt: skip
     head = head_saved_bytes(model.args, data.batch_size, local_seq, dtype, model.ops.head_loss)
     logits = 0
@@ -193,10 +195,10 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     gathered = 0
     if sharded:  # this block's parameters and the prefetched next one's
         gathered = 2 * _gathered_block_numel(plan, model, mesh) * _BYTES[recipe.parallel.param_dtype]
-    elif lane == "xla" and dtype == torch.bfloat16 and mesh["pp"] == 1:  # one program: no pipeline stages
+    elif jitted and dtype == torch.bfloat16 and mesh["pp"] == 1:  # one program: no pipeline stages
         gathered = weight_copy_bytes(_local_block_numel(plan, model, mesh), model.args.n_layers)
     kv_bytes = _kv_bytes(model, data.batch_size, data.seq_len, dtype, mesh["tp"]) if mesh["cp"] > 1 else 0
-    if lane == "xla" and mesh["ep"] > 1:
+    if jitted and mesh["ep"] > 1:
         gathered += _whole_vocab_gradient_bytes(model)
     if kv_bytes:  # attention keeps the gathered keys and values (whole rows) for backward, not just its own
         others = kv_bytes * (mesh["cp"] - 1) // mesh["cp"]
