@@ -159,16 +159,25 @@ def local_args(args: DecoderArgs, tp: int) -> DecoderArgs:
 
 
 def block_saved_bytes(
-    args: DecoderArgs, batch: int, seq_len: int, dtype: torch.dtype, tp: int = 1, sequence_parallel: bool = False
+    args: DecoderArgs,
+    batch: int,
+    seq_len: int,
+    dtype: torch.dtype,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    attention: Any = None,
 ) -> SavedBytes:
     """What one transformer block keeps for backward on one rank, for a micro-batch of ``batch`` sequences.
+
+    Attention saves what a flash-style kernel saves, unless ``attention`` (an attention op that runs on meta
+    tensors, e.g. ``kernels.attention math``'s, which keeps its score matrices) is given to count instead.
 
     With ``sequence_parallel`` the block input (the residual stream between tp regions) is
     split over the ``tp`` ranks; the rest is counted whole, so norms are over-counted a little.
     """
     shape = local_args(args, tp)
     with torch.device("meta"):
-        block = TransformerBlock(shape, ModelOps(attention=flash_attention_stand_in)).to(dtype)
+        block = TransformerBlock(shape, ModelOps(attention=attention or flash_attention_stand_in)).to(dtype)
         if isinstance(block.feed_forward, MoE):
             block.feed_forward = _BalancedMoEStandIn(block.feed_forward)
         x_BSM = torch.empty(batch, seq_len, shape.dim, dtype=dtype, requires_grad=True)

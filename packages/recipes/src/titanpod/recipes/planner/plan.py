@@ -184,7 +184,8 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float) -> R
     sharded = mesh["fsdp"] * mesh["cp"] * mesh["ep"] > 1  # parameters are gathered a block at a time
     hidden = hidden_itemsize(dtype, recipe.parallel.param_dtype, sharded)  # see compiled_step.py
     block = widened_block(
-        block_saved_bytes(model.args, data.batch_size, local_seq, dtype, mesh["tp"], sequence_parallel),
+        block_saved_bytes(model.args, data.batch_size, local_seq, dtype, mesh["tp"], sequence_parallel,
+                          attention=model.ops.attention if recipe.kernels.attention == "math" else None),
         model.args, data.batch_size, local_seq, dtype, hidden,
         jitted=jitted, tp=mesh["tp"], sequence_parallel=sequence_parallel,
     )  # fmt: skip
