@@ -102,18 +102,26 @@ class _BalancedMoEStandIn(nn.Module):
 
 
 class _ProducerLog(TorchDispatchMode):
-    """Remembers which op produced each storage."""
+    """Remembers which op produced each storage.
+
+    Storages are told apart by address, so it keeps every storage it has seen alive until it is dropped: a storage
+    freed during the forward would otherwise lend its address to a later one, which would then be taken for the
+    earlier op's output (and the figures would change from run to run with the allocator's reuse)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.producer: dict[int, str] = {}
+        self._seen: list[torch.UntypedStorage] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
         for value in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(value, torch.Tensor):
-                self.producer.setdefault(_storage_key(value), name)
+                key = _storage_key(value)
+                if key not in self.producer:
+                    self.producer[key] = name
+                    self._seen.append(value.untyped_storage())
         return out
 
 
