@@ -22,7 +22,7 @@ from tests.checkpoint.test_trainer_state import final_weights, recipe
 from tests.conftest import XLA_ENV, run_json_script
 from tests.graph.test_step_modes import BACKEND, random_batches, tiny_model
 from titanpod.checkpoint import CheckpointConfig, Checkpointer, CheckpointError, complete_checkpoints, read_trainer_file
-from titanpod.checkpoint import trainer_state as trainer_state_module
+from titanpod.checkpoint import trainer_save as trainer_save_module
 from titanpod.checkpoint.dcp_reader import UnsafeCheckpointError, safe_reader
 from titanpod.checkpoint.orbax_state import orbax_location
 from titanpod.graph import EagerStep, TrainConfig
@@ -96,7 +96,7 @@ def test_a_save_cut_short_before_its_marker_is_ignored_then_removed(tmp_path, me
     def killed(*_):
         raise KeyboardInterrupt("killed before the marker")
 
-    monkeypatch.setattr(trainer_state_module, "write_marker", killed)
+    monkeypatch.setattr(trainer_save_module, "write_marker", killed)
     with pytest.raises(KeyboardInterrupt):
         checkpointer(memory_url, tmp_path).save(4, step.model, step, {"index": 4})
     monkeypatch.undo()

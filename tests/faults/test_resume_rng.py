@@ -85,7 +85,7 @@ def test_a_checkpoint_holding_a_gpu_generator_loads_on_a_cpu(tmp_path, monkeypat
     gpu_generator = torch.arange(16, dtype=torch.uint8)
     cpu_state = torch.get_rng_state()
     monkeypatch.setattr(
-        "titanpod.checkpoint.trainer_state.rng_state",
+        "titanpod.checkpoint.trainer_tensors.rng_state",
         lambda _: {"torch_cpu": cpu_state, "cuda": gpu_generator},  # as a run on a GPU saves it
     )
     checkpointer.save(1, model, step, {"index": 1})

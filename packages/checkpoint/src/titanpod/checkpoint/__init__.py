@@ -12,15 +12,10 @@ if TYPE_CHECKING:
     from titanpod.checkpoint.hub import pull, push, resolve_source
     from titanpod.checkpoint.model_files import MODEL_FILE, load_model, save_model
     from titanpod.checkpoint.orbax_state import dcp_to_orbax, load_dcp_state, orbax_to_dcp
-    from titanpod.checkpoint.trainer_state import (
-        CheckpointConfig,
-        Checkpointer,
-        CheckpointError,
-        ResumePoint,
-        complete_checkpoints,
-        read_trainer_file,
-        trainer_state_dict,
-    )
+    from titanpod.checkpoint.trainer_file import read_trainer_file
+    from titanpod.checkpoint.trainer_load import ResumePoint
+    from titanpod.checkpoint.trainer_state import CheckpointConfig, Checkpointer, CheckpointError, complete_checkpoints
+    from titanpod.checkpoint.trainer_tensors import trainer_state_dict
     from titanpod.checkpoint.weights import WEIGHTS_FILE, load_weights, save_weights
 
 _HOMES = {
@@ -41,10 +36,10 @@ _HOMES = {
     "CheckpointConfig": "titanpod.checkpoint.config",
     "Checkpointer": "titanpod.checkpoint.trainer_state",
     "CheckpointError": "titanpod.checkpoint.trainer_state",
-    "ResumePoint": "titanpod.checkpoint.trainer_state",
+    "ResumePoint": "titanpod.checkpoint.trainer_load",
     "complete_checkpoints": "titanpod.checkpoint.trainer_state",
-    "read_trainer_file": "titanpod.checkpoint.trainer_state",
-    "trainer_state_dict": "titanpod.checkpoint.trainer_state",
+    "read_trainer_file": "titanpod.checkpoint.trainer_file",
+    "trainer_state_dict": "titanpod.checkpoint.trainer_tensors",
     "WEIGHTS_FILE": "titanpod.checkpoint.weights",
     "load_weights": "titanpod.checkpoint.weights",
     "save_weights": "titanpod.checkpoint.weights",

@@ -18,7 +18,7 @@ from torch import nn
 from titanpod.checkpoint.dcp_reader import quiet_single_process, safe_reader, tensor_shapes
 from titanpod.checkpoint.errors import CheckpointMismatchError
 from titanpod.checkpoint.step_folders import TRAINER_FILE, complete_checkpoints
-from titanpod.checkpoint.trainer_state import STATE_FOLDER, read_trainer_file
+from titanpod.checkpoint.trainer_file import STATE_FOLDER, read_trainer_file
 
 MODEL_KEY = "model"
 """The part of the trainer state that holds the parameters (``trainer_state_dict``)."""

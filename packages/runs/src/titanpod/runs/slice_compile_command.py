@@ -15,16 +15,10 @@ from rich.table import Table
 from titanpod.graph.xla.ahead_of_time import NamedBatchShape
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
 from titanpod.recipes.recipe import Recipe
-from titanpod.runs.slice_compile import (
-    COST_DEPTHS,
-    SliceCompileReport,
-    compile_for_slice,
-    extrapolated,
-    save_executable,
-    target_slice,
-    with_costs_from,
-    write_report,
-)
+from titanpod.runs.depth_extrapolation import COST_DEPTHS, extrapolated, with_costs_from
+from titanpod.runs.slice_compile import compile_for_slice, target_slice
+from titanpod.runs.slice_program import save_executable
+from titanpod.runs.slice_report import SliceCompileReport, write_report
 
 GiB = 1024**3
 

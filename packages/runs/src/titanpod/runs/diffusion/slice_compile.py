@@ -5,7 +5,7 @@ transformer, built on the meta device with the ops its run uses (``meta_transfor
 plan on the slice's mesh, with the recipe's memory policy, precision, micro-batches and AdamW update. The
 frozen autoencoder and text encoders are not part of the step: it takes latents, noise, timesteps and text
 encodings as inputs (``flow_matching_batch_shape``), as a run's step does. Compiling and reporting are the
-language models' own (``titanpod.runs.slice_compile``).
+language models' own (``titanpod.runs.slice_program``).
 
 A copy cut to fewer blocks keeps FLUX's proportion of single-stream to double-stream blocks (``cut_args``),
 so figures extrapolated by depth from two such copies grow as the whole model's do.
@@ -31,7 +31,9 @@ from titanpod.recipes.families import sharding_plan
 from titanpod.recipes.planner.flux import flux_attention_kernel, flux_sample_shape, plan_flux
 from titanpod.runs.diffusion.batches import flow_matching_batch_shape
 from titanpod.runs.diffusion.components import meta_transformer, transformer_args
-from titanpod.runs.slice_compile import SliceCompileReport, SliceProgram, compile_program, compiled_kernels
+from titanpod.runs.slice_compile import compiled_kernels
+from titanpod.runs.slice_program import SliceProgram, compile_program
+from titanpod.runs.slice_report import SliceCompileReport
 
 FLUX_FAMILY = "flux"
 """The family whose sharding plan lays out the transformer."""

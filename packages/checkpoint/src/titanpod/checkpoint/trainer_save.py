@@ -1,0 +1,103 @@
+"""Writing a trainer-state checkpoint's folder: made ready for the step's files, then made complete
+(``trainer.json``, the commit marker last, locally the rename), and old checkpoints pruned."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from titanpod.checkpoint.disk_space import disk_full_named
+from titanpod.checkpoint.locations import (
+    Location,
+    exists,
+    is_url,
+    join,
+    local_path,
+    make_folder,
+    remove_tree,
+    write_bytes,
+)
+from titanpod.checkpoint.step_folders import (
+    COMMIT_MARKER,
+    TRAINER_FILE,
+    complete_checkpoints,
+    needs_marker,
+    set_aside,
+    step_folder_name,
+    write_marker,
+)
+
+
+def save_target(folder: Location, step_number: int, is_main: bool, say: Callable[[str], None]) -> Location:
+    """The folder a save of ``step_number`` writes into, made empty by rank 0 (every rank calls this): locally a
+    staging folder renamed when complete, at a URL (no rename) the step folder itself. A step folder already
+    there (left by another run, or without ``trainer.json``) is moved aside, never overwritten."""
+    final = join(folder, step_folder_name(step_number))
+    target = final if needs_marker(folder) else join(folder, f".{step_folder_name(step_number)}.partial")
+    if is_main:
+        if exists(final):
+            say(set_aside(final))
+        if exists(target):
+            remove_tree(target, first=COMMIT_MARKER)
+        make_folder(target)
+    if dist.is_initialized():
+        dist.barrier()
+    return target
+
+
+def state_writer(folder: Location) -> dcp.FileSystemWriter:
+    """The DCP writer of ``folder``: the local one (fsynced files), or fsspec's for a URL (an object is stored
+    when its stream closes; fsspec streams have no file descriptor to fsync)."""
+    if is_url(folder):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        return FsspecWriter(str(folder), single_file_per_rank=True, sync_files=False)
+    return dcp.FileSystemWriter(folder, single_file_per_rank=True, sync_files=True)
+
+
+def full_disk_named(target: Location, needed_bytes: int, is_main: bool) -> AbstractContextManager[None]:
+    """A full disk while saving into ``target``: its unfinished folder removed (rank 0; earlier checkpoints
+    are untouched), then a ``DiskFullError`` naming it and the bytes this process's state needs."""
+
+    def remove_partial() -> None:
+        if is_main and exists(target):
+            remove_tree(target, first=COMMIT_MARKER)
+
+    return disk_full_named(target, needed_bytes, remove_partial, "this process's trainer state")
+
+
+def commit(
+    folder: Location, target: Location, step_number: int, trainer_bytes: bytes, say: Callable[[str], None]
+) -> None:
+    """Make the save in ``target`` a checkpoint (rank 0, once every rank's files are written): ``trainer.json``,
+    then the commit marker (last), then locally the fsync and the rename to its step folder."""
+    write_bytes(join(target, TRAINER_FILE), trainer_bytes)
+    write_marker(target, step_number, trainer_bytes)
+    final = join(folder, step_folder_name(step_number))
+    staging = local_path(target) if not is_url(target) else None
+    if staging is not None:  # locally the folder appears whole, on disk, by its rename
+        _fsync_tree(staging)
+        if exists(final):
+            remove_tree(final)
+        staging.rename(final)
+    say(f"saved checkpoint {final}")
+
+
+def prune(folder: Location, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` complete checkpoints (0 keeps all), each marker first."""
+    if keep_last == 0:
+        return
+    for _, path in complete_checkpoints(folder)[:-keep_last]:
+        remove_tree(path, first=COMMIT_MARKER)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
