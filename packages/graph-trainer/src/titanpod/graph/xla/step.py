@@ -16,7 +16,6 @@ more [A, B, S] input, sharded like the tokens, scanned with them and passed to `
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -28,7 +27,6 @@ from torch import nn
 from titanpod.device import Backend
 from titanpod.graph.blocks import transformer_blocks
 from titanpod.graph.config import TrainConfig
-from titanpod.graph.loss_metrics import loss_and_metrics
 from titanpod.graph.optimizer import AdamWState, adamw_update_, state_tree, total_grad_norm
 from titanpod.graph.step_base import (
     Batch,
@@ -40,14 +38,15 @@ from titanpod.graph.step_base import (
 )
 from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
 from titanpod.graph.xla.fit import check_state_fits, is_out_of_memory, out_of_device_memory
-from titanpod.graph.xla.head import head_parameter, regathered_head
+from titanpod.graph.xla.gather import fsdp_gather, hidden_states_layout, self_gathered
 from titanpod.graph.xla.layer_stack import LayerStack
+from titanpod.graph.xla.loss import jax_loss
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
-from titanpod.graph.xla.precision import bf16_autocast
 from titanpod.graph.xla.program_figures import ProgramFigures, program_figures
-from titanpod.graph.xla.remat import remat_policy, rematerialised_blocks
-from titanpod.graph.xla.scan import scanned_layers
+from titanpod.graph.xla.remat import BlockGather, remat_policy
 from titanpod.graph.xla.state import RegionValues, load_state_tree, place_params, zero_adamw_state
+
+__all__ = ["XlaStep", "block_list_counts", "self_gathered"]
 
 
 class XlaStep(TrainStep):
@@ -156,139 +155,25 @@ class XlaStep(TrainStep):
         return batch_sharding(self.mesh, self.axes)
 
     def loss_function(self, cross_entropy_only: bool = False) -> Callable[..., Any]:
-        """The model's loss as a JAX function of (parameters list, tokens [B, S], labels [B, S][, document ids [B, S]]),
-        or of (parameters list, a dict of named tensors) for a model whose ``loss`` takes named tensors, returning
-        (loss, metrics): the figures the model reports beside it (``titanpod.graph.loss_metrics``).
-
-        Runs ``model.loss`` through ``jax_view`` of ``torch.func.functional_call``, under
-        torchax's bf16 autocast when ``config.precision`` is bf16 (matmuls in bf16;
-        parameters and gradients stay fp32), with each transformer block rematerialised
-        by the memory policy; with ``scan_layers``, the blocks run as one scan over their stacked parameters.
-        ``cross_entropy_only``: the model's cross-entropy alone (``loss_terms``: no auxiliary MoE loss), as
-        validation reports it, with no metrics.
+        """The model's loss as a JAX function of (the step's arrays, a micro-batch), returning (loss, metrics)
+        (``titanpod.graph.xla.loss``), under the step's precision, remat policy, FSDP gather and hidden-state
+        layout. ``cross_entropy_only``: the model's cross-entropy alone, as validation reports it, with no metrics.
         """
-        from torchax.interop import jax_view, torch_view
+        gather_rule, layout_input = self.gather_rule(), self.hidden_layout()
+        return jax_loss(
+            self.model, self.config, self.layer_stack, self.policy, gather_rule, layout_input, cross_entropy_only
+        )
 
-        model, names, config = self.model, self.names, self.config
-        wrapper = _LossModule(model, cross_entropy_only)
-        gather, layout_input = self.gather_rule(), self.hidden_layout()
-        layer_stack = self.layer_stack
-        names = list(layer_stack.entries)
-        stacked = [layer_stack.is_stacked(i) for i in range(len(names))]
-        # Blocks gather their own parameters (stacked ones inside the scan), and the head + loss slot its head
-        # (regathered for its backward); the rest (embeddings, final norm) are gathered up front, a tied head
-        # too, for the embedding's use.
-        head = head_parameter(model) if gather is not None else None
-        tables = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Embedding)}
-        block_prefixes = tuple(f"{path}." for path, _ in transformer_blocks(model))
-        outside = [
-            gather is not None and not in_stack and not name.startswith(block_prefixes)
-            and (name != head or name in tables)
-            for name, in_stack in zip(names, stacked, strict=True)
-        ]  # fmt: skip
-
-        def torch_loss(
-            params: list[torch.Tensor],
-            tokens_BS: torch.Tensor | dict[str, torch.Tensor],
-            labels_BS: torch.Tensor | None = None,
-            document_ids_BS: torch.Tensor | None = None,
-        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            stored = params
-            if gather is not None:
-                params = [
-                    torch_view(gather(name, jax_view(param))) if up_front else param
-                    for name, param, up_front in zip(names, params, outside, strict=True)
-                ]
-            bound = {"inner." + n: p for n, p, s in zip(names, params, stacked, strict=True) if not s}
-            inputs: tuple = (
-                (tokens_BS, labels_BS) if document_ids_BS is None else (tokens_BS, labels_BS, document_ids_BS)
-            )
-            named: Mapping[str, torch.Tensor] = {}
-            if isinstance(tokens_BS, Mapping):  # a batch of named tensors: model.loss(**batch)
-                inputs, named = (), tokens_BS
-            with contextlib.ExitStack() as stack:
-                if head is not None and gather is not None:
-                    at = names.index(head)
-                    stack.enter_context(regathered_head(model, head, lambda: params[at], jax_view(stored[at]), gather))
-                if config.precision == "bf16":
-                    stack.enter_context(bf16_autocast())
-                if self.policy is not None or gather is not None:
-                    stack.enter_context(rematerialised_blocks(model, wrapper, self.policy, gather, layout_input))
-                if any(stacked):
-                    blocks = {path: jax_view(arrays) for path, arrays in layer_stack.by_list(params).items()}
-                    stack.enter_context(scanned_layers(model, blocks))
-                return torch.func.functional_call(wrapper, bound, inputs, named)
-
-        return jax_view(torch_loss)
-
-    def gather_rule(self) -> Callable[[str, Any], Any] | None:
-        """FSDP's gather as sharding constraints: parameter ``name``'s JAX value cast to ``gather_dtype`` and laid
-        out whole over the data shard axes (still split over ``tp``, experts over ``ep``); parameters a module gathers
-        itself (``self_gathered``) only cast. ``None`` when nothing is sharded over a data axis. Without it XLA's
-        partitioner may keep the weights sharded and split the activations' features to match, moving activations
-        instead of weights."""
-        import jax
-        import jax.numpy as jnp
-        from jax.sharding import NamedSharding
-
-        from titanpod.parallel.xla_executor import gathered_partition_spec
-
-        if self._plan is None:
-            return None
-        shapes = {name: param.ndim for name, param in zip(self.names, self.params, strict=True)}
-        homes = self.name_shardings
-        own = self_gathered(self.model)
-        targets = {
-            name: homes[name]
-            if name in own
-            else NamedSharding(self.mesh, gathered_partition_spec(self._plan, name, ndim, self.axes))
-            for name, ndim in shapes.items()
-        }
-        if all(target.spec == homes[name].spec for name, target in targets.items()):
-            return None
-        dtype = None if self.gather_dtype is None else jnp.dtype(str(self.gather_dtype).removeprefix("torch."))
-
-        def gather(name: str, array: Any) -> Any:
-            cast = dtype if dtype is not None and jnp.issubdtype(array.dtype, jnp.floating) else array.dtype
-            stored = array.dtype
-
-            @jax.custom_vjp
-            def gathered(value: Any) -> Any:
-                return jax.lax.with_sharding_constraint(value.astype(cast), targets[name])
-
-            def forward(value: Any) -> tuple[Any, None]:
-                return gathered(value), None
-
-            def backward(_: None, grad: Any) -> tuple[Any]:
-                # Reduce-scattered where the block's backward makes it, in the stored dtype: left to the
-                # partitioner, the gradients stayed whole until the step's end (one block's worth a layer).
-                return (jax.lax.with_sharding_constraint(grad.astype(stored), homes[name]),)
-
-            gathered.defvjp(forward, backward)
-            return gathered(array)
-
-        return gather
+    def gather_rule(self) -> BlockGather | None:
+        """FSDP's gather as sharding constraints, to ``gather_dtype`` (``titanpod.graph.xla.gather.fsdp_gather``);
+        ``None`` when nothing is sharded over a data axis."""
+        ndims = {name: param.ndim for name, param in zip(self.names, self.params, strict=True)}
+        return fsdp_gather(self.model, self._plan, self.mesh, self.axes, ndims, self.name_shardings, self.gather_dtype)
 
     def hidden_layout(self) -> Callable[[Any], Any] | None:
-        """A block's hidden states [B, S, D] (what a recomputed block keeps of itself) laid out as the batch is: B
-        over the data axes, S over ``cp``; ``None`` on a mesh without those axes. (Splitting S over ``tp`` as well,
-        sequence parallelism, was tried: libtpu then gathered every block's input again and kept the copies,
-        5 GiB a layer more for Llama 3 405B at fsdp 64 x tp 8.)"""
-        import jax
-        from jax.sharding import NamedSharding, PartitionSpec
-
-        from titanpod.parallel.xla_executor import batch_partition_spec
-
-        if not any(self.axes.get(axis, 1) > 1 for axis in ("dp_replicate", "fsdp", "ep", "cp")):
-            return None
-        spec = PartitionSpec(*batch_partition_spec(self.axes, 3))
-
-        def layout(array: Any) -> Any:
-            if array.ndim != 3:
-                return array
-            return jax.lax.with_sharding_constraint(array, NamedSharding(self.mesh, spec))
-
-        return layout
+        """A block's hidden states [B, S, D] laid out as the batch is
+        (``titanpod.graph.xla.gather.hidden_states_layout``); ``None`` on a mesh without data or ``cp`` axes."""
+        return hidden_states_layout(self.mesh, self.axes)
 
     def update_function(self) -> Callable[..., Any]:
         """The optimizer as a JAX function: (params, grads, exp_avg, exp_avg_sq, step, lr) ->
@@ -516,39 +401,3 @@ def block_list_counts(model: nn.Module) -> dict[str, int]:
         owner = path.rpartition(".")[0]
         counts[owner] = counts.get(owner, 0) + 1
     return counts
-
-
-class _LossModule(nn.Module):
-    """``model.loss`` and its metrics as a module's forward, for ``torch.func.functional_call``."""
-
-    def __init__(self, inner: nn.Module, cross_entropy_only: bool = False) -> None:
-        super().__init__()
-        self.inner = inner
-        self.cross_entropy_only = cross_entropy_only
-
-    def forward(
-        self,
-        tokens_BS: torch.Tensor | None = None,
-        labels_BS: torch.Tensor | None = None,
-        document_ids_BS: torch.Tensor | None = None,
-        **named: torch.Tensor,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        if named:
-            return loss_and_metrics(self.inner, **named)
-        if self.cross_entropy_only:
-            terms = self.inner.loss_terms(tokens_BS, labels_BS, document_ids_BS)  # type: ignore[operator]
-            return terms["cross_entropy"], {}
-        if document_ids_BS is None:
-            return loss_and_metrics(self.inner, tokens_BS, labels_BS)
-        return loss_and_metrics(self.inner, tokens_BS, labels_BS, document_ids_BS=document_ids_BS)
-
-
-def self_gathered(model: nn.Module) -> set[str]:
-    """Names of the parameters whose module gathers them itself (its ``gathers_own_parameters``: MoE experts
-    whose grouped-matmul kernel gathers their weights inside its ``shard_map``): FSDP's gather in the step
-    leaves them as stored (cast to the gather dtype) rather than gather them twice."""
-    names: set[str] = set()
-    for prefix, module in model.named_modules():
-        if getattr(module, "gathers_own_parameters", False):
-            names.update(f"{prefix}.{name}" if prefix else name for name, _ in module.named_parameters())
-    return names
