@@ -27,24 +27,20 @@ from torch import nn
 from titanpod.device import Backend
 from titanpod.graph.blocks import transformer_blocks
 from titanpod.graph.config import TrainConfig
-from titanpod.graph.optimizer import AdamWState, adamw_update_, state_tree, total_grad_norm
-from titanpod.graph.step_base import (
-    Batch,
-    StateFormat,
-    StepOutput,
-    TrainStep,
-    stack_micro_batches,
-    stack_named_batches,
-)
+from titanpod.graph.optimizer import AdamWState, state_tree
+from titanpod.graph.step_base import Batch, StateFormat, StepOutput, TrainStep
+from titanpod.graph.xla.batches import named_batch_sharding, place_micro_batches
 from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
 from titanpod.graph.xla.fit import check_state_fits, is_out_of_memory, out_of_device_memory
 from titanpod.graph.xla.gather import fsdp_gather, hidden_states_layout, self_gathered
+from titanpod.graph.xla.held_out import held_out_program
 from titanpod.graph.xla.layer_stack import LayerStack
 from titanpod.graph.xla.loss import jax_loss
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
 from titanpod.graph.xla.program_figures import ProgramFigures, program_figures
 from titanpod.graph.xla.remat import BlockGather, remat_policy
 from titanpod.graph.xla.state import RegionValues, load_state_tree, place_params, zero_adamw_state
+from titanpod.graph.xla.step_program import jax_adamw_update, jax_step, jit_step
 
 __all__ = ["XlaStep", "block_list_counts", "self_gathered"]
 
@@ -178,56 +174,15 @@ class XlaStep(TrainStep):
     def update_function(self) -> Callable[..., Any]:
         """The optimizer as a JAX function: (params, grads, exp_avg, exp_avg_sq, step, lr) ->
         (params, exp_avg, exp_avg_sq, step, grad_norm, applied), running ``adamw_update_``."""
-        from torchax.interop import jax_view
-
-        decays, config = self.layer_stack.per_entry(dict(zip(self.names, self.decays, strict=True))), self.config
-
-        def torch_update(params, grads, exp_avg, exp_avg_sq, step, lr):
-            grad_norm = total_grad_norm(grads, foreach=False)  # torchax tensors have no foreach kernels
-            state = AdamWState(step, list(exp_avg), list(exp_avg_sq))
-            applied = adamw_update_(params, grads, state, lr, grad_norm, decays, config, implementation="per_tensor")
-            return list(params), state.exp_avg, state.exp_avg_sq, state.step, grad_norm, applied
-
-        return jax_view(torch_update)
+        return jax_adamw_update(self.names, self.decays, self.layer_stack, self.config)
 
     def step_function(self) -> Callable[..., Any]:
-        """The whole step as a JAX function (what is jitted): (params, exp_avg, exp_avg_sq, step,
-        lr, tokens [A, B, S], labels [A, B, S][, document ids [A, B, S]]), or (..., lr, named tensors each
-        [A, ...]) for batches of named tensors -> (params, exp_avg,
-        exp_avg_sq, step, loss, grad_norm, applied, metrics summed over the micro-batches)."""
-        import jax
-        import jax.numpy as jnp
+        """The whole step as a JAX function, what is jitted (``titanpod.graph.xla.step_program.jax_step``)."""
+        return jax_step(self.loss_function(), self.update_function(), self.param_shardings)
 
-        value_and_grad = jax.value_and_grad(self.loss_function(), has_aux=True)
-        update = self.update_function()
-        shardings = self.param_shardings
-
-        def sharded_like_params(arrays: list[Any]) -> list[Any]:  # gradients reduce-scatter, not all-reduce
-            return jax.lax.with_sharding_constraint(arrays, shardings)
-
-        def step(params, exp_avg, exp_avg_sq, count, lr, tokens_ABS, labels_ABS=None, document_ids_ABS=None):
-            def micro_step(grad_sum, batch):
-                (loss, metrics), grads = value_and_grad(params, *batch)
-                return [s + g for s, g in zip(grad_sum, sharded_like_params(grads), strict=True)], (loss, metrics)
-
-            zeros = sharded_like_params([jnp.zeros(p.shape, jnp.float32) for p in params])
-            if isinstance(tokens_ABS, Mapping):  # named tensors, each [A, ...]
-                scanned: tuple = (tokens_ABS,)
-                micro_batches = next(iter(tokens_ABS.values())).shape[0]
-            else:
-                scanned = (
-                    (tokens_ABS, labels_ABS) if document_ids_ABS is None else (tokens_ABS, labels_ABS, document_ids_ABS)
-                )
-                micro_batches = tokens_ABS.shape[0]
-            grad_sum, (losses_A, metrics_A) = jax.lax.scan(micro_step, zeros, scanned)
-            grads = [(g / micro_batches).astype(p.dtype) for g, p in zip(grad_sum, params, strict=True)]
-            params, exp_avg, exp_avg_sq, count, grad_norm, applied = update(
-                params, grads, exp_avg, exp_avg_sq, count, lr
-            )
-            metrics = {name: jnp.sum(values_A) for name, values_A in metrics_A.items()}
-            return params, exp_avg, exp_avg_sq, count, jnp.mean(losses_A), grad_norm, applied, metrics
-
-        return step
+    def jitted_step(self) -> Any:
+        """``jax.jit`` of ``step_function``; parameters and optimizer state are donated and keep their shardings."""
+        return jit_step(self.step_function(), self.mesh, self.param_shardings)
 
     evaluates_held_out: ClassVar[bool] = True
     """Held-out batches are evaluated on the step's devices, with the parameters where they train."""
@@ -239,55 +194,19 @@ class XlaStep(TrainStep):
         import jax
 
         if self._evaluation is None:
-            loss = self.loss_function(cross_entropy_only=True)
-
-            def evaluate(params: list[Any], *batch_ABS: Any) -> Any:
-                return loss(params, *(array[0] for array in batch_ABS))[0]
-
-            self._evaluation = jax.jit(evaluate, out_shardings=replicated(self.mesh))
+            self._evaluation = held_out_program(self.loss_function(cross_entropy_only=True), self.mesh)
         with self.backend.runtime(), jax.set_mesh(self.mesh):
             return self._evaluation(self.jax_params, *self.place_batch([batch]))
 
-    def jitted_step(self) -> Any:
-        """``jax.jit`` of ``step_function``; parameters and optimizer state are donated and keep their shardings."""
-        import jax
-
-        whole = replicated(self.mesh)
-        out_shardings = (self.param_shardings, self.param_shardings, self.param_shardings, *[whole] * 5)
-        return jax.jit(self.step_function(), donate_argnums=(0, 1, 2, 3), out_shardings=out_shardings)
-
     def place_batch(self, micro_batches: list[Batch]) -> tuple[Any, ...]:
-        """Stack the micro-batches to tokens and labels [A, B, S] (and document ids, when the
-        batches are 3-tuples) and put them on the mesh, each sharded like the tokens.
-
-        Batches of named tensors become one dict of arrays [A, B, ...], B split over the data axes,
-        except the tensors the model names in ``shared_batch_inputs`` (no batch dimension, e.g. FLUX's
-        position ids): those are whole on every device."""
-        import jax
-
-        if any(isinstance(batch, Mapping) for batch in micro_batches):
-            return (self._place_named(stack_named_batches(micro_batches)),)
-        sharding = self.batch_sharding()
-        stacked = [t for t in stack_micro_batches(micro_batches) if t is not None]
-        return tuple(jax.device_put(np.asarray(t.cpu()), sharding) for t in stacked)
+        """The micro-batches stacked to [A, ...] and put on the mesh (``titanpod.graph.xla.batches``): tokens,
+        labels (and document ids) [A, B, S] sharded alike, or one dict of named tensors."""
+        return place_micro_batches(micro_batches, self.model, self.mesh, self.axes)
 
     def named_sharding(self, name: str) -> Any:
         """The sharding of the named batch tensor ``name`` [A, B, ...]: B split over the data axes, or whole on
         every device for one of the model's ``shared_batch_inputs``."""
-        from jax.sharding import NamedSharding, PartitionSpec
-
-        from titanpod.parallel.xla_executor import batch_partition_spec
-
-        if name in set(getattr(self.model, "shared_batch_inputs", ())):
-            return NamedSharding(self.mesh, PartitionSpec())
-        return NamedSharding(self.mesh, PartitionSpec(None, *batch_partition_spec(self.axes, 1)))
-
-    def _place_named(self, named_A: dict[str, torch.Tensor]) -> dict[str, Any]:
-        import jax
-
-        return {
-            name: jax.device_put(np.asarray(value.cpu()), self.named_sharding(name)) for name, value in named_A.items()
-        }
+        return named_batch_sharding(name, self.model, self.mesh, self.axes)
 
     def _arguments(self, micro_batches: list[Batch], lr: float) -> tuple:
         import jax
