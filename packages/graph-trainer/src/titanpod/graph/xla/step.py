@@ -27,8 +27,8 @@ from torch import nn
 from titanpod.device import Backend
 from titanpod.graph.blocks import transformer_blocks
 from titanpod.graph.config import TrainConfig
-from titanpod.graph.optimizer import AdamWState, state_tree
-from titanpod.graph.step_base import Batch, StateFormat, StepOutput, TrainStep
+from titanpod.graph.optimizer import AdamWState
+from titanpod.graph.step_base import Batch, StepOutput
 from titanpod.graph.xla.batches import named_batch_sharding, place_micro_batches
 from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
 from titanpod.graph.xla.fit import check_state_fits, is_out_of_memory, out_of_device_memory
@@ -39,13 +39,14 @@ from titanpod.graph.xla.loss import jax_loss
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
 from titanpod.graph.xla.program_figures import ProgramFigures, program_figures
 from titanpod.graph.xla.remat import BlockGather, remat_policy
-from titanpod.graph.xla.state import RegionValues, load_state_tree, place_params, zero_adamw_state
+from titanpod.graph.xla.state import RegionValues, place_params, zero_adamw_state
+from titanpod.graph.xla.state_step import JaxStateStep
 from titanpod.graph.xla.step_program import jax_adamw_update, jax_step, jit_step
 
 __all__ = ["XlaStep", "block_list_counts", "self_gathered"]
 
 
-class XlaStep(TrainStep):
+class XlaStep(JaxStateStep):
     """One optimizer step as a single ``jax.jit`` program: forward, backward, gradient sum, clipping, AdamW.
 
     ``plan`` (a ``titanpod.parallel.ShardingPlan``) and ``axes`` (mesh axis -> size) shard
@@ -65,9 +66,6 @@ class XlaStep(TrainStep):
     holds their parameters and moments stacked (``layer_stack``: ``jax_params`` and ``state`` are per entry);
     ``state_dict()``, ``load_state_dict`` and ``finish()`` speak of the model's own per-layer parameters.
     """
-
-    state_format: ClassVar[StateFormat] = "jax"
-    """The step holds parameters and optimizer state as jax arrays: ``state_dict()`` is their tree, saved with Orbax."""
 
     def __init__(
         self,
@@ -96,7 +94,6 @@ class XlaStep(TrainStep):
             if config.scan_layers
             else LayerStack.flat([n for n, _ in named])
         )
-        """The step's arrays (``jax_params``, the moments) and the model's parameters each holds."""
         super().__init__(model, config, backend)  # calls initial_state: parameters and moments on the mesh
         self.program = self.jitted_step()
         """The ``jax.jit`` of the step: lowered and compiled once per batch shape (``_compiled_program``), never
@@ -114,37 +111,12 @@ class XlaStep(TrainStep):
             placed = place_params(named, self._plan, self.mesh, self.axes, self._initial_values)
             self._initial_values = None  # used once: the step's own arrays hold the parameters from here on
             self.name_shardings = {name: array.sharding for name, array in zip(self.names, placed, strict=True)}
-            """Each model parameter's sharding (a block's own, inside a stack)."""
             self.param_shardings = self._entry_shardings()
             self.jax_params = self._stacked(placed) if self.layer_stack.stacks_any else placed
             del placed  # the per-block arrays, once stacked: freed before the moments are made
             param_bytes = sum(_device_bytes(array) for array in self.jax_params)
             check_state_fits(param_bytes, self.backend.memory_stats())
             return zero_adamw_state(self.jax_params, self.mesh)
-
-    def _entry_shardings(self) -> list[Any]:
-        """The sharding of each of the step's arrays, from ``name_shardings``."""
-        stack = self.layer_stack
-        return [stack.entry_sharding(i, s) for i, s in enumerate(stack.per_entry(self.name_shardings))]
-
-    def _stacked(self, per_name: list[Any]) -> list[Any]:
-        """The step's arrays from the model's parameters' (one jitted copy, laid out as ``param_shardings``)."""
-        import jax
-
-        stack = self.layer_stack
-        arrays = dict(zip(self.names, per_name, strict=True))
-        return jax.jit(stack.stack, out_shardings=self.param_shardings)(arrays)
-
-    def _unstacked(self, entries: list[Any]) -> list[Any]:
-        """The model's parameters' arrays (in ``names`` order) from the step's; copies when any entry is stacked."""
-        import jax
-
-        stack = self.layer_stack
-        if not stack.stacks_any:
-            return list(entries)
-        shardings = {name: self.name_shardings[name] for name in self.names}
-        per_name = jax.jit(stack.unstack, out_shardings=shardings)(list(entries))
-        return [per_name[name] for name in self.names]
 
     def batch_sharding(self) -> Any:
         """The sharding of a step's tokens [A, B, S]: B split over the mesh's data axes."""
@@ -268,43 +240,6 @@ class XlaStep(TrainStep):
         self.jax_params, exp_avg, exp_avg_sq, step, loss, grad_norm, applied, metrics = outputs
         self.state = AdamWState(step, exp_avg, exp_avg_sq)
         return StepOutput(loss, grad_norm, applied, metrics)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The step's parameters and AdamW state as the trainer-state checkpoint layout, holding its jax arrays:
-        ``{"model": {name: array}, "optim": {"step": array, "exp_avg": {name: array}, "exp_avg_sq": {name: array}}}``.
-
-        The arrays are the step's own, sharded on its mesh; the next step donates them, so save
-        them (or copy them) before stepping again. The xla step uses no random state: no "rng" key.
-        """
-        if not self.layer_stack.stacks_any:
-            return state_tree(self.names, self.jax_params, self.state)
-        state = self.state
-        moments = AdamWState(state.step, self._unstacked(state.exp_avg), self._unstacked(state.exp_avg_sq))
-        return state_tree(self.names, self._unstacked(self.jax_params), moments)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Put a ``state_dict``-layout tree of arrays (jax or numpy) into the step, each on the step's own sharding.
-
-        Every entry of ``state_dict()`` must be there with the same shape and dtype (an "rng"
-        entry, if any, is ignored); a missing, unexpected or mismatched entry raises
-        ``ValueError`` naming it. The step gets its own copies: ``state`` stays valid after the next step.
-        """
-        with self.backend.runtime():
-            params, loaded = load_state_tree(self.names, self.state_dict(), state)
-            if self.layer_stack.stacks_any:
-                params = self._stacked(params)
-                loaded = AdamWState(loaded.step, self._stacked(loaded.exp_avg), self._stacked(loaded.exp_avg_sq))
-            self.jax_params, self.state = params, loaded
-
-    def finish(self) -> None:
-        """Copy the trained parameters from the JAX devices into the torch model (waits for the device); a model
-        left on the meta device is first materialised on the host."""
-        if any(param.is_meta for param in self.params):
-            self.model.to_empty(device="cpu")  # new parameter objects: read them again
-            self.params = [param for _, param in self.model.named_parameters()]
-        with torch.no_grad(), self.backend.runtime():
-            for param, array in zip(self.params, self._unstacked(self.jax_params), strict=True):
-                param.data.copy_(torch.from_numpy(np.array(array)))  # np.array: a writable host copy
 
 
 def _device_bytes(array: Any) -> int:
