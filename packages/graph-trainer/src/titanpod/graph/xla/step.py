@@ -16,7 +16,6 @@ more [A, B, S] input, sharded like the tokens, scanned with them and passed to `
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -28,29 +27,26 @@ from torch import nn
 from titanpod.device import Backend
 from titanpod.graph.blocks import transformer_blocks
 from titanpod.graph.config import TrainConfig
-from titanpod.graph.loss_metrics import loss_and_metrics
-from titanpod.graph.optimizer import AdamWState, adamw_update_, state_tree, total_grad_norm
-from titanpod.graph.step_base import (
-    Batch,
-    StateFormat,
-    StepOutput,
-    TrainStep,
-    stack_micro_batches,
-    stack_named_batches,
-)
+from titanpod.graph.optimizer import AdamWState
+from titanpod.graph.step_base import Batch, StepOutput
+from titanpod.graph.xla.batches import named_batch_sharding, place_micro_batches
 from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
 from titanpod.graph.xla.fit import check_state_fits, is_out_of_memory, out_of_device_memory
-from titanpod.graph.xla.head import head_parameter, regathered_head
+from titanpod.graph.xla.gather import fsdp_gather, hidden_states_layout, self_gathered
+from titanpod.graph.xla.held_out import held_out_program
 from titanpod.graph.xla.layer_stack import LayerStack
+from titanpod.graph.xla.loss import jax_loss
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
-from titanpod.graph.xla.precision import bf16_autocast
 from titanpod.graph.xla.program_figures import ProgramFigures, program_figures
-from titanpod.graph.xla.remat import remat_policy, rematerialised_blocks
-from titanpod.graph.xla.scan import scanned_layers
-from titanpod.graph.xla.state import RegionValues, load_state_tree, place_params, zero_adamw_state
+from titanpod.graph.xla.remat import BlockGather, remat_policy
+from titanpod.graph.xla.state import RegionValues, place_params, zero_adamw_state
+from titanpod.graph.xla.state_step import JaxStateStep
+from titanpod.graph.xla.step_program import jax_adamw_update, jax_step, jit_step
+
+__all__ = ["XlaStep", "block_list_counts", "self_gathered"]
 
 
-class XlaStep(TrainStep):
+class XlaStep(JaxStateStep):
     """One optimizer step as a single ``jax.jit`` program: forward, backward, gradient sum, clipping, AdamW.
 
     ``plan`` (a ``titanpod.parallel.ShardingPlan``) and ``axes`` (mesh axis -> size) shard
@@ -70,9 +66,6 @@ class XlaStep(TrainStep):
     holds their parameters and moments stacked (``layer_stack``: ``jax_params`` and ``state`` are per entry);
     ``state_dict()``, ``load_state_dict`` and ``finish()`` speak of the model's own per-layer parameters.
     """
-
-    state_format: ClassVar[StateFormat] = "jax"
-    """The step holds parameters and optimizer state as jax arrays: ``state_dict()`` is their tree, saved with Orbax."""
 
     def __init__(
         self,
@@ -101,7 +94,6 @@ class XlaStep(TrainStep):
             if config.scan_layers
             else LayerStack.flat([n for n, _ in named])
         )
-        """The step's arrays (``jax_params``, the moments) and the model's parameters each holds."""
         super().__init__(model, config, backend)  # calls initial_state: parameters and moments on the mesh
         self.program = self.jitted_step()
         """The ``jax.jit`` of the step: lowered and compiled once per batch shape (``_compiled_program``), never
@@ -119,7 +111,6 @@ class XlaStep(TrainStep):
             placed = place_params(named, self._plan, self.mesh, self.axes, self._initial_values)
             self._initial_values = None  # used once: the step's own arrays hold the parameters from here on
             self.name_shardings = {name: array.sharding for name, array in zip(self.names, placed, strict=True)}
-            """Each model parameter's sharding (a block's own, inside a stack)."""
             self.param_shardings = self._entry_shardings()
             self.jax_params = self._stacked(placed) if self.layer_stack.stacks_any else placed
             del placed  # the per-block arrays, once stacked: freed before the moments are made
@@ -127,222 +118,43 @@ class XlaStep(TrainStep):
             check_state_fits(param_bytes, self.backend.memory_stats())
             return zero_adamw_state(self.jax_params, self.mesh)
 
-    def _entry_shardings(self) -> list[Any]:
-        """The sharding of each of the step's arrays, from ``name_shardings``."""
-        stack = self.layer_stack
-        return [stack.entry_sharding(i, s) for i, s in enumerate(stack.per_entry(self.name_shardings))]
-
-    def _stacked(self, per_name: list[Any]) -> list[Any]:
-        """The step's arrays from the model's parameters' (one jitted copy, laid out as ``param_shardings``)."""
-        import jax
-
-        stack = self.layer_stack
-        arrays = dict(zip(self.names, per_name, strict=True))
-        return jax.jit(stack.stack, out_shardings=self.param_shardings)(arrays)
-
-    def _unstacked(self, entries: list[Any]) -> list[Any]:
-        """The model's parameters' arrays (in ``names`` order) from the step's; copies when any entry is stacked."""
-        import jax
-
-        stack = self.layer_stack
-        if not stack.stacks_any:
-            return list(entries)
-        shardings = {name: self.name_shardings[name] for name in self.names}
-        per_name = jax.jit(stack.unstack, out_shardings=shardings)(list(entries))
-        return [per_name[name] for name in self.names]
-
     def batch_sharding(self) -> Any:
         """The sharding of a step's tokens [A, B, S]: B split over the mesh's data axes."""
         return batch_sharding(self.mesh, self.axes)
 
     def loss_function(self, cross_entropy_only: bool = False) -> Callable[..., Any]:
-        """The model's loss as a JAX function of (parameters list, tokens [B, S], labels [B, S][, document ids [B, S]]),
-        or of (parameters list, a dict of named tensors) for a model whose ``loss`` takes named tensors, returning
-        (loss, metrics): the figures the model reports beside it (``titanpod.graph.loss_metrics``).
-
-        Runs ``model.loss`` through ``jax_view`` of ``torch.func.functional_call``, under
-        torchax's bf16 autocast when ``config.precision`` is bf16 (matmuls in bf16;
-        parameters and gradients stay fp32), with each transformer block rematerialised
-        by the memory policy; with ``scan_layers``, the blocks run as one scan over their stacked parameters.
-        ``cross_entropy_only``: the model's cross-entropy alone (``loss_terms``: no auxiliary MoE loss), as
-        validation reports it, with no metrics.
+        """The model's loss as a JAX function of (the step's arrays, a micro-batch), returning (loss, metrics)
+        (``titanpod.graph.xla.loss``), under the step's precision, remat policy, FSDP gather and hidden-state
+        layout. ``cross_entropy_only``: the model's cross-entropy alone, as validation reports it, with no metrics.
         """
-        from torchax.interop import jax_view, torch_view
+        gather_rule, layout_input = self.gather_rule(), self.hidden_layout()
+        return jax_loss(
+            self.model, self.config, self.layer_stack, self.policy, gather_rule, layout_input, cross_entropy_only
+        )
 
-        model, names, config = self.model, self.names, self.config
-        wrapper = _LossModule(model, cross_entropy_only)
-        gather, layout_input = self.gather_rule(), self.hidden_layout()
-        layer_stack = self.layer_stack
-        names = list(layer_stack.entries)
-        stacked = [layer_stack.is_stacked(i) for i in range(len(names))]
-        # Blocks gather their own parameters (stacked ones inside the scan), and the head + loss slot its head
-        # (regathered for its backward); the rest (embeddings, final norm) are gathered up front, a tied head
-        # too, for the embedding's use.
-        head = head_parameter(model) if gather is not None else None
-        tables = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Embedding)}
-        block_prefixes = tuple(f"{path}." for path, _ in transformer_blocks(model))
-        outside = [
-            gather is not None and not in_stack and not name.startswith(block_prefixes)
-            and (name != head or name in tables)
-            for name, in_stack in zip(names, stacked, strict=True)
-        ]  # fmt: skip
-
-        def torch_loss(
-            params: list[torch.Tensor],
-            tokens_BS: torch.Tensor | dict[str, torch.Tensor],
-            labels_BS: torch.Tensor | None = None,
-            document_ids_BS: torch.Tensor | None = None,
-        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            stored = params
-            if gather is not None:
-                params = [
-                    torch_view(gather(name, jax_view(param))) if up_front else param
-                    for name, param, up_front in zip(names, params, outside, strict=True)
-                ]
-            bound = {"inner." + n: p for n, p, s in zip(names, params, stacked, strict=True) if not s}
-            inputs: tuple = (
-                (tokens_BS, labels_BS) if document_ids_BS is None else (tokens_BS, labels_BS, document_ids_BS)
-            )
-            named: Mapping[str, torch.Tensor] = {}
-            if isinstance(tokens_BS, Mapping):  # a batch of named tensors: model.loss(**batch)
-                inputs, named = (), tokens_BS
-            with contextlib.ExitStack() as stack:
-                if head is not None and gather is not None:
-                    at = names.index(head)
-                    stack.enter_context(regathered_head(model, head, lambda: params[at], jax_view(stored[at]), gather))
-                if config.precision == "bf16":
-                    stack.enter_context(bf16_autocast())
-                if self.policy is not None or gather is not None:
-                    stack.enter_context(rematerialised_blocks(model, wrapper, self.policy, gather, layout_input))
-                if any(stacked):
-                    blocks = {path: jax_view(arrays) for path, arrays in layer_stack.by_list(params).items()}
-                    stack.enter_context(scanned_layers(model, blocks))
-                return torch.func.functional_call(wrapper, bound, inputs, named)
-
-        return jax_view(torch_loss)
-
-    def gather_rule(self) -> Callable[[str, Any], Any] | None:
-        """FSDP's gather as sharding constraints: parameter ``name``'s JAX value cast to ``gather_dtype`` and laid
-        out whole over the data shard axes (still split over ``tp``, experts over ``ep``); parameters a module gathers
-        itself (``self_gathered``) only cast. ``None`` when nothing is sharded over a data axis. Without it XLA's
-        partitioner may keep the weights sharded and split the activations' features to match, moving activations
-        instead of weights."""
-        import jax
-        import jax.numpy as jnp
-        from jax.sharding import NamedSharding
-
-        from titanpod.parallel.xla_executor import gathered_partition_spec
-
-        if self._plan is None:
-            return None
-        shapes = {name: param.ndim for name, param in zip(self.names, self.params, strict=True)}
-        homes = self.name_shardings
-        own = self_gathered(self.model)
-        targets = {
-            name: homes[name]
-            if name in own
-            else NamedSharding(self.mesh, gathered_partition_spec(self._plan, name, ndim, self.axes))
-            for name, ndim in shapes.items()
-        }
-        if all(target.spec == homes[name].spec for name, target in targets.items()):
-            return None
-        dtype = None if self.gather_dtype is None else jnp.dtype(str(self.gather_dtype).removeprefix("torch."))
-
-        def gather(name: str, array: Any) -> Any:
-            cast = dtype if dtype is not None and jnp.issubdtype(array.dtype, jnp.floating) else array.dtype
-            stored = array.dtype
-
-            @jax.custom_vjp
-            def gathered(value: Any) -> Any:
-                return jax.lax.with_sharding_constraint(value.astype(cast), targets[name])
-
-            def forward(value: Any) -> tuple[Any, None]:
-                return gathered(value), None
-
-            def backward(_: None, grad: Any) -> tuple[Any]:
-                # Reduce-scattered where the block's backward makes it, in the stored dtype: left to the
-                # partitioner, the gradients stayed whole until the step's end (one block's worth a layer).
-                return (jax.lax.with_sharding_constraint(grad.astype(stored), homes[name]),)
-
-            gathered.defvjp(forward, backward)
-            return gathered(array)
-
-        return gather
+    def gather_rule(self) -> BlockGather | None:
+        """FSDP's gather as sharding constraints, to ``gather_dtype`` (``titanpod.graph.xla.gather.fsdp_gather``);
+        ``None`` when nothing is sharded over a data axis."""
+        ndims = {name: param.ndim for name, param in zip(self.names, self.params, strict=True)}
+        return fsdp_gather(self.model, self._plan, self.mesh, self.axes, ndims, self.name_shardings, self.gather_dtype)
 
     def hidden_layout(self) -> Callable[[Any], Any] | None:
-        """A block's hidden states [B, S, D] (what a recomputed block keeps of itself) laid out as the batch is: B
-        over the data axes, S over ``cp``; ``None`` on a mesh without those axes. (Splitting S over ``tp`` as well,
-        sequence parallelism, was tried: libtpu then gathered every block's input again and kept the copies,
-        5 GiB a layer more for Llama 3 405B at fsdp 64 x tp 8.)"""
-        import jax
-        from jax.sharding import NamedSharding, PartitionSpec
-
-        from titanpod.parallel.xla_executor import batch_partition_spec
-
-        if not any(self.axes.get(axis, 1) > 1 for axis in ("dp_replicate", "fsdp", "ep", "cp")):
-            return None
-        spec = PartitionSpec(*batch_partition_spec(self.axes, 3))
-
-        def layout(array: Any) -> Any:
-            if array.ndim != 3:
-                return array
-            return jax.lax.with_sharding_constraint(array, NamedSharding(self.mesh, spec))
-
-        return layout
+        """A block's hidden states [B, S, D] laid out as the batch is
+        (``titanpod.graph.xla.gather.hidden_states_layout``); ``None`` on a mesh without data or ``cp`` axes."""
+        return hidden_states_layout(self.mesh, self.axes)
 
     def update_function(self) -> Callable[..., Any]:
         """The optimizer as a JAX function: (params, grads, exp_avg, exp_avg_sq, step, lr) ->
         (params, exp_avg, exp_avg_sq, step, grad_norm, applied), running ``adamw_update_``."""
-        from torchax.interop import jax_view
-
-        decays, config = self.layer_stack.per_entry(dict(zip(self.names, self.decays, strict=True))), self.config
-
-        def torch_update(params, grads, exp_avg, exp_avg_sq, step, lr):
-            grad_norm = total_grad_norm(grads, foreach=False)  # torchax tensors have no foreach kernels
-            state = AdamWState(step, list(exp_avg), list(exp_avg_sq))
-            applied = adamw_update_(params, grads, state, lr, grad_norm, decays, config, implementation="per_tensor")
-            return list(params), state.exp_avg, state.exp_avg_sq, state.step, grad_norm, applied
-
-        return jax_view(torch_update)
+        return jax_adamw_update(self.names, self.decays, self.layer_stack, self.config)
 
     def step_function(self) -> Callable[..., Any]:
-        """The whole step as a JAX function (what is jitted): (params, exp_avg, exp_avg_sq, step,
-        lr, tokens [A, B, S], labels [A, B, S][, document ids [A, B, S]]), or (..., lr, named tensors each
-        [A, ...]) for batches of named tensors -> (params, exp_avg,
-        exp_avg_sq, step, loss, grad_norm, applied, metrics summed over the micro-batches)."""
-        import jax
-        import jax.numpy as jnp
+        """The whole step as a JAX function, what is jitted (``titanpod.graph.xla.step_program.jax_step``)."""
+        return jax_step(self.loss_function(), self.update_function(), self.param_shardings)
 
-        value_and_grad = jax.value_and_grad(self.loss_function(), has_aux=True)
-        update = self.update_function()
-        shardings = self.param_shardings
-
-        def sharded_like_params(arrays: list[Any]) -> list[Any]:  # gradients reduce-scatter, not all-reduce
-            return jax.lax.with_sharding_constraint(arrays, shardings)
-
-        def step(params, exp_avg, exp_avg_sq, count, lr, tokens_ABS, labels_ABS=None, document_ids_ABS=None):
-            def micro_step(grad_sum, batch):
-                (loss, metrics), grads = value_and_grad(params, *batch)
-                return [s + g for s, g in zip(grad_sum, sharded_like_params(grads), strict=True)], (loss, metrics)
-
-            zeros = sharded_like_params([jnp.zeros(p.shape, jnp.float32) for p in params])
-            if isinstance(tokens_ABS, Mapping):  # named tensors, each [A, ...]
-                scanned: tuple = (tokens_ABS,)
-                micro_batches = next(iter(tokens_ABS.values())).shape[0]
-            else:
-                scanned = (
-                    (tokens_ABS, labels_ABS) if document_ids_ABS is None else (tokens_ABS, labels_ABS, document_ids_ABS)
-                )
-                micro_batches = tokens_ABS.shape[0]
-            grad_sum, (losses_A, metrics_A) = jax.lax.scan(micro_step, zeros, scanned)
-            grads = [(g / micro_batches).astype(p.dtype) for g, p in zip(grad_sum, params, strict=True)]
-            params, exp_avg, exp_avg_sq, count, grad_norm, applied = update(
-                params, grads, exp_avg, exp_avg_sq, count, lr
-            )
-            metrics = {name: jnp.sum(values_A) for name, values_A in metrics_A.items()}
-            return params, exp_avg, exp_avg_sq, count, jnp.mean(losses_A), grad_norm, applied, metrics
-
-        return step
+    def jitted_step(self) -> Any:
+        """``jax.jit`` of ``step_function``; parameters and optimizer state are donated and keep their shardings."""
+        return jit_step(self.step_function(), self.mesh, self.param_shardings)
 
     evaluates_held_out: ClassVar[bool] = True
     """Held-out batches are evaluated on the step's devices, with the parameters where they train."""
@@ -354,55 +166,19 @@ class XlaStep(TrainStep):
         import jax
 
         if self._evaluation is None:
-            loss = self.loss_function(cross_entropy_only=True)
-
-            def evaluate(params: list[Any], *batch_ABS: Any) -> Any:
-                return loss(params, *(array[0] for array in batch_ABS))[0]
-
-            self._evaluation = jax.jit(evaluate, out_shardings=replicated(self.mesh))
+            self._evaluation = held_out_program(self.loss_function(cross_entropy_only=True), self.mesh)
         with self.backend.runtime(), jax.set_mesh(self.mesh):
             return self._evaluation(self.jax_params, *self.place_batch([batch]))
 
-    def jitted_step(self) -> Any:
-        """``jax.jit`` of ``step_function``; parameters and optimizer state are donated and keep their shardings."""
-        import jax
-
-        whole = replicated(self.mesh)
-        out_shardings = (self.param_shardings, self.param_shardings, self.param_shardings, *[whole] * 5)
-        return jax.jit(self.step_function(), donate_argnums=(0, 1, 2, 3), out_shardings=out_shardings)
-
     def place_batch(self, micro_batches: list[Batch]) -> tuple[Any, ...]:
-        """Stack the micro-batches to tokens and labels [A, B, S] (and document ids, when the
-        batches are 3-tuples) and put them on the mesh, each sharded like the tokens.
-
-        Batches of named tensors become one dict of arrays [A, B, ...], B split over the data axes,
-        except the tensors the model names in ``shared_batch_inputs`` (no batch dimension, e.g. FLUX's
-        position ids): those are whole on every device."""
-        import jax
-
-        if any(isinstance(batch, Mapping) for batch in micro_batches):
-            return (self._place_named(stack_named_batches(micro_batches)),)
-        sharding = self.batch_sharding()
-        stacked = [t for t in stack_micro_batches(micro_batches) if t is not None]
-        return tuple(jax.device_put(np.asarray(t.cpu()), sharding) for t in stacked)
+        """The micro-batches stacked to [A, ...] and put on the mesh (``titanpod.graph.xla.batches``): tokens,
+        labels (and document ids) [A, B, S] sharded alike, or one dict of named tensors."""
+        return place_micro_batches(micro_batches, self.model, self.mesh, self.axes)
 
     def named_sharding(self, name: str) -> Any:
         """The sharding of the named batch tensor ``name`` [A, B, ...]: B split over the data axes, or whole on
         every device for one of the model's ``shared_batch_inputs``."""
-        from jax.sharding import NamedSharding, PartitionSpec
-
-        from titanpod.parallel.xla_executor import batch_partition_spec
-
-        if name in set(getattr(self.model, "shared_batch_inputs", ())):
-            return NamedSharding(self.mesh, PartitionSpec())
-        return NamedSharding(self.mesh, PartitionSpec(None, *batch_partition_spec(self.axes, 1)))
-
-    def _place_named(self, named_A: dict[str, torch.Tensor]) -> dict[str, Any]:
-        import jax
-
-        return {
-            name: jax.device_put(np.asarray(value.cpu()), self.named_sharding(name)) for name, value in named_A.items()
-        }
+        return named_batch_sharding(name, self.model, self.mesh, self.axes)
 
     def _arguments(self, micro_batches: list[Batch], lr: float) -> tuple:
         import jax
@@ -465,43 +241,6 @@ class XlaStep(TrainStep):
         self.state = AdamWState(step, exp_avg, exp_avg_sq)
         return StepOutput(loss, grad_norm, applied, metrics)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The step's parameters and AdamW state as the trainer-state checkpoint layout, holding its jax arrays:
-        ``{"model": {name: array}, "optim": {"step": array, "exp_avg": {name: array}, "exp_avg_sq": {name: array}}}``.
-
-        The arrays are the step's own, sharded on its mesh; the next step donates them, so save
-        them (or copy them) before stepping again. The xla step uses no random state: no "rng" key.
-        """
-        if not self.layer_stack.stacks_any:
-            return state_tree(self.names, self.jax_params, self.state)
-        state = self.state
-        moments = AdamWState(state.step, self._unstacked(state.exp_avg), self._unstacked(state.exp_avg_sq))
-        return state_tree(self.names, self._unstacked(self.jax_params), moments)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Put a ``state_dict``-layout tree of arrays (jax or numpy) into the step, each on the step's own sharding.
-
-        Every entry of ``state_dict()`` must be there with the same shape and dtype (an "rng"
-        entry, if any, is ignored); a missing, unexpected or mismatched entry raises
-        ``ValueError`` naming it. The step gets its own copies: ``state`` stays valid after the next step.
-        """
-        with self.backend.runtime():
-            params, loaded = load_state_tree(self.names, self.state_dict(), state)
-            if self.layer_stack.stacks_any:
-                params = self._stacked(params)
-                loaded = AdamWState(loaded.step, self._stacked(loaded.exp_avg), self._stacked(loaded.exp_avg_sq))
-            self.jax_params, self.state = params, loaded
-
-    def finish(self) -> None:
-        """Copy the trained parameters from the JAX devices into the torch model (waits for the device); a model
-        left on the meta device is first materialised on the host."""
-        if any(param.is_meta for param in self.params):
-            self.model.to_empty(device="cpu")  # new parameter objects: read them again
-            self.params = [param for _, param in self.model.named_parameters()]
-        with torch.no_grad(), self.backend.runtime():
-            for param, array in zip(self.params, self._unstacked(self.jax_params), strict=True):
-                param.data.copy_(torch.from_numpy(np.array(array)))  # np.array: a writable host copy
-
 
 def _device_bytes(array: Any) -> int:
     """Bytes of ``array`` on each device that holds a shard of it."""
@@ -516,39 +255,3 @@ def block_list_counts(model: nn.Module) -> dict[str, int]:
         owner = path.rpartition(".")[0]
         counts[owner] = counts.get(owner, 0) + 1
     return counts
-
-
-class _LossModule(nn.Module):
-    """``model.loss`` and its metrics as a module's forward, for ``torch.func.functional_call``."""
-
-    def __init__(self, inner: nn.Module, cross_entropy_only: bool = False) -> None:
-        super().__init__()
-        self.inner = inner
-        self.cross_entropy_only = cross_entropy_only
-
-    def forward(
-        self,
-        tokens_BS: torch.Tensor | None = None,
-        labels_BS: torch.Tensor | None = None,
-        document_ids_BS: torch.Tensor | None = None,
-        **named: torch.Tensor,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        if named:
-            return loss_and_metrics(self.inner, **named)
-        if self.cross_entropy_only:
-            terms = self.inner.loss_terms(tokens_BS, labels_BS, document_ids_BS)  # type: ignore[operator]
-            return terms["cross_entropy"], {}
-        if document_ids_BS is None:
-            return loss_and_metrics(self.inner, tokens_BS, labels_BS)
-        return loss_and_metrics(self.inner, tokens_BS, labels_BS, document_ids_BS=document_ids_BS)
-
-
-def self_gathered(model: nn.Module) -> set[str]:
-    """Names of the parameters whose module gathers them itself (its ``gathers_own_parameters``: MoE experts
-    whose grouped-matmul kernel gathers their weights inside its ``shard_map``): FSDP's gather in the step
-    leaves them as stored (cast to the gather dtype) rather than gather them twice."""
-    names: set[str] = set()
-    for prefix, module in model.named_modules():
-        if getattr(module, "gathers_own_parameters", False):
-            names.update(f"{prefix}.{name}" if prefix else name for name, _ in module.named_parameters())
-    return names

@@ -1,0 +1,96 @@
+"""The xla step's state interface: its parameters and AdamW moments, jax arrays on a mesh (with the
+transformer blocks' stacked or not), out as the trainer-state tree, back in, and into the torch model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from titanpod.graph.optimizer import AdamWState, state_tree
+from titanpod.graph.step_base import StateFormat, TrainStep
+from titanpod.graph.xla.layer_stack import LayerStack
+from titanpod.graph.xla.state import load_state_tree
+
+
+class JaxStateStep(TrainStep):
+    """A step that holds the parameters and optimizer state as jax arrays: ``state_dict()`` and
+    ``load_state_dict`` speak of the model's own per-layer parameters, ``finish()`` copies them into the model.
+
+    The subclass places the arrays (``jax_params``, ``state``) and sets their shardings and ``layer_stack``.
+    """
+
+    state_format: ClassVar[StateFormat] = "jax"
+    """The step holds parameters and optimizer state as jax arrays: ``state_dict()`` is their tree, saved with Orbax."""
+
+    layer_stack: LayerStack
+    """The step's arrays (``jax_params``, the moments) and the model's parameters each holds."""
+    jax_params: list[Any]
+    """The step's parameters, one array per ``layer_stack`` entry."""
+    name_shardings: dict[str, Any]
+    """Each model parameter's sharding (a block's own, inside a stack)."""
+    param_shardings: list[Any]
+    """The sharding of each of the step's arrays."""
+
+    def _entry_shardings(self) -> list[Any]:
+        """The sharding of each of the step's arrays, from ``name_shardings``."""
+        stack = self.layer_stack
+        return [stack.entry_sharding(i, s) for i, s in enumerate(stack.per_entry(self.name_shardings))]
+
+    def _stacked(self, per_name: list[Any]) -> list[Any]:
+        """The step's arrays from the model's parameters' (one jitted copy, laid out as ``param_shardings``)."""
+        import jax
+
+        stack = self.layer_stack
+        arrays = dict(zip(self.names, per_name, strict=True))
+        return jax.jit(stack.stack, out_shardings=self.param_shardings)(arrays)
+
+    def _unstacked(self, entries: list[Any]) -> list[Any]:
+        """The model's parameters' arrays (in ``names`` order) from the step's; copies when any entry is stacked."""
+        import jax
+
+        stack = self.layer_stack
+        if not stack.stacks_any:
+            return list(entries)
+        shardings = {name: self.name_shardings[name] for name in self.names}
+        per_name = jax.jit(stack.unstack, out_shardings=shardings)(list(entries))
+        return [per_name[name] for name in self.names]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step's parameters and AdamW state as the trainer-state checkpoint layout, holding its jax arrays:
+        ``{"model": {name: array}, "optim": {"step": array, "exp_avg": {name: array}, "exp_avg_sq": {name: array}}}``.
+
+        The arrays are the step's own, sharded on its mesh; the next step donates them, so save
+        them (or copy them) before stepping again. The xla step uses no random state: no "rng" key.
+        """
+        if not self.layer_stack.stacks_any:
+            return state_tree(self.names, self.jax_params, self.state)
+        state = self.state
+        moments = AdamWState(state.step, self._unstacked(state.exp_avg), self._unstacked(state.exp_avg_sq))
+        return state_tree(self.names, self._unstacked(self.jax_params), moments)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Put a ``state_dict``-layout tree of arrays (jax or numpy) into the step, each on the step's own sharding.
+
+        Every entry of ``state_dict()`` must be there with the same shape and dtype (an "rng"
+        entry, if any, is ignored); a missing, unexpected or mismatched entry raises
+        ``ValueError`` naming it. The step gets its own copies: ``state`` stays valid after the next step.
+        """
+        with self.backend.runtime():
+            params, loaded = load_state_tree(self.names, self.state_dict(), state)
+            if self.layer_stack.stacks_any:
+                params = self._stacked(params)
+                loaded = AdamWState(loaded.step, self._stacked(loaded.exp_avg), self._stacked(loaded.exp_avg_sq))
+            self.jax_params, self.state = params, loaded
+
+    def finish(self) -> None:
+        """Copy the trained parameters from the JAX devices into the torch model (waits for the device); a model
+        left on the meta device is first materialised on the host."""
+        if any(param.is_meta for param in self.params):
+            self.model.to_empty(device="cpu")  # new parameter objects: read them again
+            self.params = [param for _, param in self.model.named_parameters()]
+        with torch.no_grad(), self.backend.runtime():
+            for param, array in zip(self.params, self._unstacked(self.jax_params), strict=True):
+                param.data.copy_(torch.from_numpy(np.array(array)))  # np.array: a writable host copy
