@@ -33,7 +33,7 @@ def test_pretrain_help_lists_every_flag_and_the_choices_without_raw_backticks(ca
                  "--rehearse-lanes", "--chip ", "--chips ", "--train.steps"):  # fmt: skip
         assert flag in text, flag
     assert "--train.step-mode {eager,per_block,whole_step}" in text
-    assert "--kernels.attention {sdpa,splash,splash_sdpa,cpu_flash}" in text
+    assert "--kernels.attention {sdpa,splash,splash_sdpa,cpu_flash,math}" in text
     assert "--device.lane {auto,cpu,cuda,xla,tpu,torch_xla}" in text
     assert "--checkpoint.async-save, --checkpoint.no-async-save" in text
     assert "``" not in text

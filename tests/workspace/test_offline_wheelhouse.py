@@ -122,7 +122,8 @@ def test_torch_tpu_brings_its_own_small_requirements_pinned_by_the_tpu_lanes_loc
 
 def test_titanpods_wheels_install_with_no_index_beside_the_vms_torch(tmp_path):
     wheelhouse = tmp_path / "wheelhouse"
-    # titanpod-device and titanpod-models need only torch, which the VM provides: no third-party download.
+    # titanpod-device and titanpod-models need torch, which the VM provides, and packaging (a small pure-Python
+    # wheel, the one third-party download).
     manifest = build_wheelhouse(
         wheelhouse, "--package", "titanpod-device", "--package", "titanpod-models", "--extras", ""
     )
@@ -130,7 +131,7 @@ def test_titanpods_wheels_install_with_no_index_beside_the_vms_torch(tmp_path):
     wheels = {wheel["name"] for wheel in manifest["wheels"]}
     assert wheels == {f"titanpod-{name}" for name in ("device", "models", "parallel", "kernels", "graph", "checkpoint",
                                                       "data", "recipes", "runs", "rl", "pretrain", "diffusion",
-                                                      "posttrain")}  # fmt: skip
+                                                      "posttrain")} | {"packaging"}  # fmt: skip
     assert sorted(path.name for path in (wheelhouse / "wheels").iterdir()) == sorted(
         w["file"] for w in manifest["wheels"]
     )
