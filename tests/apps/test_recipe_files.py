@@ -95,7 +95,9 @@ def test_bad_recipe_files_are_refused_naming_the_file_and_the_field(tmp_path, ca
         "missing.toml": "no such recipe file",
         "typo.toml": "Unknown fields in recipe.train: stepz (did you mean steps?)",
         "syntax.toml": "is not valid TOML",
-        "choice.toml": "recipe.kernels.attention must be one of sdpa, splash, splash_sdpa, cpu_flash, math; got 'splsh'",
+        "choice.toml": (
+            "recipe.kernels.attention must be one of sdpa, splash, splash_sdpa, cpu_flash, math; got 'splsh'"
+        ),
         "base.toml": "Did you mean 'llama3_debug'",
         "section.json": "recipe.train is a section of fields",
         "hyphen.toml": "Unknown fields in recipe.train: warmup-steps (did you mean warmup_steps?)",
