@@ -53,8 +53,8 @@ class Backend(ABC):
 
     @classmethod
     def sdpa_problem(cls) -> str | None:
-        """Why ``scaled_dot_product_attention`` cannot run on this lane's devices as installed, with the fix;
-        ``None`` when it can. Reads installed versions only."""
+        """Why ``scaled_dot_product_attention`` cannot run on this lane's devices as installed, and what the
+        installation needs; ``None`` when it can. Reads installed versions only."""
         return None
 
     @classmethod

@@ -14,4 +14,7 @@ def check_kernels_on_lane(config: KernelConfig, backend: Backend | type[Backend]
     """Raise ``KernelNotOnLaneError`` when ``config`` picks a kernel the lane cannot run (today: PyTorch's SDPA
     where the lane's SDPA kernel does not compile, ``Backend.sdpa_problem``)."""
     if config.attention == "sdpa" and (problem := backend.sdpa_problem()) is not None:
-        raise KernelNotOnLaneError(problem)
+        raise KernelNotOnLaneError(
+            f"kernels.attention 'sdpa': {problem}. Install what it needs, or choose an attention that does not use "
+            "it: --kernels.attention math (plain PyTorch ops, the whole score matrix in memory) or splash."
+        )

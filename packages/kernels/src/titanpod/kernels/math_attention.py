@@ -17,6 +17,18 @@ import torch
 from titanpod.models import document_causal_mask
 
 
+def causal_mask(
+    S: int, device: torch.device, window: int | None = None, document_ids_BS: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Which keys each query may see: [S, S] (query i sees keys i-window..i, every earlier one without a window),
+    or [B, 1, S, S] within each packed document when given its ids."""
+    i_S = torch.arange(S, device=device)
+    allowed_SS = i_S[None, :] <= i_S[:, None]
+    if window is not None:
+        allowed_SS = allowed_SS & (i_S[None, :] >= i_S[:, None] - window)
+    return allowed_SS if document_ids_BS is None else allowed_SS & document_causal_mask(document_ids_BS)
+
+
 @dataclass(frozen=True)
 class MathAttention:
     """Callable with the ``AttentionOp`` signature: causal (or local) GQA attention, kept within packed
@@ -38,11 +50,7 @@ class MathAttention:
         k_BHSD = k_BKSD.repeat_interleave(groups, dim=1)
         v_BHSD = v_BKSD.repeat_interleave(groups, dim=1)
         scores_BHSS = torch.matmul(q_BHSD, k_BHSD.transpose(-2, -1)).float() * D**-0.5
-        i_S = torch.arange(S, device=q_BHSD.device)
-        allowed_SS = i_S[None, :] <= i_S[:, None]
-        if self.window is not None:
-            allowed_SS = allowed_SS & (i_S[None, :] >= i_S[:, None] - self.window)
-        allowed = allowed_SS if document_ids_BS is None else allowed_SS & document_causal_mask(document_ids_BS)
+        allowed = causal_mask(S, q_BHSD.device, self.window, document_ids_BS)
         # The diagonal is always allowed, so no row is all -inf.
         scores_BHSS = scores_BHSS.masked_fill(~allowed, float("-inf"))
         weights_BHSS = torch.softmax(scores_BHSS, dim=-1).to(v_BHSD.dtype)

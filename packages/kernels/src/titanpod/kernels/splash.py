@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from titanpod.kernels.jax_custom_op import JaxOp, free_op_name, jax_op, pallas_interpret
+from titanpod.kernels.math_attention import causal_mask
 from titanpod.kernels.mesh_split import batch_axes, head_axis
 from titanpod.kernels.pallas.splash_kernel import (
     LANES,
@@ -41,7 +42,7 @@ from titanpod.kernels.pallas.splash_kernel import (
     splash_phase,
     splash_tiles,
 )
-from titanpod.models import SequenceChunks, document_causal_mask
+from titanpod.models import SequenceChunks
 
 __all__ = [
     "LANES",
@@ -180,11 +181,7 @@ def local_causal_sdpa(window: int):
         v_BKSD: torch.Tensor,
         document_ids_BS: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        S = q_BHSD.shape[2]
-        i = torch.arange(S, device=q_BHSD.device)
-        band_SS = (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - window)
-        # With ids: [B, 1, S, S], the band and the document mask.
-        mask = band_SS if document_ids_BS is None else band_SS & document_causal_mask(document_ids_BS)
+        mask = causal_mask(q_BHSD.shape[2], q_BHSD.device, window, document_ids_BS)
         return torch.nn.functional.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, attn_mask=mask, enable_gqa=True)
 
     return attention

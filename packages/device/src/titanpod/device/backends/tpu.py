@@ -105,10 +105,8 @@ class TpuBackend(Backend):
         if installed is None or Version(installed) >= SDPA_KERNEL_LIBTPU:
             return None
         return (
-            f"kernels.attention 'sdpa' on the tpu lane runs torch_tpu's SDPA kernel, which libtpu {installed} cannot "
-            f"compile (it needs libtpu {SDPA_KERNEL_LIBTPU} or later). Install a newer libtpu "
-            "(uv sync --locked --project envs/tpu pins 0.0.52), or choose an attention that does not use it: "
-            "--kernels.attention math (plain PyTorch ops, the whole score matrix in memory) or splash."
+            f"on the tpu lane it runs torch_tpu's SDPA kernel, which libtpu {installed} cannot compile (it needs "
+            f"libtpu {SDPA_KERNEL_LIBTPU} or later; uv sync --locked --project envs/tpu installs 0.0.52)"
         )
 
     @classmethod
