@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from titanpod.device.barriers import optimization_barrier
 from titanpod.graph.blocks import BLOCK_PATHS
 from titanpod.graph.capture import loss_outputs
 
@@ -207,7 +208,12 @@ def apply_memory_policy(graph_module: fx.GraphModule, policy: str, device_type: 
 
     The plan is read off the rewritten graph: ``saved`` lists every forward value the
     backward still reads, including the kept inputs of recomputations.
+
+    Where the device has an optimization barrier (``titanpod.device.barriers``), each kept value a recomputation
+    reads passes through it with the backward value that asks for it, so that a compiler that merges equal ops
+    cannot fold the recomputation back into the forward, and runs it no earlier than its first backward use.
     """
+    barrier = optimization_barrier(device_type)
     graph = graph_module.graph
     block_paths = graph_module.meta.get(BLOCK_PATHS)
     blocks = {node: block_of(node, block_paths) for node in graph.nodes}
@@ -231,6 +237,27 @@ def apply_memory_policy(graph_module: fx.GraphModule, policy: str, device_type: 
         host_copies[node] = host
 
     replacements: dict[fx.Node, fx.Node] = {}
+    barriered: dict[fx.Node, fx.Node] = {}
+
+    def kept_input(node: fx.Node, before: fx.Node) -> fx.Node:
+        """``node``, a kept value a recomputation reads, through the barrier where there is one."""
+        if barrier is None or not isinstance(node.meta.get("val"), torch.Tensor):
+            return node
+        if node not in barriered:
+            asking = next((arg for arg in before.all_input_nodes if arg in backward_set and
+                           isinstance(arg.meta.get("val"), torch.Tensor)), None)  # fmt: skip
+            together = [node] if asking is None else [node, asking]
+            with graph.inserting_before(before):
+                passed = graph.call_function(barrier, (together,))
+                value = graph.call_function(operator.getitem, (passed, 0))
+            passed.meta.update(val=[n.meta["val"] for n in together], memory_policy="recompute_barrier")
+            value.meta.update(val=node.meta["val"], memory_policy="recompute_barrier")
+            barriered[node] = value
+        return barriered[node]
+
+    def recompute_input(node: fx.Node, before: fx.Node) -> fx.Node:
+        value = backward_value(node, before)
+        return kept_input(node, before) if value is node else value
 
     def backward_value(node: fx.Node, before: fx.Node) -> fx.Node:
         if node in replacements:
@@ -243,7 +270,7 @@ def apply_memory_policy(graph_module: fx.GraphModule, policy: str, device_type: 
             back.meta.update(node.meta, memory_policy="reload_from_host")
         elif node in recompute_set:
             with graph.inserting_before(before):
-                back = graph.node_copy(node, lambda arg: backward_value(arg, before))
+                back = graph.node_copy(node, lambda arg: recompute_input(arg, before))
             back.meta.update(node.meta, memory_policy="recompute", recomputed_from=node.name)
         else:
             return node
