@@ -19,6 +19,26 @@ from titanpod.device.memory import MemoryStats, accelerator_memory_stats, host_m
 from titanpod.device.peak_cache import cached_cpu_peak
 from titanpod.device.probes import module_installed
 
+TORCHAX_DEVICE_NAME = "jax"
+"""The name torchax gives PyTorch's one PrivateUse1 device when it is imported."""
+
+
+def privateuse1_taken() -> str | None:
+    """Why torchax cannot start in this process: another backend has already named PyTorch's PrivateUse1 device.
+
+    On a TPU VM with torch_tpu installed, torch's device-backend autoload runs torch_tpu's loader at
+    ``import torch``, which names the device ``tpu``; torchax then fails to name it ``jax`` (torch allows one name
+    per process, once)."""
+    name = torch._C._get_privateuse1_backend_name()
+    if name in ("privateuseone", TORCHAX_DEVICE_NAME):
+        return None
+    return (
+        f"lane 'xla' cannot start in this process: PyTorch's PrivateUse1 device is already registered as "
+        f"'{name}' (torch_tpu loads itself at `import torch` where TORCH_DEVICE_BACKEND_AUTOLOAD is not 0), and "
+        f"torchax needs it as '{TORCHAX_DEVICE_NAME}'. Start the command with TORCH_DEVICE_BACKEND_AUTOLOAD=0 "
+        "(the tpu lane then loads torch_tpu itself), or use that device's lane (--device.lane tpu)."
+    )
+
 
 class XlaBackend(Backend):
     """torchax over JAX: runs wherever JAX does (CPU, GPU, TPU)."""
@@ -34,10 +54,10 @@ class XlaBackend(Backend):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        """Why not: jax or torchax is not installed."""
+        """Why not: jax or torchax is not installed, or another backend holds PyTorch's PrivateUse1 device."""
         missing = [m for m in ("jax", "torchax") if not module_installed(m)]
         if not missing:
-            return None
+            return privateuse1_taken()
         return (
             f"lane 'xla' needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
             "not installed. Install them with: pip install 'titanpod-device[xla]' "
