@@ -25,3 +25,20 @@ def test_memory_statistics_say_unavailable_rather_than_report_host_memory(monkey
     assert "memory_allocated is not supported" in stats.reason
     assert stats.limit_bytes == 32 * 1024**3  # a v6e chip's HBM
     assert stats.as_gib() == {"current_gib": None, "peak_gib": None, "limit_gib": 32.0}
+
+
+def test_a_figure_larger_than_the_chip_is_reported_unavailable_not_passed_on(monkeypatch):
+    monkeypatch.setattr(torch.accelerator.memory, "memory_allocated", lambda device_index=None: 2 * 1024**3)
+    monkeypatch.setattr(torch.accelerator.memory, "max_memory_allocated", lambda device_index=None: 129_818 * 1024**3)
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+    stats = TpuBackend.__new__(TpuBackend).memory_stats()
+    assert stats.kind == "unavailable" and stats.peak_bytes is None
+    assert "129,818.00 GiB" in stats.reason and "cannot be right" in stats.reason
+
+
+def test_a_figure_within_the_chip_is_the_devices_own(monkeypatch):
+    monkeypatch.setattr(torch.accelerator.memory, "memory_allocated", lambda device_index=None: 2 * 1024**3)
+    monkeypatch.setattr(torch.accelerator.memory, "max_memory_allocated", lambda device_index=None: 3 * 1024**3)
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+    stats = TpuBackend.__new__(TpuBackend).memory_stats()
+    assert stats.kind == "device" and stats.peak_gib == 3.0

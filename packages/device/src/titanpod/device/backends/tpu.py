@@ -131,6 +131,13 @@ class TpuBackend(Backend):
             peak = torch.accelerator.memory.max_memory_allocated(local_rank)
         except (RuntimeError, NotImplementedError, AttributeError) as error:
             return unavailable_memory_stats(f"torch_tpu does not report device memory: {error}", limit)
+        if limit is not None and max(current, peak) > limit:
+            # Seen with torch_tpu 0.2.0 on libtpu 0.0.42.1: a peak of 129,818 GiB on a 16 GiB chip.
+            return unavailable_memory_stats(
+                f"torch_tpu reported {max(current, peak) / 1024**3:,.2f} GiB in use on a chip of "
+                f"{limit / 1024**3:,.2f} GiB, which cannot be right",
+                limit,
+            )
         return MemoryStats(current, peak, limit, "device")
 
     def reset_peak_memory(self, local_rank: int = 0) -> None:
