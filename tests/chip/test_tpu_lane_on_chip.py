@@ -60,7 +60,10 @@ def pretrain(runs: Path, name: str, recipe: str, lane: str, *flags: str) -> Path
     command = [sys.executable, "-m", "titanpod.pretrain.cli", "--recipe", recipe, "--device.lane", lane, *RUN,
                "--kernels.attention", attention(), *flags,
                "--output.runs-dir", str(runs), "--output.run-name", name]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env=os.environ.copy(), check=False)
+    env = os.environ.copy()
+    if lane == "xla":  # torch_tpu stays unloaded where JAX holds the chip
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 0, f"{name}: exit {done.returncode}\n{(done.stdout + done.stderr)[-4000:]}"
     return runs / name
 

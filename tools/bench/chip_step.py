@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -59,20 +60,33 @@ def flags_of(name: str, table: dict[str, str]) -> list[str]:
     return words
 
 
-def measure(name: str, flags: list[str], steps: int, runs_dir: Path) -> dict:
-    """Train configuration ``name`` for ``steps`` steps in a process of its own; its figures from metrics.jsonl."""
-    # The xla lane unless the configuration names another (the last flag given wins).
-    command = [sys.executable, "-m", "titanpod.pretrain.cli", "--device.lane", "xla", *flags, *shlex.split(QUIET_RUN)]
+def lane_of(flags: list[str]) -> str:
+    """The lane a run with ``flags`` uses: the last ``--device.lane`` given, else the xla lane."""
+    lanes = [flags[i + 1] for i in range(len(flags) - 1) if flags[i] == "--device.lane"]
+    return lanes[-1] if lanes else "xla"
+
+
+def measure(name: str, flags: list[str], steps: int, runs_dir: Path, logs_dir: Path) -> dict:
+    """Train configuration ``name`` for ``steps`` steps in a process of its own; its figures from metrics.jsonl.
+    The run's whole output goes to ``logs_dir/NAME.log``."""
+    lane = lane_of(flags)
+    command = [sys.executable, "-m", "titanpod.pretrain.cli", "--device.lane", lane, *flags, *shlex.split(QUIET_RUN)]
     command += ["--train.steps", str(steps), "--train.warmup-steps", "1", "--data.validation-every", "0"]
     command += ["--output.runs-dir", str(runs_dir), "--output.run-name", name, "--output.start-over"]
+    env = dict(os.environ)
+    if lane == "xla":  # torch_tpu, where installed, would claim the device torchax needs (XlaBackend)
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    result: dict = {"name": name, "flags": " ".join(flags), "exit": done.returncode,
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    log = logs_dir / f"{name}.log"
+    log.write_text(done.stdout + done.stderr)
+    result: dict = {"name": name, "flags": " ".join(flags), "exit": done.returncode, "log": str(log),
                     "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
     rows = _rows(runs_dir / name / "metrics.jsonl")
     reports = [row for row in rows if "tokens_per_second" in row]
     if done.returncode != 0 or not reports:
-        result["error"] = _readable((done.stderr or done.stdout)[-3000:])
+        result["error"] = error_summary(done.stdout + done.stderr)
         return result
     first, last = reports[0], reports[-1]
     result.update({key: last.get(key) for key in ("tokens_per_second", "tflops_per_second", "mfu", "peak_memory_gib")})
@@ -83,6 +97,18 @@ def measure(name: str, flags: list[str], steps: int, runs_dir: Path) -> dict:
         result["estimated_tokens_per_second"] = tokens_per_step / result["estimated_step_seconds"]
         result["measured_over_estimated"] = result["tokens_per_second"] / result["estimated_tokens_per_second"]
     return result
+
+
+ERROR_LINE = re.compile(r"(Error|Exception|Failed|error)\b|RESOURCE_EXHAUSTED")
+"""What marks a line that says why a run failed (the tail of a compiler's error is often a dump of its graph)."""
+
+
+def error_summary(output: str, lines: int = 4, limit: int = 1500) -> str:
+    """Why a run failed, for a table cell and a JSON file: its first lines that name an error, each cut short,
+    then the end of its output."""
+    marked = [line.strip() for line in output.splitlines() if ERROR_LINE.search(line)]
+    said = [line[: limit // (lines + 1)] for line in dict.fromkeys(marked)][:lines]
+    return _readable("\n".join([*said, "...", output[-limit // (lines + 1) :]]))
 
 
 def _readable(text: str) -> str:
@@ -132,7 +158,7 @@ def show(results: list[dict], matmul: float | None) -> None:
     reference = next((r for r in results if r["name"] == XLA_REFERENCE and "error" not in r), None)
     for r in results:
         if "error" in r:
-            print(f"{r['name']:<28} failed (exit {r['exit']}): {r['error'][-300:]}")
+            print(f"{r['name']:<28} failed (exit {r['exit']}): {r['error'][:300]} (whole output: {r['log']})")
             continue
         estimate = r.get("estimated_tokens_per_second")
         of_matmul = r["tflops_per_second"] / matmul if matmul else None
@@ -156,6 +182,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=15, help="steps a run (reports every 5)")
     parser.add_argument("--runs-dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "chip-step-runs")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--logs-dir", type=Path, help="where each run's whole output goes (default: the runs dir)")
     parser.add_argument("--no-matmul", action="store_true", help="skip measuring the chip's matmul rate")
     args = parser.parse_args()
     table = dict(CONFIGURATIONS)
@@ -170,7 +197,7 @@ def main() -> None:
     results = []
     for name in names:
         print(f"-- {name}: {' '.join(flags_of(name, table))}", flush=True)
-        results.append(measure(name, flags_of(name, table), args.steps, args.runs_dir))
+        results.append(measure(name, flags_of(name, table), args.steps, args.runs_dir, args.logs_dir or args.runs_dir))
         print(json.dumps(results[-1]), flush=True)
         time.sleep(5)  # the chip may refuse a program started just as another let go
     show(results, matmul)

@@ -1,0 +1,51 @@
+"""``tools/bench/chip_step.py`` off the chip: which lane a configuration runs, what a failed run reports, and a
+measured run of the debug recipe on this machine's xla lane (JAX's CPU; the figures are not a chip's)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "chip_step.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("chip_step", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_configuration_runs_on_the_xla_lane_unless_its_flags_name_another():
+    bench = _bench()
+    table = bench.CONFIGURATIONS
+    assert bench.lane_of(bench.flags_of("qwen3_0.6b", table)) == "xla"
+    assert bench.lane_of(bench.flags_of("qwen3_0.6b_tpu_lane", table)) == "tpu"
+    assert bench.lane_of(["--device.lane", "tpu", "--device.lane", "xla"]) == "xla"
+
+
+def test_a_failed_runs_summary_leads_with_the_error_line_not_the_graph_dump_after_it():
+    output = "\n".join(
+        ["loading...", "torch._dynamo.exc.BackendCompilerFailed: backend='tpu' raised:",
+         "RuntimeError: RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm",
+         "While executing %call(" + ", ".join(f"%arg{i}_1" for i in range(900)) + ")"]
+    )  # fmt: skip
+    summary = _bench().error_summary(output)
+    assert summary.startswith("torch._dynamo.exc.BackendCompilerFailed: backend='tpu' raised:")
+    assert "RESOURCE_EXHAUSTED: Ran out of memory" in summary
+    assert len(summary) < 1600
+
+
+def test_a_run_is_measured_and_a_refused_one_keeps_its_whole_output(tmp_path):
+    bench = _bench()
+    flags = ["--recipe", "llama3_debug", "--data.batch-size", "2", "--data.seq-len", "64"]
+    measured = bench.measure("debug", flags, 6, tmp_path / "runs", tmp_path / "logs")
+    assert measured["exit"] == 0, measured.get("error")
+    assert measured["tokens_per_second"] > 0 and len(measured["losses"]) >= 1
+    refused = bench.measure("refused", ["--recipe", "llama3_debug", "--train.lr", "fast"], 2, tmp_path / "runs",
+                            tmp_path / "logs")  # fmt: skip
+    assert refused["exit"] == 2
+    assert "train.lr" in Path(refused["log"]).read_text()
+    assert "train.lr" in refused["error"]
