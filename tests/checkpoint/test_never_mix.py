@@ -138,3 +138,11 @@ def test_allow_changes_must_name_recipe_fields_and_accepts_commas():
     added = {**saved, "model": {"dim": 8}}
     with pytest.raises(CheckpointError, match=r"model.dim: checkpoint '<absent>', this run 8"):
         check_same_run(saved, added, "here")
+
+
+def test_a_checkpoint_from_before_optimizer_offload_resumes_with_or_without_it(tmp_path):
+    saved = Recipe().to_dict()
+    del saved["train"]["optimizer_offload"]  # a recipe.json written before the field existed
+    for offload in (False, True):
+        current = dataclasses.replace(Recipe(), train=dataclasses.replace(Recipe().train, optimizer_offload=offload))
+        assert check_same_run(saved, current.to_dict(), str(tmp_path)) == []

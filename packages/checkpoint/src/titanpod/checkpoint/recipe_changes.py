@@ -30,6 +30,7 @@ HARMLESS_CHANGES: tuple[str, ...] = (
     "train.compile_cache_dir",
     "train.keep_host_memory",
     "train.skip_nonfinite",
+    "train.optimizer_offload",  # where AdamW's moments wait between steps, not their values
     "checkpoint.*",  # when and where checkpoints go, and this list's escape hatch itself
     "output.*",
     "profile.*",  # which steps are traced

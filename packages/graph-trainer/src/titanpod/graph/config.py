@@ -96,6 +96,12 @@ class TrainConfig:
     policy, its FSDP gather inside), so the losses and updates are the same. The step holds the blocks'
     parameters and AdamW moments stacked; ``state_dict()`` and checkpoints still name them per layer. Every block
     must hold the same parameters. Other lanes ignore it."""
+    optimizer_offload: bool = False
+    """On the xla lane, keep AdamW's two moments in the host's pinned memory between steps (JAX's
+    ``pinned_host`` memory kind): the step moves them to the device for the update and back, so the device holds
+    parameters, gradients and activations only. For a model whose fp32 moments do not fit beside the rest (Llama
+    3.2 1B on a 16 GiB chip); each step then moves 16 bytes a parameter between host and device. Other lanes
+    refuse it."""
     grad_accum_steps: int = 1
     """Micro-batches whose gradients are averaged into one optimizer step."""
     precision: Precision = "fp32"

@@ -25,6 +25,8 @@ class LayoutTraits(Protocol):
     """One process drives every device and the compiler partitions the step."""
     supports_pipeline: bool
     """Pipeline stages are built on the lane."""
+    traces_with_jax: bool
+    """The step is one JAX program (where AdamW's moments can live in host memory)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,11 @@ def layout_problem(
         )
     if parallel.cp > 1 and not support.context_parallel:
         return f"{name} does not split sequences over ranks: set parallel.cp to 1 (shard with fsdp or tp)."
+    if train.optimizer_offload and not traits.traces_with_jax:
+        return (
+            f"train.optimizer_offload keeps AdamW's moments in host memory inside the xla lane's one JAX program; "
+            f"the {lane} lane has no such step: use --device.lane xla, or drop --train.optimizer-offload."
+        )
     if train.step_mode not in support.step_modes:
         return (
             f"{name} takes train.step_mode {' or '.join(support.step_modes)}; {train.step_mode} is not available "

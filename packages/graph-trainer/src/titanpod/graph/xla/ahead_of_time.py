@@ -117,7 +117,10 @@ class AbstractXlaStep(XlaStep):
             jax.ShapeDtypeStruct(stack.entry_shape(i, shape), jnp.float32, sharding=s)
             for i, (shape, s) in enumerate(zip(shapes, self.param_shardings, strict=True))
         ]
-        moments = [jax.ShapeDtypeStruct(p.shape, jnp.float32, sharding=p.sharding) for p in self.jax_params]
+        moments = [
+            jax.ShapeDtypeStruct(p.shape, jnp.float32, sharding=s)
+            for p, s in zip(self.jax_params, self.moment_shardings, strict=True)
+        ]
         return AdamWState(jax.ShapeDtypeStruct((), jnp.float32, sharding=whole), moments, list(moments))  # type: ignore[arg-type]
 
     def abstract_arguments(self, shape: BatchShape | NamedBatchShape) -> tuple[Any, ...]:

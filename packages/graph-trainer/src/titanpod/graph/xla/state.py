@@ -69,12 +69,13 @@ def zeros(shape: tuple[int, ...] | torch.Size, sharding: Any) -> Any:
     return jax.jit(lambda: jnp.zeros(tuple(shape), jnp.float32), out_shardings=sharding)()
 
 
-def zero_adamw_state(params: Sequence[Any], mesh: Any) -> AdamWState:
-    """AdamW's state for the jax arrays ``params``: step 0 replicated on ``mesh``, zero moments sharded like each."""
+def zero_adamw_state(params: Sequence[Any], mesh: Any, moment_shardings: Sequence[Any]) -> AdamWState:
+    """AdamW's state for the jax arrays ``params``: step 0 replicated on ``mesh``, zero moments laid out as
+    ``moment_shardings`` (the parameters' own, or those in host memory)."""
     return AdamWState(  # type: ignore[arg-type]  # jax arrays in the torch lanes' container
         step=zeros((), replicated(mesh)),
-        exp_avg=[zeros(p.shape, p.sharding) for p in params],
-        exp_avg_sq=[zeros(p.shape, p.sharding) for p in params],
+        exp_avg=[zeros(p.shape, s) for p, s in zip(params, moment_shardings, strict=True)],
+        exp_avg_sq=[zeros(p.shape, s) for p, s in zip(params, moment_shardings, strict=True)],
     )
 
 

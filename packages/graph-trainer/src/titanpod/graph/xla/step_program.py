@@ -35,7 +35,10 @@ def jax_adamw_update(
 
 
 def jax_step(
-    loss: Callable[..., Any], update: Callable[..., Any], param_shardings: Sequence[Any]
+    loss: Callable[..., Any],
+    update: Callable[..., Any],
+    param_shardings: Sequence[Any],
+    moments_on_host: bool = False,
 ) -> Callable[..., Any]:
     """The whole step as a JAX function (what is jitted): (params, exp_avg, exp_avg_sq, step,
     lr, tokens [A, B, S], labels [A, B, S][, document ids [A, B, S]]), or (..., lr, named tensors each
@@ -43,7 +46,9 @@ def jax_step(
     exp_avg_sq, step, loss, grad_norm, applied, metrics summed over the micro-batches).
 
     ``loss`` is the model's (``titanpod.graph.xla.loss``), ``update`` the optimizer's (``jax_adamw_update``);
-    the gradients are laid out as ``param_shardings``, the parameters' own."""
+    the gradients are laid out as ``param_shardings``, the parameters' own. ``moments_on_host``: the moments
+    arrive in host memory (``TrainConfig.optimizer_offload``) and are moved to the devices for the update; the
+    jit's output shardings send the new ones back."""
     import jax
     import jax.numpy as jnp
 
@@ -69,6 +74,8 @@ def jax_step(
             micro_batches = tokens_ABS.shape[0]
         grad_sum, (losses_A, metrics_A) = jax.lax.scan(micro_step, zeros, scanned)
         grads = [(g / micro_batches).astype(p.dtype) for g, p in zip(grad_sum, params, strict=True)]
+        if moments_on_host:
+            exp_avg, exp_avg_sq = on_devices(exp_avg, shardings), on_devices(exp_avg_sq, shardings)
         params, exp_avg, exp_avg_sq, count, grad_norm, applied = update(params, grads, exp_avg, exp_avg_sq, count, lr)
         metrics = {name: jnp.sum(values_A) for name, values_A in metrics_A.items()}
         return params, exp_avg, exp_avg_sq, count, jnp.mean(losses_A), grad_norm, applied, metrics
@@ -76,11 +83,32 @@ def jax_step(
     return step
 
 
-def jit_step(step: Callable[..., Any], mesh: Any, param_shardings: Sequence[Any]) -> Any:
+def jit_step(
+    step: Callable[..., Any], mesh: Any, param_shardings: Sequence[Any], moment_shardings: Sequence[Any]
+) -> Any:
     """``jax.jit`` of ``step`` (``jax_step``); parameters and optimizer state are donated and keep their
-    shardings (``param_shardings``), the rest of its outputs are replicated on ``mesh``."""
+    shardings (``param_shardings``, ``moment_shardings``), the rest of its outputs are replicated on ``mesh``."""
     import jax
 
     whole = replicated(mesh)
-    out_shardings = (param_shardings, param_shardings, param_shardings, *[whole] * 5)
+    out_shardings = (param_shardings, moment_shardings, moment_shardings, *[whole] * 5)
     return jax.jit(step, donate_argnums=(0, 1, 2, 3), out_shardings=out_shardings)
+
+
+HOST_MEMORY = "pinned_host"
+"""The memory kind AdamW's moments live in with ``TrainConfig.optimizer_offload``."""
+
+
+def in_host_memory(shardings: Sequence[Any]) -> list[Any]:
+    """``shardings`` with their arrays in the hosts' pinned memory (the same devices and layout)."""
+    return [sharding.with_memory_kind(HOST_MEMORY) for sharding in shardings]
+
+
+def on_devices(arrays: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
+    """Inside the jitted step: ``arrays`` moved to device memory, laid out as ``shardings``."""
+    import jax
+
+    return [
+        jax.device_put(array, sharding.with_memory_kind("device"))
+        for array, sharding in zip(arrays, shardings, strict=True)
+    ]
