@@ -180,6 +180,16 @@ def test_a_single_controller_lane_is_refused_with_the_fix():
         check_launch(grpo_debug(), OneController(), 1)
 
 
+def test_a_lane_whose_sdpa_does_not_run_as_installed_is_refused_before_any_work(tmp_path, sft_folder, monkeypatch):
+    from titanpod.device.backends.cpu import CpuBackend
+
+    problem = "on the tpu lane it runs torch_tpu's SDPA kernel, which libtpu 0.0.42 cannot compile"
+    monkeypatch.setattr(CpuBackend, "sdpa_problem", classmethod(lambda cls: problem))
+    with pytest.raises(ValueError, match=r"GRPO attends with PyTorch's SDPA, .* libtpu 0.0.42 cannot compile"):
+        run_grpo(tiny(tmp_path, sft_folder, "old-libtpu"))
+    assert not (tmp_path / "old-libtpu").exists()
+
+
 def test_grpo_debug_is_registered_with_the_old_optimizer_settings():
     entry = POSTTRAIN_RECIPES["grpo_debug"]
     recipe = entry.build()

@@ -97,7 +97,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     pretrained = pretrained_for(recipe)  # a folder that does not fit fails before anything is built
     recipe = following(recipe, pretrained, BUILTIN)  # its family and tokenizer, as recipe.json records them
     tokenizer_note = check_text_tokenizer(recipe.data, model_args(recipe, pretrained).vocab_size, pretrained)
-    check_recipe_fits_device(recipe, backend)  # on an accelerator: its plan against the device, before building
+    check_recipe_fits_device(recipe, backend, model_args(recipe, pretrained))  # its plan against the device
     if pretrained is None:
         model, initial_values = build_seeded_model(recipe, backend)
     else:  # under torchrun: still on the meta device, each rank's shards read from the folder by the placement

@@ -30,6 +30,7 @@ from titanpod.models import RegionValues, Transformer, parameter_count
 from titanpod.recipes.families import build_model, decoder_adapters
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.checkpoint_tokenizer import check_run_tokenizer
+from titanpod.runs.device_fit import check_sft_fits_device
 from titanpod.runs.evaluation import Evaluation, evaluate
 from titanpod.runs.final_weights import write_trained_weights
 from titanpod.runs.hf_export import HFExtras, post_training_tokenizer, training_extras
@@ -179,6 +180,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
     folder = None if recipe.model.init_from is None else open_pretrained(recipe.model.init_from, decoder_adapters())
     recipe = following(recipe, folder, CHARS)  # its family and tokenizer (chat template too), as recipe.json records
     tokenizer = load_sft_tokenizer(recipe.data.tokenizer)
+    check_sft_fits_device(recipe, backend, recipe.model.args() if folder is None else folder.args)  # before building
     model, started_from, pretrained, seeded = build_sft_model(recipe, backend, folder)
     tokenizer_note = check_run_tokenizer(tokenizer.tokenizer, tokenizer.spec, model.args.vocab_size, pretrained)
     if recipe.data.seq_len > model.args.max_seq_len:

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from titanpod.device import ChipSpec, backend_class, cached_cpu_peak, chip_by_name
+from titanpod.models import DecoderArgs
 from titanpod.parallel import PlanError
 from titanpod.recipes.planner.host_table import add_host_row, print_host
 from titanpod.recipes.planner.plan import FIT_FRACTION, RunPlan, plan_run, with_changes
@@ -75,8 +76,10 @@ def plan_table(plan: RunPlan) -> Table:
     return table
 
 
-def suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float, limit: int = 4) -> list[Suggestion]:
-    """Changes that lower memory per device, each planned, the ones that fit first."""
+def suggestions(
+    recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float, limit: int = 4, args: DecoderArgs | None = None
+) -> list[Suggestion]:
+    """Changes that lower memory per device, each planned, the ones that fit first (``args``: as ``plan_run``)."""
     train, data, kernels = recipe.train, recipe.data, recipe.kernels
     candidates: list[tuple[str, Recipe, int]] = []
     if recipe.parallel.pp > 1 and not recipe.parallel.pp_recompute:  # pipeline steps run eager: their own recompute
@@ -100,7 +103,7 @@ def suggestions(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float, l
         changed = with_changes(recipe, kernels={"pallas_loss": loss})
         candidates.append(("--kernels.pallas-loss.no-keep-logits", changed, chips))
     candidates.append(_more_chips(recipe, chips))
-    found = _planned(candidates, chip, target_mfu)
+    found = _planned(candidates, chip, target_mfu, args)
     found.sort(key=lambda s: (not s.plan.fits, s.plan.memory.total))
     return found[:limit]
 
@@ -193,12 +196,14 @@ def dry_run(recipe: Recipe, console: Console, chip: ChipSpec | None = None) -> R
     return plan
 
 
-def _planned(candidates: list[tuple[str, Recipe, int]], chip: ChipSpec, target_mfu: float) -> list[Suggestion]:
+def _planned(
+    candidates: list[tuple[str, Recipe, int]], chip: ChipSpec, target_mfu: float, args: DecoderArgs | None = None
+) -> list[Suggestion]:
     """Each candidate change planned on its chip count; a change the mesh or the model cannot take is dropped."""
     found = []
     for flags, changed, count in candidates:
         try:
-            found.append(Suggestion(flags, plan_run(changed, chip, count, target_mfu)))
+            found.append(Suggestion(flags, plan_run(changed, chip, count, target_mfu, args)))
         except (PlanError, ValueError):
             continue
     return found

@@ -26,6 +26,7 @@ from titanpod.rl.grpo.batches import GRPOBatch
 from titanpod.rl.grpo.prompts import PromptPlan, PromptShare, prompt_share
 from titanpod.rl.grpo.reward_import import check_reward, import_reward
 from titanpod.rl.grpo.rewards import AnyReward, Reward
+from titanpod.runs.device_fit import check_grpo_fits_device
 from titanpod.runs.init_from import place_from_folder
 from titanpod.runs.placement import LayoutStart, Placement, start_placement
 
@@ -107,8 +108,14 @@ def choose_reward(config: GRPOConfig, task: Task) -> AnyReward:
 def check_launch(recipe: GRPORecipe, backend: Backend, world_size: int) -> LayoutStart:
     """The checked layout of a GRPO launch (``titanpod.runs.placement``); ``ValueError`` for one GRPO cannot run:
     a single-controller lane (xla), pipeline stages or split sequences (GRPO scores completions with whole rows
-    on every rank), or several processes with rollouts that are not sampled in each process."""
+    on every rank), a lane whose SDPA does not run as installed (``Backend.sdpa_problem``), or several processes
+    with rollouts that are not sampled in each process."""
     layout = start_placement("grpo", recipe.parallel, recipe.train, backend, world_size=world_size)
+    if (problem := backend.sdpa_problem()) is not None:
+        raise ValueError(
+            f"GRPO attends with PyTorch's SDPA, in its updates and in the built-in engine's decoding, and {problem}. "
+            "Install what it needs; GRPO has no other attention to choose yet."
+        )
     if world_size > 1 and recipe.rollout.mode != "local":
         raise ValueError(
             f"Under torchrun each GRPO process samples its share of the prompts with its own engine, so "
@@ -206,6 +213,7 @@ def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
     eval_task = get_task(recipe.eval.task) if recipe.eval.task is not None else task
     check_covers(tokenizer, eval_task)
     test_examples = eval_task.examples("test", recipe.eval.examples, recipe.eval.seed) if recipe.eval.enabled else []
+    check_grpo_fits_device(recipe, folder.family, folder.args, backend, plan.sequence_length)  # before the read
     model, placement = place_policy(folder, layout)  # last: the only large read, after every check
     return GRPOSetup(
         recipe,

@@ -19,6 +19,7 @@ from titanpod.graph.capture import autocast_context
 from titanpod.models import parameter_count
 from titanpod.models.flux.flow_matching import FlowMatchingModel
 from titanpod.recipes.diffusion.recipe import DiffusionRecipe
+from titanpod.runs.device_fit import check_diffusion_fits_device
 from titanpod.runs.diffusion.batches import EncodingCache, FlowMatchingBatches
 from titanpod.runs.diffusion.components import DiffusionModels, build_diffusion_models
 from titanpod.runs.diffusion.prompt_report import PROMPT_CHECK_FILE, check_prompts, report_prompt_checks
@@ -121,6 +122,7 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
     backend = get_backend(recipe.device.lane)
     layout = start_placement("diffusion", recipe.parallel, recipe.train, backend)
     check_block_recompute(recipe, backend.single_controller)
+    check_diffusion_fits_device(recipe, backend)  # on an accelerator: its plan against the device, before building
     info = process_info()
     device = backend.parameter_device(info.local_rank)  # the host on the xla lane: its step places the transformer
     torch.manual_seed(recipe.train.seed)
