@@ -8,6 +8,8 @@ the Pallas loss compiled by Mosaic for that chip, in a fresh interpreter.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from conftest import compile_in_fresh_process
 from test_compile_for import RECOMPUTE, pod_like
@@ -43,3 +45,16 @@ def test_a_small_slice_compiles_the_step_with_its_kernels(
         assert {"all-gather", "reduce-scatter"} <= set(report["program"]["collectives"])
     else:
         assert not {"all-gather", "reduce-scatter"} & set(report["program"]["collectives"])  # nothing to share
+
+
+def test_moments_in_host_memory_leave_the_chip_only_the_parameters_as_arguments(tmp_path) -> None:
+    """``train.optimizer_offload``: libtpu compiles the step with the moments in pinned host memory, updated tensor
+    by tensor (``streamed_update``'s barriers over host arrays), and they are not among the chip's arguments."""
+    recipe = pod_like("llama3_debug")
+    recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, optimizer_offload=True))
+    report = compile_in_fresh_process(recipe, tmp_path, "--compile-for", "v5e-1")
+    assert report["exit"] == 0 and report["fits"]
+    model = build_model(recipe.model.family, recipe.model.args(), model_ops(recipe.kernels))
+    params = 4 * sum(p.numel() for p in model.parameters())  # fp32, without the two moments
+    memory = report["program"]["memory"]
+    assert params <= memory["arguments"] < params * 1.2 + 2**20
