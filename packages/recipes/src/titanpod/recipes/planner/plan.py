@@ -225,12 +225,13 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float, args
         policy_name, layers = train.memory_policy, model.args.n_layers
         memory = _memory(local, block, head, layers, policy_name, gathered + kv_bytes, kept_logits=logits)
     if train.optimizer_offload:
-        # The moments wait in host memory; libtpu brings them in whole for the update, after the backward's
-        # working memory is freed (Llama 3.2 1B on a v5e: 16.82 GiB of temporaries, against 22.03 without).
+        # The moments wait in host memory and come in one tensor at a time for the update, after the backward
+        # (titanpod.graph.xla.step_program.streamed_update): the largest tensor's two moments at the most.
+        streamed = 8 * _largest_update_numel(plan, model, mesh, stacked=train.scan_layers and jitted)
         memory = dataclasses.replace(
             memory,
             optimizer=0,
-            transient=max(memory.transient, memory.optimizer),
+            transient=max(memory.transient, streamed),
             host_offload=memory.host_offload + memory.optimizer,
         )
     gathers = 2 if train.memory_policy in ("recompute", "offload") else 1  # a recomputed block gathers again
@@ -302,6 +303,21 @@ def _local_block_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str, i
     """Elements of one block's parameters held on this device (as stored: no gather)."""
     block = model.layers[0].named_parameters()
     return sum(plan.local_numel(f"layers.0.{name}", tuple(param.shape), mesh) for name, param in block)
+
+
+def _largest_update_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str, int], stacked: bool) -> int:
+    """Elements on this device of the largest tensor the optimizer updates: a parameter, or with ``stacked``
+    (``train.scan_layers``) a block parameter stacked over every block."""
+    largest = max(plan.local_numel(name, tuple(p.shape), mesh) for name, p in model.named_parameters())
+    if stacked:
+        largest = max(largest, _largest_block_numel(plan, model, mesh) * model.args.n_layers)
+    return largest
+
+
+def _largest_block_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str, int]) -> int:
+    """Elements on this device of one block's largest parameter."""
+    block = model.layers[0].named_parameters()
+    return max(plan.local_numel(f"layers.0.{name}", tuple(param.shape), mesh) for name, param in block)
 
 
 def _memory(

@@ -102,6 +102,9 @@ def suggestions(
         loss = dataclasses.replace(kernels.pallas_loss, keep_logits=False)
         changed = with_changes(recipe, kernels={"pallas_loss": loss})
         candidates.append(("--kernels.pallas-loss.no-keep-logits", changed, chips))
+    if not train.optimizer_offload:  # a lane without the xla step's one JAX program refuses it, and is dropped
+        changed = with_changes(recipe, train={"optimizer_offload": True})
+        candidates.append(("--train.optimizer-offload", changed, chips))
     candidates.append(_more_chips(recipe, chips))
     found = _planned(candidates, chip, target_mfu, args)
     found.sort(key=lambda s: (not s.plan.fits, s.plan.memory.total))
