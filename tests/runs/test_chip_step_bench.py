@@ -26,6 +26,20 @@ def test_a_configuration_runs_on_the_xla_lane_unless_its_flags_name_another():
     assert bench.lane_of(["--device.lane", "tpu", "--device.lane", "xla"]) == "xla"
 
 
+def test_the_xla_ratio_is_given_only_beside_the_same_model(capsys):
+    bench = _bench()
+    table = bench.CONFIGURATIONS
+
+    def row(name: str, tokens: float) -> dict:
+        flags = " ".join(bench.flags_of(name, table))
+        return {"name": name, "flags": flags, "tokens_per_second": tokens, "tflops_per_second": 1.0, "mfu": 0.5}
+
+    bench.show([row("qwen3_0.6b", 1000.0), row("qwen3_0.6b_tpu_lane", 950.0), row("llama3.2_1b_offload", 500.0)], None)
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert lines["qwen3_0.6b_tpu_lane"][-1] == "0.95"
+    assert lines["llama3.2_1b_offload"][-1] == "-"  # another model: no ratio
+
+
 def test_a_failed_runs_summary_leads_with_the_error_line_not_the_graph_dump_after_it():
     output = "\n".join(
         ["loading...", "torch._dynamo.exc.BackendCompilerFailed: backend='tpu' raised:",
