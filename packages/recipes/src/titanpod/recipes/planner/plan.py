@@ -301,8 +301,13 @@ def _gathered_block_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str
 
 def _local_block_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str, int]) -> int:
     """Elements of one block's parameters held on this device (as stored: no gather)."""
+    return sum(_local_block_numels(plan, model, mesh))
+
+
+def _local_block_numels(plan: ShardingPlan, model: Transformer, mesh: dict[str, int]) -> list[int]:
+    """Elements of each of one block's parameters held on this device (as stored: no gather)."""
     block = model.layers[0].named_parameters()
-    return sum(plan.local_numel(f"layers.0.{name}", tuple(param.shape), mesh) for name, param in block)
+    return [plan.local_numel(f"layers.0.{name}", tuple(param.shape), mesh) for name, param in block]
 
 
 def _largest_update_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str, int], stacked: bool) -> int:
@@ -310,14 +315,8 @@ def _largest_update_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str
     (``train.scan_layers``) a block parameter stacked over every block."""
     largest = max(plan.local_numel(name, tuple(p.shape), mesh) for name, p in model.named_parameters())
     if stacked:
-        largest = max(largest, _largest_block_numel(plan, model, mesh) * model.args.n_layers)
+        largest = max(largest, max(_local_block_numels(plan, model, mesh)) * model.args.n_layers)
     return largest
-
-
-def _largest_block_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str, int]) -> int:
-    """Elements on this device of one block's largest parameter."""
-    block = model.layers[0].named_parameters()
-    return max(plan.local_numel(f"layers.0.{name}", tuple(param.shape), mesh) for name, param in block)
 
 
 def _memory(
