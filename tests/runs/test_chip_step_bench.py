@@ -26,7 +26,7 @@ def test_a_configuration_runs_on_the_xla_lane_unless_its_flags_name_another():
     assert bench.lane_of(["--device.lane", "tpu", "--device.lane", "xla"]) == "xla"
 
 
-def test_the_xla_ratio_is_given_only_beside_the_same_model(capsys):
+def test_the_xla_ratio_is_given_only_beside_the_same_flags_on_the_xla_lane(capsys):
     bench = _bench()
     table = bench.CONFIGURATIONS
 
@@ -34,10 +34,14 @@ def test_the_xla_ratio_is_given_only_beside_the_same_model(capsys):
         flags = " ".join(bench.flags_of(name, table))
         return {"name": name, "flags": flags, "tokens_per_second": tokens, "tflops_per_second": 1.0, "mfu": 0.5}
 
-    bench.show([row("qwen3_0.6b", 1000.0), row("qwen3_0.6b_tpu_lane", 950.0), row("llama3.2_1b_offload", 500.0)], None)
+    names = {"qwen3_0.6b": 1000.0, "qwen3_0.6b_tpu_lane": 950.0, "qwen3_0.6b_2x4096": 800.0,
+             "qwen3_0.6b_2x4096_tpu_lane": 880.0, "llama3.2_1b_offload": 500.0}  # fmt: skip
+    bench.show([row(name, tokens) for name, tokens in names.items()], None)
     lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
     assert lines["qwen3_0.6b_tpu_lane"][-1] == "0.95"
-    assert lines["llama3.2_1b_offload"][-1] == "-"  # another model: no ratio
+    assert lines["qwen3_0.6b_2x4096_tpu_lane"][-1] == "1.10"  # beside the xla lane at 2 sequences, not at 4
+    assert lines["qwen3_0.6b"][-1] == lines["qwen3_0.6b_2x4096"][-1] == "-"  # xla-lane runs: no ratio
+    assert lines["llama3.2_1b_offload"][-1] == "-"  # no tpu-lane twin ran
 
 
 def test_a_failed_runs_summary_leads_with_the_error_line_not_the_graph_dump_after_it():

@@ -5,8 +5,9 @@ go), for ``--steps`` steps on the xla lane (or the lane its flags name: ``qwen3_
 model on ``torch.device("tpu")``, which needs torch_tpu), without checkpoints or validation; its metrics.jsonl
 gives:
 - measured: tokens/s over the steps after the first, model TFLOP/s, MFU (titanpod's count against the chip's
-  peak), the device's peak memory (``peak_memory_gib``), and tokens/s over the xla lane's for the same model
-  (``of xla``: the ``qwen3_0.6b`` configuration, when it ran in the same call);
+  peak), the device's peak memory (``peak_memory_gib``), and, for a run on another lane, its tokens/s over the
+  xla lane's for the same flags otherwise (``of xla``: ``qwen3_0.6b_tpu_lane`` against ``qwen3_0.6b``, when both
+  ran in the same call);
 - the compiler's figures for the program it ran: the bytes a device it needs (``program_memory_gib``) and,
   where the compiler gives one for the whole step (not through a layer scan), its estimated step time, from
   which measured / estimated.
@@ -48,14 +49,39 @@ CONFIGURATIONS: dict[str, str] = {
     "qwen3_0.6b_sdpa": QWEN3_06B + " --kernels.attention sdpa",
     "qwen3_0.6b_2x8192": QWEN3_06B + " --data.seq-len 8192 --data.batch-size 2",
     "qwen3_0.6b_tpu_lane": QWEN3_06B + " --device.lane tpu --train.step-mode whole_step",
+    "qwen3_0.6b_2x4096": QWEN3_06B + " --data.batch-size 2",
+    "qwen3_0.6b_2x4096_tpu_lane": QWEN3_06B + " --data.batch-size 2 --device.lane tpu --train.step-mode whole_step",
     "llama3.2_1b_offload": LLAMA32_1B + " --train.optimizer-offload",
 }
 """Name -> the training command's flags. A value may start with another configuration's name (its flags first)."""
 
 QUIET_RUN = "--train.log-every 5 --checkpoint.every 0 --checkpoint.no-at-end --output.no-save-weights"
 """What every measured run adds: reports every 5 steps, nothing saved, no validation."""
-XLA_REFERENCE = "qwen3_0.6b"
-"""The configuration every other one's tokens/s is set beside (``of xla``)."""
+LANE_FLAGS = {"--device.lane": 1, "--train.step-mode": 1}
+"""The flags (and how many values each takes) that choose a run's lane, left out to find its xla twin."""
+
+
+def without_lane(flags: list[str]) -> list[str]:
+    """``flags`` without those that choose the lane and its step mode: what a run on another lane shares with its
+    xla-lane twin."""
+    kept, skip = [], 0
+    for word in flags:
+        if skip:
+            skip -= 1
+        elif word in LANE_FLAGS:
+            skip = LANE_FLAGS[word]
+        else:
+            kept.append(word)
+    return kept
+
+
+def xla_twin(result: dict, results: list[dict]) -> dict | None:
+    """The xla-lane run among ``results`` with ``result``'s flags otherwise, for a run on another lane; else None."""
+    flags = shlex.split(result["flags"])
+    if lane_of(flags) == "xla":
+        return None
+    twins = (r for r in results if "error" not in r and lane_of(shlex.split(r["flags"])) == "xla")
+    return next((r for r in twins if without_lane(shlex.split(r["flags"])) == without_lane(flags)), None)
 
 
 def flags_of(name: str, table: dict[str, str]) -> list[str]:
@@ -138,11 +164,12 @@ def _tokens_per_step(flags: list[str]) -> int | None:
 
 
 def chip_matmul_tflops(size: int = 8192, repeats: int = 20) -> float | None:
-    """The chip's bf16 matmul rate in TFLOP/s (in a process of its own, so it lets go of the chip)."""
+    """The chip's bf16 matmul rate in TFLOP/s on random operands (in a process of its own, so it lets go of the
+    chip). Operands of ones ran faster on a v5e (186 TFLOP/s against 167): the chip's rate depends on its data."""
     code = (
         "import time, jax, jax.numpy as jnp\n"
         f"n, r = {size}, {repeats}\n"
-        "a = jnp.ones((n, n), jnp.bfloat16); b = jnp.ones((n, n), jnp.bfloat16)\n"
+        "a, b = jax.random.normal(jax.random.key(0), (2, n, n), jnp.bfloat16)\n"
         "f = jax.jit(lambda a, b: a @ b); f(a, b).block_until_ready()\n"
         "t = time.perf_counter()\n"
         "for _ in range(r): c = f(a, b)\n"
@@ -161,15 +188,14 @@ def show(results: list[dict], matmul: float | None) -> None:
         print(f"chip bf16 matmul (8192^3, JAX): {matmul:.1f} TFLOP/s")
     header = f"{'configuration':<28} {'tokens/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>8} {'program GiB':>11}"
     print(header + f" {'est. tokens/s':>13} {'meas/est':>8} {'of matmul':>9} {'of xla':>6}")
-    reference = next((r for r in results if r["name"] == XLA_REFERENCE and "error" not in r), None)
     for r in results:
         if "error" in r:
             print(f"{r['name']:<28} failed (exit {r['exit']}): {r['error'][:300]} (whole output: {r['log']})")
             continue
         estimate = r.get("estimated_tokens_per_second")
         of_matmul = r["tflops_per_second"] / matmul if matmul else None
-        same_model = reference is not None and r["flags"].startswith(reference["flags"])
-        of_xla = r["tokens_per_second"] / reference["tokens_per_second"] if same_model else None
+        twin = xla_twin(r, results)
+        of_xla = r["tokens_per_second"] / twin["tokens_per_second"] if twin else None
         print(
             f"{r['name']:<28} {r['tokens_per_second']:>9,.0f} {r['tflops_per_second']:>8.1f} {r['mfu']:>6.1%} "
             f"{_num(r.get('peak_memory_gib')):>8} {_num(r.get('program_memory_gib')):>11} "
