@@ -19,4 +19,4 @@ def choose_step_compiler(config: Any, backend: Backend, source: StepSource) -> S
         from titanpod.graph.cpu_compile.cached_compiler import CachedStepCompiler  # only the opt-in needs it
 
         return CachedStepCompiler(source, cache_dir_of(config.compile_cache_dir))
-    return BackendStepCompiler(backend)
+    return BackendStepCompiler(backend, config)

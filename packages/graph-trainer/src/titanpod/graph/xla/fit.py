@@ -51,9 +51,22 @@ def check_state_fits(param_bytes: int, stats: MemoryStats) -> None:
     )
 
 
+OUT_OF_MEMORY_WORDS = ("RESOURCE_EXHAUSTED", "ran out of memory on HBM")
+"""What a device's refusal for memory says: the allocator's status, and libtpu's compiler refusing a program whose
+temporaries exceed the chip (seen from the tpu lane's compile on a v5e)."""
+
+
 def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is a device allocator's refusal (XLA's ``RESOURCE_EXHAUSTED``)."""
-    return "RESOURCE_EXHAUSTED" in str(error)
+    """Whether ``error`` is a device's refusal for memory: the allocator's (XLA's ``RESOURCE_EXHAUSTED``) or the
+    TPU compiler's (``ran out of memory on HBM``)."""
+    return any(words in str(error) for words in OUT_OF_MEMORY_WORDS)
+
+
+def refusal_words(error: BaseException) -> str:
+    """The line of ``error``'s message that says what the device refused (its first line where none does)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [""]
+    said = next((line for line in lines if any(words in line for words in OUT_OF_MEMORY_WORDS)), lines[0])
+    return said[:300]
 
 
 def out_of_device_memory(
@@ -78,7 +91,7 @@ def out_of_device_memory(
     if config.grad_accum_steps == 1:
         fixes.append("the same tokens a step in micro-batches (a smaller batch, more train.grad-accum-steps)")
     fixes.append("more devices (parallel.fsdp)")
-    words = str(error).strip().splitlines()[0][:300]
+    words = refusal_words(error)
     return DoesNotFitDevice(
         f"The device has no room for the training step{holds}: {words}.{figures} "
         "Check a configuration before you run it with --dry-run --target.chip CHIP --target.chips N. To fit: "
