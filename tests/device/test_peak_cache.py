@@ -89,3 +89,39 @@ def test_a_figure_measured_another_way_is_not_read(tmp_path):
     from titanpod.device.peak_cache import PEAK_MEASURE_VERSION, machine_key
 
     assert machine_key().endswith(PEAK_MEASURE_VERSION)
+
+
+def test_a_peak_measured_on_a_busy_machine_is_measured_again_when_it_is_quiet_and_the_higher_kept(tmp_path):
+    path = tmp_path / "cpu-peak.json"
+    measure = CountingMeasure(1.3e11, 1.9e11, 1.5e11)
+    busy = cached_cpu_peak(measure, path, key="m", load=lambda: 1.0)  # measured beside other work
+    assert busy.peak_flops == 1.3e11 and measure.calls == 1
+    assert cached_cpu_peak(measure, path, key="m", load=lambda: 0.6).peak_flops == 1.3e11  # not quiet enough
+    assert measure.calls == 1
+    quiet = cached_cpu_peak(measure, path, key="m", load=lambda: 0.1)
+    assert quiet.peak_flops == 1.9e11 and measure.calls == 2
+    assert json.loads(path.read_text())["machines"]["m"]["load_per_core"] == 0.1
+    assert cached_cpu_peak(measure, path, key="m", load=lambda: 0.0).peak_flops == 1.9e11  # measured quiet: kept
+    assert measure.calls == 2
+
+
+def test_a_lower_figure_measured_again_does_not_replace_the_kept_one(tmp_path):
+    path = tmp_path / "cpu-peak.json"
+    measure = CountingMeasure(2.0e11, 1.5e11)
+    cached_cpu_peak(measure, path, key="m", load=lambda: 0.9)
+    again = cached_cpu_peak(measure, path, key="m", load=lambda: 0.2)
+    assert measure.calls == 2 and again.peak_flops == 2.0e11
+    entry = json.loads(path.read_text())["machines"]["m"]
+    assert entry["peak_flops"] == 2.0e11 and entry["load_per_core"] == 0.2  # not measured a third time
+    cached_cpu_peak(measure, path, key="m", load=lambda: 0.0)
+    assert measure.calls == 2
+
+
+def test_a_figure_kept_without_its_load_or_where_the_load_is_unknown_is_read_as_it_is(tmp_path):
+    path = tmp_path / "cpu-peak.json"
+    path.write_text(json.dumps({"machines": {"m": {"peak_flops": 1.0e11, "measured_on": "2026-12-01"}}}))
+    measure = CountingMeasure(3.0e11)
+    assert cached_cpu_peak(measure, path, key="m", load=lambda: 0.0).peak_flops == 1.0e11
+    cached_cpu_peak(measure, path, key="other", load=lambda: None)
+    assert cached_cpu_peak(measure, path, key="other", load=lambda: None).peak_flops == 3.0e11
+    assert measure.calls == 1
