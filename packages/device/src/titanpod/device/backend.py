@@ -27,6 +27,11 @@ class Backend(ABC):
     """The torch.distributed backend; ``None`` lets PyTorch pick the one registered for the device."""
     compile_backend: ClassVar[str | None]
     """The ``torch.compile`` backend; ``None`` where the lane compiles another way (``jax.jit``)."""
+    compiled_step_donates_inputs: ClassVar[bool] = True
+    """The lane's compile of a captured step lets the program write its in-place updates into its inputs' buffers.
+    Where it does not (torch_tpu 0.2.0's ``torch.compile`` backend donates no input), a whole step that updated
+    the parameters and AdamW moments inside the program would hold the old and the new state at once, so the
+    whole step leaves the update to run after the program (``TrainConfig.whole_step_update``)."""
     single_controller: ClassVar[bool] = False
     """One process drives every device of the job and the compiler partitions the step (the xla lane): the step is
     one ``jax.jit`` program (``titanpod.graph.xla.XlaStep``), and the dry run plans that program's memory;

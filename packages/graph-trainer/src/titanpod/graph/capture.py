@@ -36,7 +36,8 @@ from titanpod.graph.loss_metrics import add_metrics, loss_and_metrics
 from titanpod.graph.optimizer import AdamWState, adamw_update_, shard_like, total_grad_norm
 
 LEADING_OUTPUTS = 3
-"""Outputs before the per-micro-batch losses: the gradient norm, the applied flag and the metrics dict."""
+"""Outputs before the per-micro-batch losses: the gradient norm, the applied flag (or, with the update after the
+program, the local gradients) and the metrics dict."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def step_function(
     device_type: str,
     document_ids: bool = False,
     named: bool = False,
+    update: bool = True,
 ):
     """The functional step that ``capture_step`` traces (also runnable as it is, eagerly).
 
@@ -76,6 +78,8 @@ def step_function(
     With ``named``, the batch is instead one dict of named tensors, each stacked over the A
     micro-batches in its first dimension; micro-batch ``a``'s loss is ``model.loss(**{name: value[a]})``
     (a diffusion objective's batch: latents, noise, timesteps, conditioning).
+    Without ``update`` the step stops before AdamW and returns the local gradients where it returns the applied
+    flag; parameters and moments are then left as they were, for the caller to update.
     """
     decays = [spec.decay for spec in specs]
 
@@ -93,6 +97,8 @@ def step_function(
         assert grads is not None
         grad_norm = total_grad_norm(grads)
         local_grads = [_local_grad(g, spec) for g, spec in zip(grads, specs, strict=True)]
+        if not update:
+            return (grad_norm, local_grads, metrics, *losses)
         state = AdamWState(step_count, list(exp_avg), list(exp_avg_sq))
         applied = adamw_update_(params, local_grads, state, lr, grad_norm, decays, config)
         return (grad_norm, applied, metrics, *losses)
@@ -134,7 +140,12 @@ def _local_grad(grad: torch.Tensor, spec: ParamSpec) -> torch.Tensor:
 
 
 def capture_step(
-    model: nn.Module, specs: Sequence[ParamSpec], config: TrainConfig, device_type: str, example_inputs: tuple
+    model: nn.Module,
+    specs: Sequence[ParamSpec],
+    config: TrainConfig,
+    device_type: str,
+    example_inputs: tuple,
+    update: bool = True,
 ) -> fx.GraphModule:
     """Trace the whole step into one ``GraphModule`` (fake tensors: nothing runs, nothing is allocated).
 
@@ -142,11 +153,18 @@ def capture_step(
     policies use to find transformer-block boundaries. ``example_inputs`` are the step's
     arguments (see ``step_function``); an eighth, the document ids, selects the step with them, and a
     dict of named tensors in sixth place the step on named batches. The graph's ``meta["block_paths"]`` lists
-    the model's transformer blocks (``titanpod.graph.blocks``), which the memory policies read.
+    the model's transformer blocks (``titanpod.graph.blocks``), which the memory policies read. Without
+    ``update`` the graph stops before AdamW (``step_function``).
     """
     named = isinstance(example_inputs[-1], Mapping)
     function = step_function(
-        model, specs, config, device_type, document_ids=len(example_inputs) == 8 and not named, named=named
+        model,
+        specs,
+        config,
+        device_type,
+        document_ids=len(example_inputs) == 8 and not named,
+        named=named,
+        update=update,
     )
     function._orig_mod = model  # type: ignore[attr-defined]  # make_fx records module paths under this root
     graph = make_fx(function, tracing_mode="fake", record_module_stack=True)(*example_inputs)

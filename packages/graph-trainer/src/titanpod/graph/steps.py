@@ -102,6 +102,8 @@ class WholeStep(TrainStep):
         self._example: Example | None = None
         self._program = None
         self._shape: tuple[Any, ...] | None = None
+        self.update_after_program = update_after_program(config, backend)
+        """Whether AdamW runs after the compiled program (which then returns the gradients), not inside it."""
         builders = (capture_step, fold_constants, apply_memory_policy, step_function)
         source = StepSource(model, config, backend.device_type, self.decays, builders)
         self._compiler = choose_step_compiler(config, backend, source)  # made now: it may start work to overlap
@@ -129,7 +131,9 @@ class WholeStep(TrainStep):
         return (self.local_params, state.exp_avg, state.exp_avg_sq, state.step, lr, *example)
 
     def _capture(self, inputs: tuple) -> fx.GraphModule:
-        graph = capture_step(self.model, self.specs, self.config, self.backend.device_type, inputs)
+        graph = capture_step(
+            self.model, self.specs, self.config, self.backend.device_type, inputs, update=not self.update_after_program
+        )
         fold_constants(graph)
         apply_memory_policy(graph, self.config.memory_policy, self.backend.device_type)
         return graph
@@ -176,8 +180,18 @@ class WholeStep(TrainStep):
                 self._prepare(example, inputs)
         assert self._program is not None
         grad_norm, applied, metrics, *losses = self._program(*self._batch_inputs(example, self.lr_tensor(lr)))
+        if self.update_after_program:  # the program returned the local gradients where it returns the flag
+            applied = self.update_(applied, grad_norm, lr)
         self.backend.end_step()
         return StepOutput(torch.stack(losses).mean(), grad_norm, applied, metrics)
+
+
+def update_after_program(config: TrainConfig, backend: Backend) -> bool:
+    """Whether a whole step leaves AdamW to run after its compiled program (``TrainConfig.whole_step_update``):
+    asked for, or ``auto`` on a lane whose compile cannot write the update into its inputs' buffers."""
+    if config.whole_step_update == "auto":
+        return not backend.compiled_step_donates_inputs
+    return config.whole_step_update == "after_program"
 
 
 def _shape_key(example: Example) -> tuple[Any, ...]:
