@@ -16,9 +16,9 @@ Precision = Literal["fp32", "bf16"]
 Decay = Literal["cosine", "linear", "constant"]
 """What ``TrainConfig.decay`` accepts."""
 Compiler = Literal["auto", "none"]
+"""What ``TrainConfig.compiler`` accepts."""
 WholeStepUpdate = Literal["auto", "in_program", "after_program"]
 """What ``TrainConfig.whole_step_update`` accepts."""
-"""What ``TrainConfig.compiler`` accepts."""
 StepCompilerName = Literal["inductor", "cached"]
 """What ``TrainConfig.step_compiler`` accepts."""
 
