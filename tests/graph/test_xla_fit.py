@@ -14,7 +14,8 @@ import pytest
 from tests.conftest import XLA_ENV, run_json_script
 from titanpod.device.memory import MemoryStats
 from titanpod.graph import TrainConfig
-from titanpod.graph.xla.fit import DoesNotFitDevice, check_state_fits, is_out_of_memory, out_of_device_memory
+from titanpod.graph.device_full import DoesNotFitDevice, is_out_of_memory, out_of_device_memory
+from titanpod.graph.xla.fit import check_state_fits
 from titanpod.graph.xla.program_figures import DeviceMemory
 
 GIB = 1024**3
@@ -65,7 +66,7 @@ from titanpod.device import get_backend
 from titanpod.device.memory import MemoryStats
 from titanpod.graph import TrainConfig
 from titanpod.graph.xla import XlaStep
-from titanpod.graph.xla.fit import DoesNotFitDevice
+from titanpod.graph.device_full import DoesNotFitDevice
 from titanpod.recipes.families import build_model
 
 backend = get_backend("xla")

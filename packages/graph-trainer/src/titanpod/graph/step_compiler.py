@@ -74,17 +74,14 @@ class StepCompiler(ABC):
 class BackendStepCompiler(StepCompiler):
     """The lane's own compile (``Backend.compile_step``): ``torch.compile`` with inductor on cpu and cuda."""
 
-    def __init__(self, backend: Backend, config: Any = None) -> None:
+    def __init__(self, backend: Backend, config: Any) -> None:
         self._backend = backend
         self._config = config
 
     def compile(self, graph: fx.GraphModule, inputs: tuple) -> tuple[Program, CompileReport | None]:
         """The lane's compile of ``graph``; it runs on the program's first call, which says plainly when the device
-        has no room for the program (``titanpod.graph.device_full``; with the step's ``TrainConfig`` given)."""
-        program = self._backend.compile_step(graph)
-        if self._config is None:
-            return program, None
-        return SaysWhenDeviceFull(program, self._backend, self._config), None
+        has no room for the program (``titanpod.graph.device_full``)."""
+        return SaysWhenDeviceFull(self._backend.compile_step(graph), self._backend, self._config), None
 
 
 def cache_dir_of(setting: str) -> Path | None:

@@ -5,7 +5,7 @@ the bytes a device needs for the recipe on the devices the job has, on the lane 
 own capacity (``Backend.memory_stats``). Where the plan needs more than the device holds, the run is refused
 before any model is built, naming the changes the planner finds that fit. Where the device reports no capacity
 (the CPU, a torch_tpu without memory statistics) nothing is checked here; the xla step still says plainly what
-the allocator refuses (``titanpod.graph.xla.fit``).
+the allocator refuses, and a compiled whole step what its compiler refuses (``titanpod.graph.device_full``).
 
 The bar is the whole capacity, not the dry run's margin: a plan the planner puts just under it may still run
 (measured on a v5e: the planner within 5% of the compiler for recompute and selective, ``save`` 18% low), and a

@@ -27,11 +27,12 @@ from torch import nn
 from titanpod.device import Backend
 from titanpod.graph.blocks import transformer_blocks
 from titanpod.graph.config import TrainConfig
+from titanpod.graph.device_full import is_out_of_memory, out_of_device_memory
 from titanpod.graph.optimizer import AdamWState
 from titanpod.graph.step_base import Batch, StepOutput
 from titanpod.graph.xla.batches import named_batch_sharding, place_micro_batches
 from titanpod.graph.xla.compile_cache import compile_lowered, use_xla_cache, xla_cache_dir
-from titanpod.graph.xla.fit import check_state_fits, is_out_of_memory, out_of_device_memory
+from titanpod.graph.xla.fit import check_state_fits
 from titanpod.graph.xla.gather import fsdp_gather, hidden_states_layout, self_gathered
 from titanpod.graph.xla.held_out import held_out_program
 from titanpod.graph.xla.layer_stack import LayerStack
