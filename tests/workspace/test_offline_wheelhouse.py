@@ -110,6 +110,31 @@ def test_torch_tpu_keeps_one_torch_releases_glue_and_a_record_of_what_is_left(to
         glue.keep_one_release(wheel, tmp_path / "none.whl", torch_minor=14)
 
 
+def test_a_vm_has_name_the_lock_does_not_hold_is_refused_before_any_work(tools, tmp_path):
+    builder = tools[0]
+    out = tmp_path / "wheelhouse"
+    refused = r"'tensortore', which titanpod's lock does not hold; did you mean tensorstore"
+    with pytest.raises(SystemExit, match=refused):
+        builder.main([str(out), "--vm-has", "tensorstore,Tensortore"])
+    assert not out.exists()  # nothing built, nothing downloaded
+    args = builder.parse_args(["x", "--vm-has", "Orbax_Checkpoint, huggingface.hub"])
+    assert args.vm_has == ["orbax-checkpoint", "huggingface-hub"]  # named as the lock names them
+    builder.check_vm_has(args.vm_has, builder.locked_for_target(builder.Target("3.11", "x86_64")))
+
+
+def test_the_installer_names_a_folder_that_is_not_there_before_it_makes_anything(tmp_path):
+    def installer(*flags: str) -> subprocess.CompletedProcess[str]:
+        command = ["python3", str(OFFLINE_TOOLS / "install_wheelhouse.py"), "--venv", str(tmp_path / "venv"), *flags]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+    done = installer("--wheelhouse", str(tmp_path))
+    assert done.returncode == 1 and f"{tmp_path} is not a wheelhouse (no manifest.json)" in done.stderr
+    (tmp_path / "manifest.json").write_text("{}")
+    done = installer("--wheelhouse", str(tmp_path), "--find-links", str(tmp_path / "torch-wheels"))
+    assert done.returncode == 1 and f"--find-links {tmp_path / 'torch-wheels'} is not a folder" in done.stderr
+    assert not (tmp_path / "venv").exists()
+
+
 def test_torch_tpu_brings_its_own_small_requirements_pinned_by_the_tpu_lanes_lock(tools):
     builder, _, markers, _ = tools
     have = {"tensorboard", "absl-py"}

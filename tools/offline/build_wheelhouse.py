@@ -15,7 +15,9 @@ runs at import.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -175,7 +177,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--torch-tpu", nargs="?", const="0.2.0", help="add torch_tpu (default 0.2.0), one glue only")
     args = parser.parse_args(argv)
     args.extras = [extra for extra in args.extras.split(",") if extra]
-    args.vm_has = [name.strip().lower() for name in args.vm_has.split(",") if name.strip()]
+    args.vm_has = [re.sub(r"[-_.]+", "-", name.strip().lower()) for name in args.vm_has.split(",") if name.strip()]
     if "tpu" in args.extras:
         parser.error("the tpu extra is torch_tpu: pass --torch-tpu instead, which keeps one torch release's glue")
     offered = member_extras()
@@ -243,9 +245,19 @@ def console_commands(packages: list[str]) -> list[str]:
     return sorted(commands)
 
 
+def check_vm_has(names: list[str], locked: dict[str, str]) -> None:
+    """Refuse a ``--vm-has`` name the lock does not hold: a misspelt one would leave nothing out, silently."""
+    for name in names:
+        if name not in locked:
+            close = difflib.get_close_matches(name, list(locked), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise SystemExit(f"error: --vm-has names {name!r}, which titanpod's lock does not hold{hint}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     target = Target(args.python, args.machine)
+    check_vm_has(args.vm_has, locked_for_target(target))
     platforms = manylinux_platforms(args.glibc, args.machine)
     out = args.wheelhouse.resolve()
     if out.exists():

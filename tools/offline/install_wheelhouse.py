@@ -137,6 +137,12 @@ def install(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     wheelhouse = args.wheelhouse.resolve()
+    if not (wheelhouse / "manifest.json").is_file():
+        raise SystemExit(f"error: {wheelhouse} is not a wheelhouse (no manifest.json): build one with "
+                         "tools/offline/build_wheelhouse.py and run its own install.py")  # fmt: skip
+    absent = [link for link in args.find_links if "://" not in link and not Path(link).is_dir()]
+    if absent:
+        raise SystemExit(f"error: --find-links {absent[0]} is not a folder; nothing was installed")
     manifest = json.loads((wheelhouse / "manifest.json").read_text())
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if here != manifest["python"] or platform.machine() not in manifest["platforms"][0]:
