@@ -67,3 +67,12 @@ def test_a_run_is_measured_and_a_refused_one_keeps_its_whole_output(tmp_path):
     assert refused["exit"] == 2
     assert "train.lr" in Path(refused["log"]).read_text()
     assert "train.lr" in refused["error"]
+
+
+def test_a_run_past_its_time_is_stopped_with_what_it_wrote(tmp_path):
+    bench = _bench()
+    flags = ["--recipe", "llama3_debug", "--data.batch-size", "2", "--data.seq-len", "64"]
+    stopped = bench.measure("long", flags, 100_000, tmp_path / "runs", tmp_path / "logs", timeout=4)
+    assert stopped["exit"] is None
+    assert stopped["error"].startswith("stopped after 4 s")
+    assert "stopped by chip_step after 4 s" in Path(stopped["log"]).read_text()

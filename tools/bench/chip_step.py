@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -98,9 +99,12 @@ def lane_of(flags: list[str]) -> str:
     return lanes[-1] if lanes else "xla"
 
 
-def measure(name: str, flags: list[str], steps: int, runs_dir: Path, logs_dir: Path) -> dict:
+def measure(
+    name: str, flags: list[str], steps: int, runs_dir: Path, logs_dir: Path, timeout: float | None = None
+) -> dict:
     """Train configuration ``name`` for ``steps`` steps in a process of its own; its figures from metrics.jsonl.
-    The run's whole output goes to ``logs_dir/NAME.log``."""
+    The run's whole output goes to ``logs_dir/NAME.log``. A run still going after ``timeout`` seconds is stopped
+    (with every process it started) and reported as failed, with the reports it had written."""
     lane = lane_of(flags)
     command = [sys.executable, "-m", "titanpod.pretrain.cli", "--device.lane", lane, *flags, *shlex.split(QUIET_RUN)]
     command += ["--train.steps", str(steps), "--train.warmup-steps", "1", "--data.validation-every", "0"]
@@ -109,16 +113,18 @@ def measure(name: str, flags: list[str], steps: int, runs_dir: Path, logs_dir: P
     if lane == "xla":  # torch_tpu, where installed, would claim the device torchax needs (XlaBackend)
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    returncode, output = _run(command, env, timeout)
     logs_dir.mkdir(parents=True, exist_ok=True)
     log = logs_dir / f"{name}.log"
-    log.write_text(done.stdout + done.stderr)
-    result: dict = {"name": name, "flags": " ".join(flags), "exit": done.returncode, "log": str(log),
+    log.write_text(output)
+    result: dict = {"name": name, "flags": " ".join(flags), "exit": returncode, "log": str(log),
                     "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
     rows = _rows(runs_dir / name / "metrics.jsonl")
     reports = [row for row in rows if "tokens_per_second" in row]
-    if done.returncode != 0 or not reports:
-        result["error"] = error_summary(done.stdout + done.stderr)
+    if returncode != 0 or not reports:
+        result["error"] = error_summary(output)
+        if returncode is None:
+            result["error"] = f"stopped after {timeout:.0f} s ({len(reports)} reports written): {result['error']}"
         return result
     first, last = reports[0], reports[-1]
     result.update({key: last.get(key) for key in ("tokens_per_second", "tflops_per_second", "mfu", "peak_memory_gib")})
@@ -129,6 +135,20 @@ def measure(name: str, flags: list[str], steps: int, runs_dir: Path, logs_dir: P
         result["estimated_tokens_per_second"] = tokens_per_step / result["estimated_step_seconds"]
         result["measured_over_estimated"] = result["tokens_per_second"] / result["estimated_tokens_per_second"]
     return result
+
+
+def _run(command: list[str], env: dict[str, str], timeout: float | None) -> tuple[int | None, str]:
+    """Run ``command`` in a session of its own; its exit code (None when stopped at ``timeout``) and output."""
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    ) as process:
+        try:
+            output, _ = process.communicate(timeout=timeout)
+            return process.returncode, output
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+            return None, output + f"\n[stopped by chip_step after {timeout:.0f} s]\n"
 
 
 ERROR_LINE = re.compile(r"(Error|Exception|Failed|error)\b|RESOURCE_EXHAUSTED")
@@ -218,6 +238,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--logs-dir", type=Path, help="where each run's whole output goes (default: the runs dir)")
     parser.add_argument("--no-matmul", action="store_true", help="skip measuring the chip's matmul rate")
+    parser.add_argument("--timeout", type=float, help="stop a run still going after this many seconds")
     args = parser.parse_args()
     table = dict(CONFIGURATIONS)
     for extra in args.extra:
@@ -231,12 +252,13 @@ def main() -> None:
     results = []
     for name in names:
         print(f"-- {name}: {' '.join(flags_of(name, table))}", flush=True)
-        results.append(measure(name, flags_of(name, table), args.steps, args.runs_dir, args.logs_dir or args.runs_dir))
+        logs_dir = args.logs_dir or args.runs_dir
+        results.append(measure(name, flags_of(name, table), args.steps, args.runs_dir, logs_dir, args.timeout))
         print(json.dumps(results[-1]), flush=True)
+        if args.out is not None:  # kept as each run ends, so that a call cut short keeps what it measured
+            args.out.write_text(json.dumps({"matmul_tflops": matmul, "results": results}, indent=1))
         time.sleep(5)  # the chip may refuse a program started just as another let go
     show(results, matmul)
-    if args.out is not None:
-        args.out.write_text(json.dumps({"matmul_tflops": matmul, "results": results}, indent=1))
 
 
 if __name__ == "__main__":
