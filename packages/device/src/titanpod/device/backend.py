@@ -32,6 +32,10 @@ class Backend(ABC):
     Where it does not (torch_tpu 0.2.0's ``torch.compile`` backend donates no input), a whole step that updated
     the parameters and AdamW moments inside the program would hold the old and the new state at once, so the
     whole step leaves the update to run after the program (``TrainConfig.whole_step_update``)."""
+    update_as_one_program: ClassVar[bool] = False
+    """An AdamW update outside a compiled program runs as one JAX program over every parameter
+    (``titanpod.graph.adamw_program``) rather than op by op: each eager op on this lane's device is a dispatch of its
+    own (torch_tpu 0.2.0: about 0.1 ms each, some sixteen a parameter). Only for parameters that are plain tensors."""
     single_controller: ClassVar[bool] = False
     """One process drives every device of the job and the compiler partitions the step (the xla lane): the step is
     one ``jax.jit`` program (``titanpod.graph.xla.XlaStep``), and the dry run plans that program's memory;

@@ -19,8 +19,10 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from titanpod.device import Backend
+from titanpod.graph.adamw_program import AdamWProgram
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.loss_metrics import loss_and_metrics
 from titanpod.graph.optimizer import AdamWState, adamw_update_, init_adamw_state, local_tensor, weight_decays
@@ -130,6 +132,7 @@ class TrainStep(ABC):
         self.params = [p for _, p in named]
         self.decays = weight_decays(self.params, config)
         self.state: AdamWState = self.initial_state()
+        self._update_program: AdamWProgram | None = None
 
     def initial_state(self) -> AdamWState:
         """Zero AdamW moments beside the parameters (the xla step keeps them on its JAX devices instead)."""
@@ -166,6 +169,11 @@ class TrainStep(ABC):
     def update_(self, grads: list[torch.Tensor], grad_norm: torch.Tensor, lr: float) -> torch.Tensor:
         """One AdamW update of the parameters' local shards from ``grads`` clipped by ``grad_norm`` (skipped
         where it is not finite); returns whether it was applied (0-d bool)."""
+        if self.backend.update_as_one_program and not any(isinstance(p, DTensor) for p in self.params):
+            if self._update_program is None:
+                self._update_program = AdamWProgram(self.config, self.decays)
+            with torch.no_grad():
+                return self._update_program(self.params, grads, self.state, self.lr_tensor(lr), grad_norm)
         with torch.no_grad():
             return adamw_update_(
                 [local_tensor(p) for p in self.params],

@@ -97,7 +97,6 @@ class WholeStep(TrainStep):
             ParamSpec(p if isinstance(p, DTensor) else None, decay)
             for p, decay in zip(self.params, self.decays, strict=True)
         ]
-        self.local_params = [local_tensor(p.detach()) for p in self.params]
         self._graph: fx.GraphModule | None = None
         self._example: Example | None = None
         self._program = None
@@ -107,6 +106,12 @@ class WholeStep(TrainStep):
         builders = (capture_step, fold_constants, apply_memory_policy, step_function)
         source = StepSource(model, config, backend.device_type, self.decays, builders)
         self._compiler = choose_step_compiler(config, backend, source)  # made now: it may start work to overlap
+
+    @property
+    def local_params(self) -> list[torch.Tensor]:
+        """The parameters' local parts as the program takes them, made afresh each call: an update that gives a
+        parameter a new buffer (``AdamWProgram``) leaves an earlier ``detach()`` of it on the old one."""
+        return [local_tensor(p.detach()) for p in self.params]
 
     @property
     def graph(self) -> fx.GraphModule | None:

@@ -14,8 +14,9 @@ Legend: none; shapes belong to the wrapped function.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,39 @@ def explicit_arity(fn: Callable[..., Any], n_arrays: int) -> Callable[..., tuple
     kernel.__signature__ = explicit_signature(n_arrays)  # type: ignore[attr-defined]
     kernel.__name__ = getattr(fn, "__name__", "kernel")
     return kernel
+
+
+def named_signature(lists: Sequence[str], arrays: Sequence[str]) -> inspect.Signature:
+    """``(l0: list[jax.Array], ..., a0: jax.Array, ...) -> tuple[jax.Array, ...]``, with the given names."""
+    import jax
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    parameters = [inspect.Parameter(name, kind, annotation=list[jax.Array]) for name in lists]
+    parameters += [inspect.Parameter(name, kind, annotation=jax.Array) for name in arrays]
+    return inspect.Signature(parameters, return_annotation=tuple[jax.Array, ...])
+
+
+def register_tpu_program(
+    qualified_name: str, fn: Callable[..., Any], lists: Sequence[str], arrays: Sequence[str], donate: Sequence[str]
+) -> Any:
+    """``fn`` (lists of arrays named ``lists``, then arrays named ``arrays``; a flat tuple out) as the torch_tpu op
+    ``qualified_name``, run as one program on the TPU's own buffers; the registered op where one of that name is
+    already (the name must say everything ``fn`` closes over). The arguments named in ``donate`` are donated: the
+    program may write its outputs into their buffers, and the tensors passed for them are invalid afterwards."""
+    import torch_tpu  # noqa: F401 - provides torch.tpu
+
+    namespace, name = qualified_name.split("::")
+    with contextlib.suppress(AttributeError, RuntimeError):
+        return getattr(getattr(torch.ops, namespace), name)
+
+    def program(*args: Any) -> tuple[Any, ...]:
+        return as_tuple(fn(*args))
+
+    program.__signature__ = named_signature(lists, arrays)  # type: ignore[attr-defined]
+    program.__name__ = name
+    names = [*lists, *arrays]
+    donate_argnums = [names.index(argument) for argument in donate]
+    return torch.tpu.pallas.jax_op(qualified_name, program, donate_argnums=donate_argnums)  # type: ignore[attr-defined]
 
 
 def register_tpu_kernel(qualified_name: str, fn: Callable[..., Any], n_arrays: int) -> Any:

@@ -70,6 +70,7 @@ class TpuBackend(Backend):
     dist_backend = None
     compile_backend = "tpu"
     compiled_step_donates_inputs = False  # its torch.compile path passes no inputs to donate (torch_tpu 0.2.0)
+    update_as_one_program = True  # through torch_tpu's jax_op, which donates
     stand_in_lanes = ("cpu", "xla")  # a pod's step is built by the torch executor or as XLA SPMD
     launch = HostLaunch(
         devices_per_host_var="TORCH_TPU_DEVICES_PER_HOST",
