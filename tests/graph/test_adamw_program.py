@@ -2,10 +2,10 @@
 op there is a dispatch of its own).
 
 Off a TPU the program is ``jax.jit`` on JAX's CPU, so everything but torch_tpu's op and its donation runs here:
-the rule against ``adamw_update_``'s (fp32: 1e-6 relative, a few units in the last place from the two libraries' own rounding), the
-tensors keeping their identity while taking new buffers, and whole training runs, eager and whole step (with the
-update after the program), against the same runs updated op by op: losses to 1e-6 relative, parameters to 5e-6
-after 10 steps.
+the rule against ``adamw_update_``'s (fp32: 1e-6 relative, a few units in the last place from the two libraries'
+own rounding), the tensors keeping their identity while taking new buffers, and whole training runs, eager and
+whole step (with the update after the program), against the same runs updated op by op: losses to 1e-6 relative,
+parameters to 5e-6 after 10 steps.
 """
 
 from __future__ import annotations
