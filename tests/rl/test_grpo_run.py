@@ -180,14 +180,42 @@ def test_a_single_controller_lane_is_refused_with_the_fix():
         check_launch(grpo_debug(), OneController(), 1)
 
 
-def test_a_lane_whose_sdpa_does_not_run_as_installed_is_refused_before_any_work(tmp_path, sft_folder, monkeypatch):
+def test_a_lane_whose_sdpa_does_not_run_as_installed_is_refused_unless_attention_is_math(tmp_path, sft_folder,
+                                                                                         monkeypatch):  # fmt: skip
     from titanpod.device.backends.cpu import CpuBackend
+    from titanpod.kernels import KernelConfig
 
     problem = "on the tpu lane it runs torch_tpu's SDPA kernel, which libtpu 0.0.42 cannot compile"
     monkeypatch.setattr(CpuBackend, "sdpa_problem", classmethod(lambda cls: problem))
-    with pytest.raises(ValueError, match=r"GRPO attends with PyTorch's SDPA, .* libtpu 0.0.42 cannot compile"):
+    refusal = r"decodes with PyTorch's SDPA .* libtpu 0.0.42 cannot compile.*attention math"
+    with pytest.raises(ValueError, match=refusal):
         run_grpo(tiny(tmp_path, sft_folder, "old-libtpu"))
     assert not (tmp_path / "old-libtpu").exists()
+    # Plain-op attention, in the updates and the engine's decoding, needs no SDPA kernel: the run trains.
+    math = dataclasses.replace(tiny(tmp_path, sft_folder, "math"), kernels=KernelConfig(attention="math"))
+    result = run_grpo(math, reward=lambda prompt, completion, answer: float(len(completion) % 2))
+    assert result.steps_done == 2 and result.weights_version == 2
+
+
+def test_a_head_loss_is_refused_for_grpo_which_reads_logits(tmp_path, sft_folder):
+    from titanpod.kernels import KernelConfig
+
+    recipe = dataclasses.replace(tiny(tmp_path, sft_folder, "pallas"), kernels=KernelConfig(head_loss="pallas"))
+    with pytest.raises(ValueError, match=r"kernels.head_loss 'pallas' does not apply to GRPO"):
+        run_grpo(recipe)
+    assert not (tmp_path / "pallas").exists()
+
+
+def test_math_attention_samples_and_trains_like_sdpa(tmp_path, sft_folder):
+    # The same run with each attention: the same rollouts (the engine's logprobs to 1e-5) and losses (1e-4, fp32).
+    from titanpod.kernels import KernelConfig
+
+    reward = lambda prompt, completion, answer: float(len(completion) % 2)  # noqa: E731
+    sdpa = run_grpo(tiny(tmp_path, sft_folder, "sdpa"), reward=reward)
+    math_recipe = dataclasses.replace(tiny(tmp_path, sft_folder, "math-same"), kernels=KernelConfig(attention="math"))
+    math = run_grpo(math_recipe, reward=reward)
+    assert [row.reward_mean for row in math.history] == [row.reward_mean for row in sdpa.history]
+    assert [row.loss for row in math.history] == pytest.approx([row.loss for row in sdpa.history], rel=1e-4, abs=1e-6)
 
 
 def test_grpo_debug_is_registered_with_the_old_optimizer_settings():

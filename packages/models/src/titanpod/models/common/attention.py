@@ -79,5 +79,7 @@ class Attention(nn.Module):
         B, S, _ = x_BSM.shape
         q_BHSD, k_BKSD, v_BKSD = self._project(x_BSM, cos_B1SD, sin_B1SD)
         k_BKTD, v_BKTD = cache.write(layer, k_BKSD, v_BKSD, positions_BS, end)
-        out_BHSD = cached_attention(q_BHSD, k_BKTD, v_BKTD, positions_BS)
+        # An attention op may bring its own form over a cache (``MathAttention.with_cache``); else SDPA's.
+        over_cache = getattr(self.attention_op, "with_cache", cached_attention)
+        out_BHSD = over_cache(q_BHSD, k_BKTD, v_BKTD, positions_BS)
         return self.wo(out_BHSD.transpose(1, 2).reshape(B, S, -1))

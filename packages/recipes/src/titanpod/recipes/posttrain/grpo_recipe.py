@@ -8,6 +8,7 @@ from typing import Literal, get_args
 from titanpod.data.sft.config import FORMATS, PromptFormat, TaskName, choice
 from titanpod.data.tasks import TASKS
 from titanpod.graph import TrainConfig
+from titanpod.kernels import KernelConfig
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.posttrain.rollout_config import RolloutConfig
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig
@@ -144,6 +145,10 @@ class GRPORecipe(RunRecipe):
     """The optimizer, schedule, step mode and precision of the updates, and the number of GRPO steps."""
     model: GRPOModelConfig = field(default_factory=GRPOModelConfig)
     """The SFT model it starts from."""
+    kernels: KernelConfig = field(default_factory=KernelConfig)
+    """The policy's attention and expert matmul, in its updates and in the built-in engine's decoding (``math``
+    attention decodes with its own plain-op form; other choices decode with SDPA). ``head_loss`` does not apply:
+    GRPO reads the policy's logits."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """How the trainer splits over processes under torchrun (each data rank samples its share of the prompts);
     one process ignores it."""

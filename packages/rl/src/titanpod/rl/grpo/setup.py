@@ -18,6 +18,7 @@ from titanpod.data.task_files import TaskSource, load_file_task
 from titanpod.data.tasks import Example, Task, get_task
 from titanpod.data.tokenizer import check_fits
 from titanpod.device import Backend, get_backend, process_info
+from titanpod.kernels import KernelConfig, model_ops
 from titanpod.models import DecoderArgs, Transformer
 from titanpod.parallel import DATA_AXES
 from titanpod.recipes.families import build_model, decoder_adapters
@@ -60,11 +61,11 @@ def load_tokenizer(recipe: GRPORecipe) -> SFTTokenizer:
     return load_sft_tokenizer(spec)
 
 
-def place_policy(folder: PretrainedFolder, layout: LayoutStart) -> tuple[Transformer, Placement]:
-    """``folder``'s model in fp32, placed (``titanpod.runs.placement``): under torchrun built on the meta device and
-    sharded by its family's plan, each rank reading only its own shards from the folder; in one process read whole.
-    No rank ever holds the whole fp32 model unless it is the only one."""
-    model = build_model(folder.family, folder.args)
+def place_policy(folder: PretrainedFolder, layout: LayoutStart, kernels: KernelConfig) -> tuple[Transformer, Placement]:
+    """``folder``'s model in fp32 with ``kernels``' ops, placed (``titanpod.runs.placement``): under torchrun built on
+    the meta device and sharded by its family's plan, each rank reading only its own shards from the folder; in one
+    process read whole. No rank ever holds the whole fp32 model unless it is the only one."""
+    model = build_model(folder.family, folder.args, model_ops(kernels))
     assert isinstance(model, Transformer)
     return model, place_from_folder(model, folder.family, layout, folder, None)
 
@@ -77,7 +78,7 @@ def reference_model(setup: GRPOSetup) -> Transformer | None:
         return None
     if setup.layout.world_size == 1:
         return copy.deepcopy(setup.model).requires_grad_(False).eval()
-    reference, _ = place_policy(setup.folder, setup.layout)
+    reference, _ = place_policy(setup.folder, setup.layout, setup.recipe.kernels)
     return reference.requires_grad_(False).eval()
 
 
@@ -108,13 +109,20 @@ def choose_reward(config: GRPOConfig, task: Task) -> AnyReward:
 def check_launch(recipe: GRPORecipe, backend: Backend, world_size: int) -> LayoutStart:
     """The checked layout of a GRPO launch (``titanpod.runs.placement``); ``ValueError`` for one GRPO cannot run:
     a single-controller lane (xla), pipeline stages or split sequences (GRPO scores completions with whole rows
-    on every rank), a lane whose SDPA does not run as installed (``Backend.sdpa_problem``), or several processes
+    on every rank), kernels the lane cannot run (SDPA where its kernel does not compile: ``Backend.sdpa_problem``)
+    or a head loss (GRPO reads logits), or several processes
     with rollouts that are not sampled in each process."""
     layout = start_placement("grpo", recipe.parallel, recipe.train, backend, world_size=world_size)
-    if (problem := backend.sdpa_problem()) is not None:
+    if recipe.kernels.head_loss != "reference":
         raise ValueError(
-            f"GRPO attends with PyTorch's SDPA, in its updates and in the built-in engine's decoding, and {problem}. "
-            "Install what it needs; GRPO has no other attention to choose yet."
+            f"kernels.head_loss {recipe.kernels.head_loss!r} does not apply to GRPO, which reads the policy's logits: "
+            "leave it 'reference'."
+        )
+    if recipe.kernels.attention != "math" and (problem := backend.sdpa_problem()) is not None:
+        raise ValueError(
+            f"kernels.attention {recipe.kernels.attention!r}: GRPO's built-in engine decodes with PyTorch's SDPA "
+            f"unless the attention is 'math', and {problem}. Install what it needs, or pass --kernels.attention math "
+            "(plain PyTorch ops, in the updates and in decoding)."
         )
     if world_size > 1 and recipe.rollout.mode != "local":
         raise ValueError(
@@ -214,7 +222,7 @@ def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
     check_covers(tokenizer, eval_task)
     test_examples = eval_task.examples("test", recipe.eval.examples, recipe.eval.seed) if recipe.eval.enabled else []
     check_grpo_fits_device(recipe, folder.family, folder.args, backend, plan.sequence_length)  # before the read
-    model, placement = place_policy(folder, layout)  # last: the only large read, after every check
+    model, placement = place_policy(folder, layout, recipe.kernels)  # last: the only large read, after every check
     return GRPOSetup(
         recipe,
         backend,
