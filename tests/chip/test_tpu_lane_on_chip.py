@@ -5,7 +5,8 @@ the xla lane from the same seed and data; the losses agree to 1% at the first st
 on the chip's bf16 matmul units, in different orders, and the difference compounds with each update). A stopped
 tpu-lane run resumes to the uninterrupted run's losses; its exported weights reload in transformers to titanpod's
 logits; and the Pallas kernels (Splash, the Pallas loss, gmm) run inside the tpu lane's step, through
-``jax_op``, to the xla lane's losses with the same kernels.
+``jax_op``, to the xla lane's losses with the same kernels. GRPO (which the xla lane cannot run) trains three steps
+from a tiny policy on the tpu lane, both step modes, beside the cpu lane of the same machine.
 
 Attention is ``math`` while the installed libtpu cannot compile torch_tpu's SDPA kernel (``Backend.sdpa_problem``:
 libtpu before 0.0.50), else ``sdpa``; the xla lane runs the same choice.
@@ -136,3 +137,46 @@ def test_the_pallas_kernels_inside_the_tpu_lanes_step_train_like_the_xla_lanes(r
                     *kernels)  # fmt: skip
     theirs = pretrain(runs, f"{recipe}-xla-pallas", recipe, "xla", *kernels)
     assert_trains_alike(step_losses(ours), step_losses(theirs))
+
+
+GRPO_RUN = ["--recipe", "grpo_debug", "--train.steps", "3", "--train.lr", "1e-2", "--train.warmup-steps", "0",
+            "--grpo.task", "reverse", "--grpo.group-size", "4", "--grpo.prompts-per-step", "2",
+            "--grpo.max-new-tokens", "4", "--eval.examples", "4", "--eval.max-new-tokens", "4",
+            "--checkpoint.no-export-hf"]  # fmt: skip
+"""Three GRPO steps of 8 completions from a tiny policy (tests/rl/tiny_policy.py): seconds on any lane."""
+
+
+def posttrain(runs: Path, name: str, lane: str, policy: Path, *flags: str) -> list[dict]:
+    """``titanpod-posttrain`` (GRPO) in a process of its own on ``lane``; its per-step metrics rows."""
+    command = [sys.executable, "-m", "titanpod.posttrain.cli", *GRPO_RUN, "--model.init-from", str(policy),
+               "--device.lane", lane, "--kernels.attention", attention(), *flags,
+               "--output.runs-dir", str(runs), "--output.run-name", name]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, f"{name}: exit {done.returncode}\n{(done.stdout + done.stderr)[-4000:]}"
+    rows = [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [row for row in rows if "reward_mean" in row]
+
+
+@pytest.fixture(scope="module")
+def policy(runs: Path) -> Path:
+    from tests.rl.tiny_policy import write_tiny_policy
+
+    return write_tiny_policy(runs / "sft" / "model")
+
+
+@pytest.mark.parametrize("mode", ["eager", "whole_step"])
+def test_grpo_trains_on_the_tpu_lane_as_on_the_cpu_lane(runs, policy, mode):
+    """GRPO's updates and the built-in engine's sampling on the tpu lane (GRPO cannot run on the xla lane, whose one
+    program drives every device), against the cpu lane of the same machine from the same policy and seeds. Each
+    sync is checked by the run itself (the engine must hold the trainer's weights, by checksum)."""
+    ours = posttrain(runs, f"grpo-{NATIVE_LANE}-{mode}", NATIVE_LANE, policy, "--train.step-mode", mode)
+    theirs = posttrain(runs, f"grpo-cpu-{mode}", "cpu", policy, "--train.step-mode", mode)
+    assert [row["step"] for row in ours] == [row["step"] for row in theirs] == [1, 2, 3]
+    assert [row["weights_version"] for row in ours] == [1, 2, 3]
+    assert all(math.isfinite(row["loss"]) for row in ours)
+    # The first update starts from the weights that sampled: the engine's logprobs are the trainer's, so no ratio
+    # leaves the clip range.
+    assert ours[0]["clip_fraction"] == 0.0
+    # The same seeds sample the same completions unless two tokens' probabilities differ by less than the lanes'
+    # rounding: one completion of the 8 may differ.
+    assert abs(ours[0]["reward_mean"] - theirs[0]["reward_mean"]) <= 1 / 8 + 1e-9
