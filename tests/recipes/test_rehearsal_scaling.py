@@ -34,8 +34,8 @@ def scaled(name: str, lane: str = "cpu", tmp: Path = Path("/nonexistent")):
 
 def test_the_pod_and_single_chip_recipes_are_rehearsed():
     assert sorted(POD_RECIPES) == sorted(
-        ["llama3_8b", "llama3_70b", "llama3_405b", "llama3_405b_pp", "qwen3_06b", "qwen3_8b", "qwen3_32b",
-         "qwen3_235b_a22b"]
+        ["llama32_1b", "llama3_8b", "llama3_70b", "llama3_405b", "llama3_405b_pp", "qwen3_06b", "qwen3_8b",
+         "qwen3_32b", "qwen3_235b_a22b"]
     )  # fmt: skip
 
 

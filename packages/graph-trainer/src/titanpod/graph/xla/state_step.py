@@ -13,6 +13,7 @@ from titanpod.graph.optimizer import AdamWState, state_tree
 from titanpod.graph.step_base import StateFormat, TrainStep
 from titanpod.graph.xla.layer_stack import LayerStack
 from titanpod.graph.xla.state import load_state_tree
+from titanpod.graph.xla.step_program import in_host_memory
 
 
 class JaxStateStep(TrainStep):
@@ -39,23 +40,50 @@ class JaxStateStep(TrainStep):
         stack = self.layer_stack
         return [stack.entry_sharding(i, s) for i, s in enumerate(stack.per_entry(self.name_shardings))]
 
-    def _stacked(self, per_name: list[Any]) -> list[Any]:
-        """The step's arrays from the model's parameters' (one jitted copy, laid out as ``param_shardings``)."""
+    moments_in_host_memory: bool = False
+    """AdamW's moments live in host memory (``TrainConfig.optimizer_offload``): stacked and unstacked one entry at a
+    time and left there, so a checkpoint's save or restore never holds them all on the devices."""
+
+    def _stacked(self, per_name: list[Any], host: bool = False) -> list[Any]:
+        """The step's arrays from the model's parameters' (laid out as ``param_shardings``): one jitted copy, or
+        with ``host`` (moments in host memory) one entry at a time, each left in host memory."""
         import jax
+        import jax.numpy as jnp
 
         stack = self.layer_stack
         arrays = dict(zip(self.names, per_name, strict=True))
-        return jax.jit(stack.stack, out_shardings=self.param_shardings)(arrays)
+        if not host:
+            return jax.jit(stack.stack, out_shardings=self.param_shardings)(arrays)
+        shardings = in_host_memory(self.param_shardings)
+        entries = []
+        for index, members in enumerate(stack.members):
+            parts = [arrays[name] for name in members]
+            if stack.is_stacked(index):
+                entries.append(jax.jit(jnp.stack, out_shardings=shardings[index])(parts))
+            else:
+                entries.append(jax.device_put(parts[0], shardings[index]))
+        return entries
 
-    def _unstacked(self, entries: list[Any]) -> list[Any]:
-        """The model's parameters' arrays (in ``names`` order) from the step's; copies when any entry is stacked."""
+    def _unstacked(self, entries: list[Any], host: bool = False) -> list[Any]:
+        """The model's parameters' arrays (in ``names`` order) from the step's; copies when any entry is stacked.
+        With ``host`` (moments in host memory) one entry at a time, each block's slice left in host memory."""
         import jax
 
         stack = self.layer_stack
         if not stack.stacks_any:
             return list(entries)
-        shardings = {name: self.name_shardings[name] for name in self.names}
-        per_name = jax.jit(stack.unstack, out_shardings=shardings)(list(entries))
+        if not host:
+            shardings = {name: self.name_shardings[name] for name in self.names}
+            per_name = jax.jit(stack.unstack, out_shardings=shardings)(list(entries))
+            return [per_name[name] for name in self.names]
+        per_name = {}
+        for index, (members, array) in enumerate(zip(stack.members, entries, strict=True)):
+            if not stack.is_stacked(index):
+                per_name[members[0]] = array
+                continue
+            blocks = in_host_memory([self.name_shardings[name] for name in members])
+            split = jax.jit(lambda stacked: list(stacked), out_shardings=blocks)(array)
+            per_name.update(zip(members, split, strict=True))
         return [per_name[name] for name in self.names]
 
     def state_dict(self) -> dict[str, Any]:
@@ -67,8 +95,8 @@ class JaxStateStep(TrainStep):
         """
         if not self.layer_stack.stacks_any:
             return state_tree(self.names, self.jax_params, self.state)
-        state = self.state
-        moments = AdamWState(state.step, self._unstacked(state.exp_avg), self._unstacked(state.exp_avg_sq))
+        state, host = self.state, self.moments_in_host_memory
+        moments = AdamWState(state.step, self._unstacked(state.exp_avg, host), self._unstacked(state.exp_avg_sq, host))
         return state_tree(self.names, self._unstacked(self.jax_params), moments)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -82,7 +110,10 @@ class JaxStateStep(TrainStep):
             params, loaded = load_state_tree(self.names, self.state_dict(), state)
             if self.layer_stack.stacks_any:
                 params = self._stacked(params)
-                loaded = AdamWState(loaded.step, self._stacked(loaded.exp_avg), self._stacked(loaded.exp_avg_sq))
+                host = self.moments_in_host_memory
+                loaded = AdamWState(
+                    loaded.step, self._stacked(loaded.exp_avg, host), self._stacked(loaded.exp_avg_sq, host)
+                )
             self.jax_params, self.state = params, loaded
 
     def finish(self) -> None:

@@ -95,6 +95,7 @@ class XlaStep(JaxStateStep):
             if config.scan_layers
             else LayerStack.flat([n for n, _ in named])
         )
+        self.moments_in_host_memory = config.optimizer_offload
         super().__init__(model, config, backend)  # calls initial_state: parameters and moments on the mesh
         self.program = self.jitted_step()
         """The ``jax.jit`` of the step: lowered and compiled once per batch shape (``_compiled_program``), never
