@@ -33,7 +33,8 @@ _TORCH_TO_JAX = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.flo
                  torch.int32: "int32", torch.int64: "int64", torch.bool: "bool"}  # fmt: skip
 
 
-def _to_jax(tensor: torch.Tensor) -> Any:
+def to_jax(tensor: torch.Tensor) -> Any:
+    """``tensor`` as a JAX array sharing its memory (DLPack); ``TypeError`` for a dtype JAX is not given."""
     import jax
 
     if tensor.dtype not in _TORCH_TO_JAX:
@@ -41,7 +42,8 @@ def _to_jax(tensor: torch.Tensor) -> Any:
     return jax.dlpack.from_dlpack(tensor.detach().contiguous())
 
 
-def _to_torch(array: Any, device: torch.device) -> torch.Tensor:
+def to_torch(array: Any, device: torch.device) -> torch.Tensor:
+    """A copy of JAX ``array`` as a tensor on ``device`` (assembled on the host when spread over a mesh)."""
     if len(array.sharding.device_set) > 1:  # spread over a mesh: assemble it on the host
         import numpy as np
 
@@ -161,13 +163,13 @@ def _run(
     import jax
 
     device = tensors[0].device
-    arrays = list(map(_to_jax, tensors))
+    arrays = list(map(to_jax, tensors))
     if mesh is not None and specs is not None:
         arrays = [
             jax.device_put(a, jax.sharding.NamedSharding(mesh, spec)) for a, spec in zip(arrays, specs, strict=True)
         ]
     results = as_tuple(fn(*arrays))
-    return [_to_torch(result, device) for result in results]
+    return [to_torch(result, device) for result in results]
 
 
 def free_op_name(base: str) -> str:

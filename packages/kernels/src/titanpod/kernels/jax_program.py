@@ -52,15 +52,12 @@ class JaxProgram:
     def _on_host(self, args: Sequence[Any], device: torch.device) -> list[torch.Tensor]:
         import jax
 
+        from titanpod.kernels.jax_custom_op import to_jax, to_torch
+
         if self._jitted is None:
             self._jitted = jax.jit(self.fn)
-
-        def to_jax(tensor: torch.Tensor) -> Any:
-            return jax.dlpack.from_dlpack(tensor.detach().cpu().contiguous())
-
         arrays = [[to_jax(t) for t in arg] if isinstance(arg, list | tuple) else to_jax(arg) for arg in args]
-        # An array from_dlpack shares JAX's buffer, which JAX may reuse: copy it out.
-        return [torch.from_dlpack(out).clone().to(device) for out in self._jitted(*arrays)]
+        return [to_torch(out, device) for out in self._jitted(*arrays)]
 
 
 def _tensors(args: Sequence[Any]) -> list[torch.Tensor]:
