@@ -143,7 +143,8 @@ def run_diffusion(recipe: DiffusionRecipe, console: Console | None = None) -> Di
     objective = FlowMatchingModel(models.transformer)
     with RunSession(recipe, backend, console) as session:
         session.say(
-            f"lane [bold]{backend.lane}[/] on {device}, FLUX {recipe.model.flavor}: {parameters:,} parameters; "
+            f"lane [bold]{backend.lane}[/] on {backend.device(info.local_rank)}, FLUX {recipe.model.flavor}: "
+            f"{parameters:,} parameters; "
             f"layout {placement.describe(recipe.parallel, info.world_size)}; "
             f"{image_tokens} image tokens + {text_tokens} text tokens per sample; codec {recipe.model.autoencoder}; "
             f"run directory {session.run_dir}"
