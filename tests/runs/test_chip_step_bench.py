@@ -76,3 +76,28 @@ def test_a_run_past_its_time_is_stopped_with_what_it_wrote(tmp_path):
     assert stopped["exit"] is None
     assert stopped["error"].startswith("stopped after 4 s")
     assert "stopped by chip_step after 4 s" in Path(stopped["log"]).read_text()
+
+
+def test_maxtexts_columns_come_from_the_compare_bench_json_and_skip_an_estimate_that_is_not_positive(capsys):
+    bench = _bench()
+    maxtext = {
+        "qwen3_06b": {"batch": 4, "seq_len": 4096, "maxtext_hbm_gib": 16.0, "maxtext_estimated_seconds": -98.8},
+        "llama32_1b": {"batch": 2, "seq_len": 4096, "maxtext_hbm_gib": 10.0, "maxtext_estimated_seconds": 0.5},
+    }
+    qwen = {"name": "qwen3_0.6b_tpu_lane", "program_memory_gib": 12.0}
+    assert bench.maxtext_columns(qwen, maxtext) == {
+        "maxtext_hbm_gib": 16.0,
+        "hbm_of_maxtext": 0.75,
+        "maxtext_estimated_tokens_per_second": None,
+    }
+    llama = bench.maxtext_columns({"name": "llama3.2_1b_offload", "program_memory_gib": 14.0}, maxtext)
+    assert llama["hbm_of_maxtext"] == 1.4 and llama["maxtext_estimated_tokens_per_second"] == 2 * 4096 / 0.5
+    assert bench.maxtext_columns({"name": "qwen3_0.6b_sdpa"}, maxtext)["maxtext_hbm_gib"] is None
+
+    flags = " ".join(bench.flags_of("llama3.2_1b_offload", bench.CONFIGURATIONS))
+    row = {"name": "llama3.2_1b_offload", "flags": flags, "tokens_per_second": 4000.0, "tflops_per_second": 40.0,
+           "mfu": 0.2, "program_memory_gib": 14.0}  # fmt: skip
+    bench.show([row], None, maxtext)
+    header, line = capsys.readouterr().out.splitlines()
+    assert header.split()[-7:] == ["MaxText", "GiB", "of", "MaxText", "MaxText", "est.", "tok/s"]
+    assert line.split()[-3:] == ["10.00", "1.40", "16,384"]

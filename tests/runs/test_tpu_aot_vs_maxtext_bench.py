@@ -86,7 +86,13 @@ def test_the_table_takes_each_sides_memory_from_its_scanned_compile(tmp_path):
         "maxtext-all-scanned.json": _maxtext(80, 20 * GiB, 5e12, 0.01, 200.0),
     }.items():
         (folder / name).write_text(json.dumps(figures))
-    lines = bench.compare(bench.CASES["llama3_70b"], "pallas", [], folder, reuse=True, scanned_memory=True)
+    summary: dict = {}
+    lines = bench.compare(
+        bench.CASES["llama3_70b"], "pallas", [], folder, reuse=True, scanned_memory=True, summary=summary
+    )
+    assert summary == {"slice": "v5p-64", "batch": 1, "seq_len": 8192, "attention": "pallas", "maxtext_hbm_gib": 24.0,
+                       "maxtext_estimated_seconds": pytest.approx(4.1), "titanpod_hbm_gib": 45.0,
+                       "titanpod_estimated_seconds": 5.0}  # fmt: skip
     maxtext_row, titanpod_row, ratios = lines[4:7]
     # MaxText: 4 + 4 - 4 GiB of arguments, outputs and aliases plus the scanned compile's 20 GiB of temporaries;
     # flops 100 + 78 x 30 TFLOP and 0.2 + 78 x 0.05 s from the unrolled pair; MFU 2000 / 4.1 / 459.
@@ -94,3 +100,27 @@ def test_the_table_takes_each_sides_memory_from_its_scanned_compile(tmp_path):
     assert titanpod_row == "| titanpod | 45.00 | 18.00 | 2,300.0 | 5.000 | 87.1% | 40 + 60 |"
     assert ratios == "| titanpod / MaxText | 1.88 | 0.90 | 0.94 | 1.22 | 0.82 | 0.20 |"
     assert "memory: one compile of all layers as a loop" in lines[0]
+
+
+def test_a_model_maxtext_lacks_is_another_models_config_resized_at_every_depth(tmp_path, monkeypatch):
+    """Llama 3.2 1B has no MaxText config: each compile takes Llama 3 8B's with the 1B's shapes set, and the full
+    depth is the 1B's 16 blocks, not the 8B's 32."""
+    bench = _bench()
+    commands = []
+
+    def compile_step(command, **_):
+        commands.append(command)
+        out = Path(command[command.index("--out") + 1])
+        out.write_text(json.dumps(_maxtext(int(command[command.index("--layers") + 1]), GiB, 1e12, 0.1, 1.0)))
+
+    monkeypatch.setattr(bench.subprocess, "run", compile_step)
+    case = bench.CASES["llama32_1b"]
+    for depth, scanned in ((2, False), (None, True)):
+        bench.maxtext_compile(case, "pallas", depth, tmp_path, scanned=scanned)
+    (unrolled, whole) = commands
+    assert unrolled[unrolled.index("--layers") + 1] == "2" and whole[whole.index("--layers") + 1] == "16"
+    for command in commands:
+        sets = [command[i + 1] for i, arg in enumerate(command) if arg == "--set"]
+        assert sets == list(case.maxtext_sets)
+        assert "optimizer_memory_host_offload=true" in sets and command[command.index("--model") + 1] == "llama3-8b"
+    assert "--scan-layers" in whole and "--scan-layers" not in unrolled

@@ -12,7 +12,10 @@ gives:
   where the compiler gives one for the whole step (not through a layer scan), its estimated step time, from
   which measured / estimated.
 The chip's own bf16 matmul rate (an 8,192-cube product in JAX) is measured in the same run, as the ceiling
-MFU is read against.
+MFU is read against. ``--maxtext FILE`` adds MaxText's own step for the same model and shape, compiled for the
+same chip where MaxText is installed (``tools/bench/tpu_aot_vs_maxtext.py --cases qwen3_06b,llama32_1b
+--scanned-memory --json FILE``; a TPU VM rarely has MaxText): its HBM, ours over it, and its estimated
+tokens/s where libtpu gives a positive estimate.
 
     python tools/bench/chip_step.py                   # every configuration below
     python tools/bench/chip_step.py --only qwen3_0.6b qwen3_0.6b_unscanned --steps 20 --out chip.json
@@ -55,6 +58,13 @@ CONFIGURATIONS: dict[str, str] = {
     "llama3.2_1b_offload": LLAMA32_1B + " --train.optimizer-offload",
 }
 """Name -> the training command's flags. A value may start with another configuration's name (its flags first)."""
+
+MAXTEXT_CASES = {
+    "qwen3_0.6b": "qwen3_06b",
+    "qwen3_0.6b_tpu_lane": "qwen3_06b",
+    "llama3.2_1b_offload": "llama32_1b",
+}
+"""Configuration -> its case in ``tpu_aot_vs_maxtext.py``'s ``--json`` file (the same model, shape and chip)."""
 
 QUIET_RUN = "--train.log-every 5 --checkpoint.every 0 --checkpoint.no-at-end --output.no-save-weights"
 """What every measured run adds: reports every 5 steps, nothing saved, no validation."""
@@ -202,12 +212,29 @@ def chip_matmul_tflops(size: int = 8192, repeats: int = 20) -> float | None:
         return None
 
 
-def show(results: list[dict], matmul: float | None) -> None:
-    """The figures as a table, ratios beside them."""
+def maxtext_columns(result: dict, maxtext: dict[str, dict]) -> dict[str, float | None]:
+    """MaxText's figures for ``result``'s configuration (``MAXTEXT_CASES``) from ``tpu_aot_vs_maxtext.py``'s
+    ``--json``: its HBM a chip, ours (the compiler's figure for the program the run ran) over it, and its
+    estimated tokens/s (``None`` where libtpu's estimate is not positive, as on v5e with libtpu 0.0.52)."""
+    case = maxtext.get(MAXTEXT_CASES.get(result["name"], ""))
+    if not case:
+        return {"maxtext_hbm_gib": None, "hbm_of_maxtext": None, "maxtext_estimated_tokens_per_second": None}
+    ours = result.get("program_memory_gib")
+    seconds = case["maxtext_estimated_seconds"]
+    return {
+        "maxtext_hbm_gib": case["maxtext_hbm_gib"],
+        "hbm_of_maxtext": ours / case["maxtext_hbm_gib"] if ours else None,
+        "maxtext_estimated_tokens_per_second": case["batch"] * case["seq_len"] / seconds if seconds > 0 else None,
+    }
+
+
+def show(results: list[dict], matmul: float | None, maxtext: dict[str, dict] | None = None) -> None:
+    """The figures as a table, ratios beside them; MaxText's columns when ``maxtext`` is given."""
     if matmul is not None:
         print(f"chip bf16 matmul (8192^3, JAX): {matmul:.1f} TFLOP/s")
     header = f"{'configuration':<28} {'tokens/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>8} {'program GiB':>11}"
-    print(header + f" {'est. tokens/s':>13} {'meas/est':>8} {'of matmul':>9} {'of xla':>6}")
+    header += f" {'est. tokens/s':>13} {'meas/est':>8} {'of matmul':>9} {'of xla':>6}"
+    print(header + (f" {'MaxText GiB':>11} {'of MaxText':>10} {'MaxText est. tok/s':>18}" if maxtext else ""))
     for r in results:
         if "error" in r:
             print(f"{r['name']:<28} failed (exit {r['exit']}): {r['error'][:300]} (whole output: {r['log']})")
@@ -220,8 +247,18 @@ def show(results: list[dict], matmul: float | None) -> None:
             f"{r['name']:<28} {r['tokens_per_second']:>9,.0f} {r['tflops_per_second']:>8.1f} {r['mfu']:>6.1%} "
             f"{_num(r.get('peak_memory_gib')):>8} {_num(r.get('program_memory_gib')):>11} "
             f"{'-' if estimate is None else f'{estimate:,.0f}':>13} {_num(r.get('measured_over_estimated')):>8} "
-            f"{_num(of_matmul):>9} {_num(of_xla):>6}"
+            f"{_num(of_matmul):>9} {_num(of_xla):>6}",
+            end="",
         )
+        if maxtext:
+            theirs = maxtext_columns(r, maxtext)
+            estimate = theirs["maxtext_estimated_tokens_per_second"]
+            print(
+                f" {_num(theirs['maxtext_hbm_gib']):>11} {_num(theirs['hbm_of_maxtext']):>10} "
+                f"{'-' if estimate is None else f'{estimate:,.0f}':>18}",
+                end="",
+            )
+        print()
 
 
 def _num(value: float | None) -> str:
@@ -238,7 +275,11 @@ def main() -> None:
     parser.add_argument("--logs-dir", type=Path, help="where each run's whole output goes (default: the runs dir)")
     parser.add_argument("--no-matmul", action="store_true", help="skip measuring the chip's matmul rate")
     parser.add_argument("--timeout", type=float, help="stop a run still going after this many seconds")
+    parser.add_argument(
+        "--maxtext", type=Path, help="MaxText's figures: tools/bench/tpu_aot_vs_maxtext.py's --json file"
+    )
     args = parser.parse_args()
+    maxtext = json.loads(args.maxtext.read_text()) if args.maxtext else None
     table = dict(CONFIGURATIONS)
     for extra in args.extra:
         name, _, flags = extra.partition("=")
@@ -257,7 +298,7 @@ def main() -> None:
         if args.out is not None:  # kept as each run ends, so that a call cut short keeps what it measured
             args.out.write_text(json.dumps({"matmul_tflops": matmul, "results": results}, indent=1))
         time.sleep(5)  # the chip may refuse a program started just as another let go
-    show(results, matmul)
+    show(results, matmul, maxtext)
 
 
 if __name__ == "__main__":

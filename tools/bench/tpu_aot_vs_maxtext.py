@@ -61,6 +61,12 @@ class Case:
     """Tokens a sequence."""
     batch: int = 1
     """Sequences a chip."""
+    maxtext_sets: tuple[str, ...] = ()
+    """MaxText overrides (``KEY=VALUE``) that make ``maxtext_model``'s config this model, where MaxText ships none of
+    its own, or that set what the recipe sets (host-memory moments)."""
+    maxtext_layers: int | None = None
+    """The model's depth where ``maxtext_sets`` resize another model's config (MaxText's full depth is then that
+    model's)."""
 
 
 CASES = {
@@ -68,6 +74,25 @@ CASES = {
     "qwen3_8b": Case("qwen3_8b", "qwen3-8b", "v5p-8", 8192),
     "llama3_70b": Case("llama3_70b", "llama3-70b", "v5p-64", 8192),
     "qwen3_235b_a22b": Case("qwen3_235b_a22b", "qwen3-235b-a22b", "v5p-256", 4096),
+    # The single-chip recipes, at their own batches, on one v5e. MaxText 0.2.5 has no Llama 3.2 config: Llama 3 8B's,
+    # resized to 1B's shapes (16 blocks of width 2,048, MLP 8,192, 64-wide heads, tied embeddings), with the AdamW
+    # moments in host memory as the recipe keeps them (MaxText's optimizer_memory_host_offload).
+    "qwen3_06b": Case("qwen3_06b", "qwen3-0.6b", "v5e-1", 4096, batch=4),
+    "llama32_1b": Case(
+        "llama32_1b",
+        "llama3-8b",
+        "v5e-1",
+        4096,
+        batch=2,
+        maxtext_layers=16,
+        maxtext_sets=(
+            "base_emb_dim=2048",
+            "base_mlp_dim=8192",
+            "head_dim=64",
+            "logits_via_embedding=true",
+            "optimizer_memory_host_offload=true",
+        ),
+    ),
 }
 
 
@@ -174,7 +199,8 @@ def maxtext_compile(
         "uv", "run", "--project", str(ROOT / "envs/maxtext"), "python", "compile_step.py", "--model",
         case.maxtext_model, "--topology", case.slice, "--per-device-batch", str(case.batch), "--seq-len",
         str(case.seq_len), "--remat", "full", "--attention", "splash" if attention == "pallas" else "dot_product",
-        "--layers", str(depth or "all"), "--out", str(out), *(["--scan-layers"] if scanned else []),
+        "--layers", str(depth or case.maxtext_layers or "all"), "--out", str(out),
+        *(["--scan-layers"] if scanned else []), *(arg for item in case.maxtext_sets for arg in ("--set", item)),
     ]  # fmt: skip
     env = {**os.environ, "LIBTPU_INIT_ARGS": f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {NO_LOOPS}".strip()}
     done = subprocess.run(command, cwd=ROOT / "envs/maxtext", capture_output=True, text=True, env=env, check=False)
@@ -203,9 +229,12 @@ def compare(
     reuse: bool = False,
     keep_logits: bool = True,
     scanned_memory: bool = False,
+    summary: dict | None = None,
 ) -> list[str]:
     """The case's two rows and the ratio row, as Markdown. ``scanned_memory``: memory from full-depth compiles with
-    the layers as one loop on both sides, flops and time extrapolated from unrolled compiles of 2 and 4 layers."""
+    the layers as one loop on both sides, flops and time extrapolated from unrolled compiles of 2 and 4 layers.
+    ``summary``, when given, receives each side's HBM a chip (GiB) and estimated step (s), and the shape (the
+    ``--json`` file's entry for the case)."""
     if scanned_memory:
         layers = list(COST_DEPTHS)
     ours = titanpod_figures(case, attention, layers, folder / "titanpod", reuse, keep_logits, scanned_memory)
@@ -224,6 +253,12 @@ def compare(
             f"{ours['layers']} layers (memory: one compile of all layers as a loop; flops and time: extrapolated "
             f"from unrolled {' and '.join(map(str, COST_DEPTHS))})"
         )
+    if summary is not None:
+        summary.update(
+            slice=case.slice, batch=case.batch, seq_len=case.seq_len, attention=attention,
+            maxtext_hbm_gib=their_total / GiB, maxtext_estimated_seconds=their_seconds,
+            titanpod_hbm_gib=ours_total / GiB, titanpod_estimated_seconds=ours_seconds,
+        )  # fmt: skip
     head = f"**{case.recipe} on {case.slice}, {case.batch} x {case.seq_len} tokens a chip, {attention}, {depth}**"
     return [
         head,
@@ -279,7 +314,14 @@ def main(argv: list[str] | None = None) -> int:
         help="memory from one full-depth compile a side with the layers as one loop (as both train), flops and "
         f"time extrapolated from unrolled compiles of {' and '.join(map(str, COST_DEPTHS))} layers; --layers unused",
     )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        help="also write each case's HBM a chip and estimated step, both sides, here (tools/bench/chip_step.py "
+        "--maxtext reads it)",
+    )
     args = parser.parse_args(argv)
+    summaries: dict[str, dict] = {}
     layers = [int(n) for n in args.layers.split(",") if n]
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tpu-aot-") as scratch:
@@ -289,11 +331,14 @@ def main(argv: list[str] | None = None) -> int:
                 folder = base / f"{name}-{attention}"
                 folder.mkdir(parents=True, exist_ok=True)
                 print(f"compiling {name} ({attention}) for {CASES[name].slice} on both sides ...", file=sys.stderr)
+                summary = summaries.setdefault(name if attention == "pallas" else f"{name}-{attention}", {})
                 lines += compare(
-                    CASES[name], attention, layers, folder, args.reuse, args.keep_logits, args.scanned_memory
+                    CASES[name], attention, layers, folder, args.reuse, args.keep_logits, args.scanned_memory, summary
                 )
                 print("\n".join(lines[-7:]), flush=True)
     print("\n".join(lines))
+    if args.json is not None:
+        args.json.write_text(json.dumps(summaries, indent=1))
     return 0
 
 
