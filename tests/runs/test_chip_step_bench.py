@@ -101,3 +101,10 @@ def test_maxtexts_columns_come_from_the_compare_bench_json_and_skip_an_estimate_
     header, line = capsys.readouterr().out.splitlines()
     assert header.split()[-7:] == ["MaxText", "GiB", "of", "MaxText", "MaxText", "est.", "tok/s"]
     assert line.split()[-3:] == ["10.00", "1.40", "16,384"]
+
+
+def test_a_step_of_several_micro_batches_counts_all_their_tokens():
+    bench = _bench()
+    table = bench.CONFIGURATIONS
+    assert bench._tokens_per_step(bench.flags_of("llama3.2_1b_offload", table)) == 2 * 4096
+    assert bench._tokens_per_step(bench.flags_of("llama3.2_1b_offload_accum16", table)) == 16 * 2 * 4096
