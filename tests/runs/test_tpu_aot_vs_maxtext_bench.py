@@ -64,9 +64,9 @@ def test_scanned_memory_replaces_only_the_memory():
         bench.with_memory_from(costed, _maxtext(40, 21 * GiB, 5e12, 0.01, 200.0))
 
 
-def test_the_table_takes_each_sides_memory_from_its_scanned_compile(tmp_path):
-    bench = _bench()
-    folder = tmp_path / "llama3_70b-pallas"
+def _write_reports(folder: Path, maxtext_seconds: tuple[float, float] = (0.2, 0.3)) -> None:
+    """A titanpod report (80 layers, 45 GiB, 5 s) and MaxText's unrolled 2- and 4-layer compiles (taking
+    ``maxtext_seconds``) and scanned whole one, as the bench keeps them in ``folder``."""
     (folder / "titanpod").mkdir(parents=True)
     titanpod = {
         "layers": 80,
@@ -80,12 +80,19 @@ def test_the_table_takes_each_sides_memory_from_its_scanned_compile(tmp_path):
         "program": {"flops": 2300e12, "memory": {"total": 45 * GiB, "temporaries": 18 * GiB}},
     }
     (folder / "titanpod" / "report.json").write_text(json.dumps(titanpod))
+    low, high = maxtext_seconds
     for name, figures in {
-        "maxtext-2.json": _maxtext(2, 10 * GiB, 100e12, 0.2, 30.0),
-        "maxtext-4.json": _maxtext(4, 14 * GiB, 160e12, 0.3, 50.0),
+        "maxtext-2.json": _maxtext(2, 10 * GiB, 100e12, low, 30.0),
+        "maxtext-4.json": _maxtext(4, 14 * GiB, 160e12, high, 50.0),
         "maxtext-all-scanned.json": _maxtext(80, 20 * GiB, 5e12, 0.01, 200.0),
     }.items():
         (folder / name).write_text(json.dumps(figures))
+
+
+def test_the_table_takes_each_sides_memory_from_its_scanned_compile(tmp_path):
+    bench = _bench()
+    folder = tmp_path / "llama3_70b-pallas"
+    _write_reports(folder)
     summary: dict = {}
     lines = bench.compare(
         bench.CASES["llama3_70b"], "pallas", [], folder, reuse=True, scanned_memory=True, summary=summary
@@ -124,3 +131,15 @@ def test_a_model_maxtext_lacks_is_another_models_config_resized_at_every_depth(t
         assert sets == list(case.maxtext_sets)
         assert "optimizer_memory_host_offload=true" in sets and command[command.index("--model") + 1] == "llama3-8b"
     assert "--scan-layers" in whole and "--scan-layers" not in unrolled
+
+
+def test_a_maxtext_estimate_that_is_not_positive_is_shown_as_none_not_as_a_time(tmp_path):
+    """libtpu 0.0.52 estimates MaxText's v5e steps at minus seconds: no time, MFU or time ratio is made of it."""
+    bench = _bench()
+    folder = tmp_path / "llama3_70b-pallas"
+    _write_reports(folder, maxtext_seconds=(-98.8, -89.8))
+    lines = bench.compare(bench.CASES["llama3_70b"], "pallas", [], folder, reuse=True, scanned_memory=True)
+    maxtext_row, titanpod_row, ratios = lines[4:7]
+    assert maxtext_row == "| MaxText | 24.00 | 20.00 | 2,440.0 | - | - | 200 + 80 |"
+    assert titanpod_row == "| titanpod | 45.00 | 18.00 | 2,300.0 | 5.000 | 87.1% | 40 + 60 |"
+    assert ratios == "| titanpod / MaxText | 1.88 | 0.90 | 0.94 | - | - | 0.20 |"

@@ -153,7 +153,8 @@ def maxtext_figures(
 
 def extrapolated(low: dict, high: dict, depth: int) -> dict:
     """MaxText's JSON for ``depth`` layers from compiles of ``low`` and ``high`` (fewer and more layers): every
-    memory and cost figure on the line through the two, compile times summed."""
+    memory and cost figure on the line through the two, compile times summed. Where either estimates its step at
+    no time or less (libtpu does for MaxText's v5e steps), the result's estimate is 0: none."""
     if high["layers"] <= low["layers"]:
         raise ValueError(f"extrapolation needs two rising depths, not {low['layers']} and {high['layers']}")
     scale = (depth - low["layers"]) / (high["layers"] - low["layers"])
@@ -168,6 +169,8 @@ def extrapolated(low: dict, high: dict, depth: int) -> dict:
     merged["cost_per_chip"] = {
         key: grow(low["cost_per_chip"][key], value) for key, value in high["cost_per_chip"].items()
     }
+    if min(low["cost_per_chip"]["optimal_seconds"], high["cost_per_chip"]["optimal_seconds"]) <= 0:
+        merged["cost_per_chip"]["optimal_seconds"] = 0.0  # no estimate: a line through a negative one means nothing
     merged["compile_seconds"] = low["compile_seconds"] + high["compile_seconds"]
     merged["layers"] = depth
     merged["extrapolated_from"] = [low["layers"], high["layers"]]
@@ -209,11 +212,22 @@ def maxtext_compile(
     return json.loads(out.read_text())
 
 
+NO_ESTIMATE = "-"
+"""What the time columns show where libtpu's estimate is not positive (MaxText's v5e programs on libtpu 0.0.52)."""
+
+
 def row(side: str, hbm: float, temporaries: float, flops: float, seconds: float, mfu: float, compile_s: str) -> str:
+    """One side's Markdown row; the step time and MFU as ``NO_ESTIMATE`` where the estimate is not positive."""
+    timed = seconds > 0
     return (
-        f"| {side} | {hbm / GiB:.2f} | {temporaries / GiB:.2f} | {flops / 1e12:,.1f} | {seconds:.3f} | "
-        f"{mfu:.1%} | {compile_s} |"
+        f"| {side} | {hbm / GiB:.2f} | {temporaries / GiB:.2f} | {flops / 1e12:,.1f} | "
+        f"{f'{seconds:.3f}' if timed else NO_ESTIMATE} | {f'{mfu:.1%}' if timed else NO_ESTIMATE} | {compile_s} |"
     )
+
+
+def ratio(ours: float, theirs: float) -> str:
+    """``ours / theirs`` to two places, ``NO_ESTIMATE`` unless both are positive."""
+    return f"{ours / theirs:.2f}" if ours > 0 and theirs > 0 else NO_ESTIMATE
 
 
 def compile_time(seconds: float, cost_seconds: float | None) -> str:
@@ -272,7 +286,7 @@ def compare(
             memory["temporary_bytes"],
             theirs["cost_per_chip"]["flops"],
             their_seconds,
-            model_flops / their_seconds / peak,
+            model_flops / their_seconds / peak if their_seconds > 0 else 0.0,
             compile_time(theirs["compile_seconds"], theirs.get("cost_compile_seconds")),
         ),
         row(
@@ -286,8 +300,8 @@ def compare(
         ),
         f"| titanpod / MaxText | {ours_total / their_total:.2f} | "
         f"{ours['program']['memory']['temporaries'] / memory['temporary_bytes']:.2f} | "
-        f"{ours['program']['flops'] / theirs['cost_per_chip']['flops']:.2f} | {ours_seconds / their_seconds:.2f} | "
-        f"{their_seconds / ours_seconds:.2f} | {ours['compile_seconds'] / theirs['compile_seconds']:.2f} |",
+        f"{ours['program']['flops'] / theirs['cost_per_chip']['flops']:.2f} | {ratio(ours_seconds, their_seconds)} | "
+        f"{ratio(their_seconds, ours_seconds)} | {ours['compile_seconds'] / theirs['compile_seconds']:.2f} |",
         "",
     ]
 
