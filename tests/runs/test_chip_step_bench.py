@@ -87,9 +87,12 @@ def test_maxtexts_columns_come_from_the_compare_bench_json_and_skip_an_estimate_
     qwen = {"name": "qwen3_0.6b_tpu_lane", "program_memory_gib": 12.0}
     assert bench.maxtext_columns(qwen, maxtext) == {
         "maxtext_hbm_gib": 16.0,
+        "maxtext_refused": None,
         "hbm_of_maxtext": 0.75,
         "maxtext_estimated_tokens_per_second": None,
     }
+    refused = {**maxtext["qwen3_06b"], "maxtext_hbm_gib": None, "maxtext_refused": "17.07 GiB of temporaries"}
+    assert bench.maxtext_columns(qwen, {"qwen3_06b": refused})["hbm_of_maxtext"] is None
     llama = bench.maxtext_columns({"name": "llama3.2_1b_offload", "program_memory_gib": 14.0}, maxtext)
     assert llama["hbm_of_maxtext"] == 1.4 and llama["maxtext_estimated_tokens_per_second"] == 2 * 4096 / 0.5
     assert bench.maxtext_columns({"name": "qwen3_0.6b_sdpa"}, maxtext)["maxtext_hbm_gib"] is None
@@ -108,3 +111,14 @@ def test_a_step_of_several_micro_batches_counts_all_their_tokens():
     table = bench.CONFIGURATIONS
     assert bench._tokens_per_step(bench.flags_of("llama3.2_1b_offload", table)) == 2 * 4096
     assert bench._tokens_per_step(bench.flags_of("llama3.2_1b_offload_accum16", table)) == 16 * 2 * 4096
+
+
+def test_a_maxtext_step_refused_for_the_chips_memory_reads_refused(capsys):
+    bench = _bench()
+    maxtext = {"llama32_1b": {"batch": 2, "seq_len": 4096, "maxtext_hbm_gib": None, "maxtext_estimated_seconds": 0.0,
+                              "maxtext_refused": "17.07 GiB of temporaries, over the chip's 15.75"}}  # fmt: skip
+    flags = " ".join(bench.flags_of("llama3.2_1b_offload", bench.CONFIGURATIONS))
+    row = {"name": "llama3.2_1b_offload", "flags": flags, "tokens_per_second": 4000.0, "tflops_per_second": 40.0,
+           "mfu": 0.2, "program_memory_gib": 14.8}  # fmt: skip
+    bench.show([row], None, maxtext)
+    assert capsys.readouterr().out.splitlines()[1].split()[-3:] == ["refused", "-", "-"]

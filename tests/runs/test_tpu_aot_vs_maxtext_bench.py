@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def test_the_table_takes_each_sides_memory_from_its_scanned_compile(tmp_path):
     )
     assert summary == {"slice": "v5p-64", "batch": 1, "seq_len": 8192, "attention": "pallas", "maxtext_hbm_gib": 24.0,
                        "maxtext_estimated_seconds": pytest.approx(4.1), "titanpod_hbm_gib": 45.0,
-                       "titanpod_estimated_seconds": 5.0}  # fmt: skip
+                       "titanpod_estimated_seconds": 5.0, "maxtext_refused": None}  # fmt: skip
     maxtext_row, titanpod_row, ratios = lines[4:7]
     # MaxText: 4 + 4 - 4 GiB of arguments, outputs and aliases plus the scanned compile's 20 GiB of temporaries;
     # flops 100 + 78 x 30 TFLOP and 0.2 + 78 x 0.05 s from the unrolled pair; MFU 2000 / 4.1 / 459.
@@ -119,6 +120,7 @@ def test_a_model_maxtext_lacks_is_another_models_config_resized_at_every_depth(t
         commands.append(command)
         out = Path(command[command.index("--out") + 1])
         out.write_text(json.dumps(_maxtext(int(command[command.index("--layers") + 1]), GiB, 1e12, 0.1, 1.0)))
+        return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(bench.subprocess, "run", compile_step)
     case = bench.CASES["llama32_1b"]
@@ -143,3 +145,26 @@ def test_a_maxtext_estimate_that_is_not_positive_is_shown_as_none_not_as_a_time(
     assert maxtext_row == "| MaxText | 24.00 | 20.00 | 2,440.0 | - | - | 200 + 80 |"
     assert titanpod_row == "| titanpod | 45.00 | 18.00 | 2,300.0 | 5.000 | 87.1% | 40 + 60 |"
     assert ratios == "| titanpod / MaxText | 1.88 | 0.90 | 0.94 | - | - | 0.20 |"
+
+
+def test_a_maxtext_step_the_compiler_refuses_for_the_chips_memory_is_a_row_that_says_so(tmp_path, monkeypatch):
+    """MaxText's own Llama 3.2 1B step at 2 x 4,096 with its moments in host memory: libtpu 0.0.52 refused the
+    scanned whole-depth program for a v5e (17.07 GiB of temporaries); the unrolled shallow ones compiled."""
+    bench = _bench()
+    oom = "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required for HLO "
+    oom += "temporaries (17.07G) exceeds available HBM (15.75G). HLO module: jit_train_step."
+
+    def compile_step(command, **_):
+        if "--scan-layers" in command:
+            return subprocess.CompletedProcess(command, 1, "", f"Traceback ...\njax.errors.JaxRuntimeError: {oom}\n")
+        depth = int(command[command.index("--layers") + 1])
+        figures = _maxtext(depth, depth * GiB, depth * 10e12, 0.1 * depth, 1.0)
+        Path(command[command.index("--out") + 1]).write_text(json.dumps(figures))
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", compile_step)
+    case = bench.CASES["llama32_1b"]
+    figures = bench.maxtext_figures(case, "pallas", [2, 4], tmp_path, 16, scanned_memory=True)
+    assert figures["refused"] == "17.07 GiB of temporaries, over the chip's 15.75"
+    assert json.loads((tmp_path / "maxtext-all-scanned.json").read_text())["refused"] == figures["refused"]
+    assert figures["cost_per_chip"]["flops"] == pytest.approx(160e12)  # the line through 2 and 4 layers, to 16

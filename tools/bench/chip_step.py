@@ -219,15 +219,17 @@ def chip_matmul_tflops(size: int = 8192, repeats: int = 20) -> float | None:
 def maxtext_columns(result: dict, maxtext: dict[str, dict]) -> dict[str, float | None]:
     """MaxText's figures for ``result``'s configuration (``MAXTEXT_CASES``) from ``tpu_aot_vs_maxtext.py``'s
     ``--json``: its HBM a chip, ours (the compiler's figure for the program the run ran) over it, and its
-    estimated tokens/s (``None`` where libtpu's estimate is not positive, as on v5e with libtpu 0.0.52)."""
+    estimated tokens/s (``None`` where libtpu's estimate is not positive, as on v5e with libtpu 0.0.52). Where the
+    compiler refused MaxText's step for the chip's memory, its HBM is ``None`` and ``maxtext_refused`` says why."""
     case = maxtext.get(MAXTEXT_CASES.get(result["name"], ""))
     if not case:
         return {"maxtext_hbm_gib": None, "hbm_of_maxtext": None, "maxtext_estimated_tokens_per_second": None}
-    ours = result.get("program_memory_gib")
+    ours, theirs = result.get("program_memory_gib"), case["maxtext_hbm_gib"]
     seconds = case["maxtext_estimated_seconds"]
     return {
-        "maxtext_hbm_gib": case["maxtext_hbm_gib"],
-        "hbm_of_maxtext": ours / case["maxtext_hbm_gib"] if ours else None,
+        "maxtext_hbm_gib": theirs,
+        "maxtext_refused": case.get("maxtext_refused"),
+        "hbm_of_maxtext": ours / theirs if ours and theirs else None,
         "maxtext_estimated_tokens_per_second": case["batch"] * case["seq_len"] / seconds if seconds > 0 else None,
     }
 
@@ -257,8 +259,9 @@ def show(results: list[dict], matmul: float | None, maxtext: dict[str, dict] | N
         if maxtext:
             theirs = maxtext_columns(r, maxtext)
             estimate = theirs["maxtext_estimated_tokens_per_second"]
+            hbm = "refused" if theirs.get("maxtext_refused") else _num(theirs["maxtext_hbm_gib"])
             print(
-                f" {_num(theirs['maxtext_hbm_gib']):>11} {_num(theirs['hbm_of_maxtext']):>10} "
+                f" {hbm:>11} {_num(theirs['hbm_of_maxtext']):>10} "
                 f"{'-' if estimate is None else f'{estimate:,.0f}':>18}",
                 end="",
             )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -180,21 +181,33 @@ def extrapolated(low: dict, high: dict, depth: int) -> dict:
 def with_memory_from(costed: dict, scanned: dict) -> dict:
     """``costed`` (unrolled or extrapolated) with its memory replaced by ``scanned``'s, a compile of the same depth
     with the layers as one loop; its compile time becomes the scanned compile's, the costed ones' kept apart."""
-    if scanned["layers"] != costed["layers"]:
+    if scanned["layers"] not in (None, costed["layers"]):
         raise ValueError(f"the scanned compile has {scanned['layers']} layers, the costed figures {costed['layers']}")
     merged = dict(costed)
-    merged["memory_per_chip"] = dict(scanned["memory_per_chip"])
+    if "refused" in scanned:  # the step as trained does not fit the chip: no memory to report but the refusal
+        merged["refused"] = scanned["refused"]
+        merged["memory_per_chip"] = None
+    else:
+        merged["memory_per_chip"] = dict(scanned["memory_per_chip"])
     merged["compile_seconds"] = scanned["compile_seconds"]
     merged["cost_compile_seconds"] = costed["compile_seconds"]
     merged["scanned"] = True
     return merged
 
 
+def hbm_refusal(output: str) -> str | None:
+    """libtpu's line refusing a program for the chip's memory (``Ran out of memory on HBM, the total memory required
+    for HLO temporaries (17.07G) exceeds available HBM (15.75G)``), shortened; ``None`` where there is none."""
+    found = re.search(r"memory required for HLO temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)", output)
+    return f"{found[1]} GiB of temporaries, over the chip's {found[2]}" if found else None
+
+
 def maxtext_compile(
     case: Case, attention: str, depth: int | None, folder: Path, reuse: bool = False, scanned: bool = False
 ) -> dict:
     """One MaxText compile (``envs/maxtext/compile_step.py``) and its JSON; with ``reuse``, an earlier run's.
-    ``scanned``: the layers as one loop (memory as trained; costs count the loop's body once)."""
+    ``scanned``: the layers as one loop (memory as trained; costs count the loop's body once). A step the compiler
+    refuses for the chip's memory is a result, not a failure: its JSON holds the compiler's line as ``refused``."""
     out = folder / f"maxtext-{depth or 'all'}{'-scanned' if scanned else ''}.json"
     if reuse and out.exists():
         return json.loads(out.read_text())
@@ -206,7 +219,13 @@ def maxtext_compile(
         *(["--scan-layers"] if scanned else []), *(arg for item in case.maxtext_sets for arg in ("--set", item)),
     ]  # fmt: skip
     env = {**os.environ, "LIBTPU_INIT_ARGS": f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {NO_LOOPS}".strip()}
+    started = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT / "envs/maxtext", capture_output=True, text=True, env=env, check=False)
+    refusal = hbm_refusal(done.stderr)
+    if not out.exists() and refusal:
+        refused = {"layers": depth or case.maxtext_layers, "refused": refusal,
+                   "compile_seconds": time.perf_counter() - started}  # fmt: skip
+        out.write_text(json.dumps(refused, indent=1))
     if not out.exists():
         raise RuntimeError(f"MaxText's compile of {case.maxtext_model} failed:\n{done.stderr[-3000:]}")
     return json.loads(out.read_text())
@@ -216,11 +235,22 @@ NO_ESTIMATE = "-"
 """What the time columns show where libtpu's estimate is not positive (MaxText's v5e programs on libtpu 0.0.52)."""
 
 
-def row(side: str, hbm: float, temporaries: float, flops: float, seconds: float, mfu: float, compile_s: str) -> str:
-    """One side's Markdown row; the step time and MFU as ``NO_ESTIMATE`` where the estimate is not positive."""
+def row(
+    side: str,
+    hbm: float,
+    temporaries: float,
+    flops: float,
+    seconds: float,
+    mfu: float,
+    compile_s: str,
+    refused: str | None = None,
+) -> str:
+    """One side's Markdown row; the step time and MFU as ``NO_ESTIMATE`` where the estimate is not positive, the
+    memory as the compiler's refusal where it refused the step for the chip's memory."""
     timed = seconds > 0
+    memory = f"does not fit: {refused} | {NO_ESTIMATE}" if refused else f"{hbm / GiB:.2f} | {temporaries / GiB:.2f}"
     return (
-        f"| {side} | {hbm / GiB:.2f} | {temporaries / GiB:.2f} | {flops / 1e12:,.1f} | "
+        f"| {side} | {memory} | {flops / 1e12:,.1f} | "
         f"{f'{seconds:.3f}' if timed else NO_ESTIMATE} | {f'{mfu:.1%}' if timed else NO_ESTIMATE} | {compile_s} |"
     )
 
@@ -254,11 +284,12 @@ def compare(
     ours = titanpod_figures(case, attention, layers, folder / "titanpod", reuse, keep_logits, scanned_memory)
     theirs = maxtext_figures(case, attention, layers, folder, ours["model_layers"], reuse, scanned_memory)
     model_flops, peak = ours["model_flops_per_chip"], ours["chip_peak_flops"]
-    memory = theirs["memory_per_chip"]
+    memory = theirs["memory_per_chip"] or {}  # none where the compiler refused the step for the chip's memory
     their_total = (
         memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"] + memory["temporary_bytes"]
         + memory["generated_code_bytes"]
-    )  # fmt: skip
+    ) if memory else 0.0  # fmt: skip
+    their_temporaries = memory.get("temporary_bytes", 0.0)
     their_seconds = theirs["cost_per_chip"]["optimal_seconds"]
     ours_total, ours_seconds = ours["program"]["memory"]["total"], ours["estimated_step_seconds"]
     depth = f"{ours['layers']} layers" + (" (extrapolated)" if ours["extrapolated_from"] else "")
@@ -270,7 +301,8 @@ def compare(
     if summary is not None:
         summary.update(
             slice=case.slice, batch=case.batch, seq_len=case.seq_len, attention=attention,
-            maxtext_hbm_gib=their_total / GiB, maxtext_estimated_seconds=their_seconds,
+            maxtext_hbm_gib=their_total / GiB if memory else None, maxtext_refused=theirs.get("refused"),
+            maxtext_estimated_seconds=their_seconds,
             titanpod_hbm_gib=ours_total / GiB, titanpod_estimated_seconds=ours_seconds,
         )  # fmt: skip
     head = f"**{case.recipe} on {case.slice}, {case.batch} x {case.seq_len} tokens a chip, {attention}, {depth}**"
@@ -283,11 +315,12 @@ def compare(
         row(
             "MaxText",
             their_total,
-            memory["temporary_bytes"],
+            their_temporaries,
             theirs["cost_per_chip"]["flops"],
             their_seconds,
             model_flops / their_seconds / peak if their_seconds > 0 else 0.0,
             compile_time(theirs["compile_seconds"], theirs.get("cost_compile_seconds")),
+            refused=theirs.get("refused"),
         ),
         row(
             "titanpod",
@@ -298,8 +331,8 @@ def compare(
             model_flops / ours_seconds / peak,
             compile_time(ours["compile_seconds"], ours.get("cost_compile_seconds") if scanned_memory else None),
         ),
-        f"| titanpod / MaxText | {ours_total / their_total:.2f} | "
-        f"{ours['program']['memory']['temporaries'] / memory['temporary_bytes']:.2f} | "
+        f"| titanpod / MaxText | {ratio(ours_total, their_total)} | "
+        f"{ratio(ours['program']['memory']['temporaries'], their_temporaries)} | "
         f"{ours['program']['flops'] / theirs['cost_per_chip']['flops']:.2f} | {ratio(ours_seconds, their_seconds)} | "
         f"{ratio(their_seconds, ours_seconds)} | {ours['compile_seconds'] / theirs['compile_seconds']:.2f} |",
         "",
