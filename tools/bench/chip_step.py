@@ -56,8 +56,6 @@ CONFIGURATIONS: dict[str, str] = {
     "qwen3_0.6b_2x4096": QWEN3_06B + " --data.batch-size 2",
     "qwen3_0.6b_2x4096_tpu_lane": QWEN3_06B + " --data.batch-size 2 --device.lane tpu --train.step-mode whole_step",
     "llama3.2_1b_offload": LLAMA32_1B + " --train.optimizer-offload",
-    # 16 micro-batches a step: the moments' trip to the host and back, about 0.9 s, once for 131,072 tokens
-    "llama3.2_1b_offload_accum16": "llama3.2_1b_offload --train.grad-accum-steps 16",
 }
 """Name -> the training command's flags. A value may start with another configuration's name (its flags first)."""
 
