@@ -101,3 +101,17 @@ def test_the_jitted_step_is_read_from_the_single_controller_trait_of_the_lanes_c
     assert runs_one_jitted_program(OneControllerStandIn.lane, registry)
     assert not runs_one_jitted_program(ProcessPerDeviceStandIn.lane, registry)
     assert [lane for lane in LANE_REGISTRY.names if runs_one_jitted_program(lane)] == ["xla"]
+
+
+def test_a_jitted_step_of_several_micro_batches_holds_a_second_copy_of_the_gradients():
+    """The xla lane's one program keeps the gradients' running sum beside each micro-batch's own; a process per
+    device (the cpu lane here) adds each micro-batch's gradients into the same tensors."""
+    recipe = get_recipe("llama32_1b")
+    chip = chip_by_name("v5e")
+    one, two = (plan_run(with_changes(recipe, train={"grad_accum_steps": n}), chip, 1, 0.4) for n in (1, 2))
+    assert two.memory.gradients == 2 * one.memory.gradients
+    assert two.memory.total - one.memory.total == one.memory.gradients
+    eager = with_changes(recipe, device={"lane": "cpu"}, train={"optimizer_offload": False})
+    assert plan_run(with_changes(eager, train={"grad_accum_steps": 2}), chip, 1, 0.4).memory.gradients == (
+        plan_run(eager, chip, 1, 0.4).memory.gradients
+    )
