@@ -3,9 +3,12 @@ measured run of the debug recipe on this machine's xla lane (JAX's CPU; the figu
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "chip_step.py"
 
@@ -123,3 +126,18 @@ def test_a_maxtext_step_refused_for_the_chips_memory_reads_refused(capsys):
            "mfu": 0.2, "program_memory_gib": 14.8}  # fmt: skip
     bench.show([row], None, maxtext)
     assert capsys.readouterr().out.splitlines()[1].split()[-3:] == ["refused", "-", "-"]
+
+
+def test_a_missing_or_foreign_maxtext_file_is_refused_naming_it_and_how_to_make_it(tmp_path, capsys):
+    bench = _bench()
+    parser = argparse.ArgumentParser(prog="chip_step.py")
+    foreign = tmp_path / "other.json"
+    foreign.write_text('{"qwen3_06b": {"hbm": 1}}')
+    for path in (tmp_path / "missing.json", foreign):
+        with pytest.raises(SystemExit):
+            bench.read_maxtext(path, parser)
+        said = capsys.readouterr().err
+        assert f"--maxtext {path}" in said and "tpu_aot_vs_maxtext.py" in said
+    good = tmp_path / "maxtext.json"
+    good.write_text('{"qwen3_06b": {"maxtext_hbm_gib": 15.0}}')
+    assert bench.read_maxtext(good, parser) == {"qwen3_06b": {"maxtext_hbm_gib": 15.0}}

@@ -168,3 +168,14 @@ def test_a_maxtext_step_the_compiler_refuses_for_the_chips_memory_is_a_row_that_
     assert figures["refused"] == "17.07 GiB of temporaries, over the chip's 15.75"
     assert json.loads((tmp_path / "maxtext-all-scanned.json").read_text())["refused"] == figures["refused"]
     assert figures["cost_per_chip"]["flops"] == pytest.approx(160e12)  # the line through 2 and 4 layers, to 16
+
+
+def test_an_unknown_case_or_a_json_path_in_no_folder_stops_before_any_compile(tmp_path, capsys, monkeypatch):
+    bench = _bench()
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: pytest.fail("compiled"))
+    with pytest.raises(SystemExit):
+        bench.main(["--cases", "qwen3_6b"])
+    assert "unknown case 'qwen3_6b'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--cases", "qwen3_06b", "--json", str(tmp_path / "no" / "x.json")])
+    assert "does not exist" in capsys.readouterr().err

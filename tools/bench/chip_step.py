@@ -219,11 +219,9 @@ def maxtext_columns(result: dict, maxtext: dict[str, dict]) -> dict[str, float |
     ``--json``: its HBM a chip, ours (the compiler's figure for the program the run ran) over it, and its
     estimated tokens/s (``None`` where libtpu's estimate is not positive, as on v5e with libtpu 0.0.52). Where the
     compiler refused MaxText's step for the chip's memory, its HBM is ``None`` and ``maxtext_refused`` says why."""
-    case = maxtext.get(MAXTEXT_CASES.get(result["name"], ""))
-    if not case:
-        return {"maxtext_hbm_gib": None, "hbm_of_maxtext": None, "maxtext_estimated_tokens_per_second": None}
-    ours, theirs = result.get("program_memory_gib"), case["maxtext_hbm_gib"]
-    seconds = case["maxtext_estimated_seconds"]
+    case = maxtext.get(MAXTEXT_CASES.get(result["name"], ""), {})
+    ours, theirs = result.get("program_memory_gib"), case.get("maxtext_hbm_gib")
+    seconds = case.get("maxtext_estimated_seconds", 0.0)
     return {
         "maxtext_hbm_gib": theirs,
         "maxtext_refused": case.get("maxtext_refused"),
@@ -257,7 +255,7 @@ def show(results: list[dict], matmul: float | None, maxtext: dict[str, dict] | N
         if maxtext:
             theirs = maxtext_columns(r, maxtext)
             estimate = theirs["maxtext_estimated_tokens_per_second"]
-            hbm = "refused" if theirs.get("maxtext_refused") else _num(theirs["maxtext_hbm_gib"])
+            hbm = "refused" if theirs["maxtext_refused"] else _num(theirs["maxtext_hbm_gib"])
             print(
                 f" {hbm:>11} {_num(theirs['hbm_of_maxtext']):>10} "
                 f"{'-' if estimate is None else f'{estimate:,.0f}':>18}",
@@ -268,6 +266,18 @@ def show(results: list[dict], matmul: float | None, maxtext: dict[str, dict] | N
 
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def read_maxtext(path: Path, parser: argparse.ArgumentParser) -> dict[str, dict]:
+    """``tpu_aot_vs_maxtext.py``'s ``--json`` file, or the parser's error naming the file and how to make it."""
+    make = "write it with tools/bench/tpu_aot_vs_maxtext.py --cases qwen3_06b,llama32_1b --scanned-memory --json FILE"
+    try:
+        figures = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        parser.error(f"--maxtext {path}: cannot read it ({error}); {make}")
+    if not isinstance(figures, dict) or not all("maxtext_hbm_gib" in case for case in figures.values()):
+        parser.error(f"--maxtext {path}: not MaxText's figures (a case without maxtext_hbm_gib); {make}")
+    return figures
 
 
 def main() -> None:
@@ -284,7 +294,7 @@ def main() -> None:
         "--maxtext", type=Path, help="MaxText's figures: tools/bench/tpu_aot_vs_maxtext.py's --json file"
     )
     args = parser.parse_args()
-    maxtext = json.loads(args.maxtext.read_text()) if args.maxtext else None
+    maxtext = read_maxtext(args.maxtext, parser) if args.maxtext else None
     table = dict(CONFIGURATIONS)
     for extra in args.extra:
         name, _, flags = extra.partition("=")

@@ -368,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         "--maxtext reads it)",
     )
     args = parser.parse_args(argv)
+    unknown = [name for name in args.cases.split(",") if name not in CASES]
+    if unknown:
+        parser.error(f"unknown case {unknown[0]!r}; known: {', '.join(CASES)}")
+    if args.json is not None and not args.json.parent.is_dir():  # found now, not after the compiles
+        parser.error(f"--json {args.json}: its folder {args.json.parent} does not exist")
     summaries: dict[str, dict] = {}
     layers = [int(n) for n in args.layers.split(",") if n]
     lines: list[str] = []
