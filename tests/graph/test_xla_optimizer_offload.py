@@ -22,7 +22,7 @@ from titanpod.parallel import ParallelConfig, PlanError
 from titanpod.recipes.layout_support import check_layout
 
 SCRIPT = """
-import json, torch
+import dataclasses, json, numpy as np, torch
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
 from titanpod.graph.xla import XlaStep
@@ -44,9 +44,10 @@ for offload in (False, True):
     key = "offload" if offload else "device"
     result[key] = train(model, batches, config, backend, flops_per_token=1.0, step=step).losses
     result[key + "_params"] = [p.detach().clone() for p in model.parameters()]
-    result[key + "_moment_kinds"] = sorted({m.sharding.memory_kind for m in step.state.exp_avg + step.state.exp_avg_sq})
+    moments = [m for entry in step.state.exp_avg + step.state.exp_avg_sq for m in (entry if offload else [entry])]
+    result[key + "_moment_kinds"] = sorted({m.sharding.memory_kind for m in moments})
     result[key + "_param_kinds"] = sorted({p.sharding.memory_kind for p in step.jax_params})
-    result[key + "_moment_specs"] = sorted({str(m.sharding.spec) for m in step.state.exp_avg})
+    result[key + "_moment_specs"] = sorted({str(m.sharding.spec) for m in moments})
 # Blocks stacked (train.scan_layers): the checkpoint's tree and a restore keep the moments in host memory, one block
 # at a time, and a step after the restore runs (it used to refuse the restored moments' memory).
 model = build_model("llama3", "debug", device="cpu")
@@ -58,10 +59,47 @@ step([(data[0][:, :-1], data[0][:, 1:])], 1e-3)
 tree = step.state_dict()
 result["stacked_tree_moment_kinds"] = sorted({m.sharding.memory_kind for m in tree["optim"]["exp_avg"].values()})
 step.load_state_dict(tree)
-result["stacked_loaded_moment_kinds"] = sorted({m.sharding.memory_kind for m in step.state.exp_avg})
+result["stacked_loaded_moment_kinds"] = sorted({m.sharding.memory_kind for entry in step.state.exp_avg for m in entry})
 result["stacked_loss_after_restore"] = float(step([(data[1][:, :-1], data[1][:, 1:])], 1e-3).loss)
 equal = all(torch.equal(a, b) for a, b in zip(result.pop("device_params"), result.pop("offload_params"), strict=True))
 result["params_equal"] = equal
+
+
+class SmallPieces(XlaStep):
+    moment_piece_bytes = 16384  # 4,096 fp32 elements: every large stack and the embedding come in several pieces
+
+
+# Blocks stacked, the moments in host memory in pieces of the default size (each tensor whole here) and in small
+# pieces: the same training and checkpoint, bit for bit.
+pieces = {}
+overlapping = dataclasses.replace(config, optimizer_offload_overlap=True)
+for step_class, step_config, key in ((XlaStep, config, "XlaStep"), (SmallPieces, config, "SmallPieces"),
+                                     (SmallPieces, overlapping, "overlap")):
+    model = build_model("llama3", "debug", device="cpu")
+    model.init_weights(0)
+    step = step_class(model, step_config, backend, plan=sharding_plan("llama3"), axes=axes)
+    losses = [float(step([(d[:, :-1], d[:, 1:])], 1e-3).loss) for d in data[:3]]
+    tree = step.state_dict()
+    step.load_state_dict(tree)  # split into pieces again, then one more step
+    losses.append(float(step([(data[3][:, :-1], data[3][:, 1:])], 1e-3).loss))
+    optim = step.state_dict()["optim"]
+    pieces[key] = {
+        "losses": losses,
+        "pieces": sum(len(entry) for entry in step.state.exp_avg),
+        "entries": len(step.state.exp_avg),
+        "kinds": sorted({m.sharding.memory_kind for entry in step.state.exp_avg for m in entry}),
+        "moments": {name: np.asarray(optim["exp_avg_sq"][name]) for name in optim["exp_avg_sq"]},
+    }
+small, whole = pieces["SmallPieces"], pieces["XlaStep"]
+result["pieces_losses"], result["whole_losses"] = small["losses"], whole["losses"]
+result["pieces_counts"] = [small["pieces"], small["entries"], whole["pieces"], whole["entries"]]
+result["pieces_kinds"] = small["kinds"]
+result["overlap_losses"] = pieces["overlap"]["losses"]
+result["pieces_moments_equal"] = all(
+    pieces[key]["moments"].keys() == whole["moments"].keys()
+    and all(np.array_equal(pieces[key]["moments"][name], whole["moments"][name]) for name in whole["moments"])
+    for key in ("SmallPieces", "overlap")
+)
 print(json.dumps(result))
 """
 
@@ -82,6 +120,16 @@ def test_the_moments_wait_in_pinned_host_memory_sharded_as_the_parameters(runs):
     assert runs["device_moment_kinds"] == runs["offload_param_kinds"] == ["device"]
     assert runs["offload_moment_specs"] == runs["device_moment_specs"]
     assert any("fsdp" in spec for spec in runs["offload_moment_specs"])
+
+
+def test_moments_in_pieces_train_and_checkpoint_bit_for_bit_like_whole_moments_overlapped_or_not(runs):
+    pieces, entries, whole_pieces, whole_entries = runs["pieces_counts"]
+    assert whole_pieces == whole_entries == entries and pieces > 2 * entries  # the small pieces did split them
+    assert runs["pieces_kinds"] == ["pinned_host"]
+    assert len(runs["pieces_losses"]) == 4
+    assert runs["pieces_losses"] == runs["whole_losses"]
+    assert runs["overlap_losses"] == runs["whole_losses"]  # one piece coming in while the one before goes out
+    assert runs["pieces_moments_equal"]
 
 
 def test_stacked_blocks_keep_their_moments_in_host_memory_through_a_checkpoint(runs):
@@ -126,7 +174,7 @@ def test_a_stopped_run_with_the_moments_in_host_memory_resumes_to_the_same_losse
     assert resumed == whole
 
 
-def test_the_plan_keeps_the_moments_on_the_host_and_brings_them_in_one_tensor_at_a_time():
+def test_the_plan_keeps_the_moments_on_the_host_and_brings_them_in_one_piece_at_a_time():
     from titanpod.device import chip_by_name
     from titanpod.pretrain.command import parse_command
     from titanpod.recipes.planner import plan_run
@@ -137,9 +185,33 @@ def test_the_plan_keeps_the_moments_on_the_host_and_brings_them_in_one_tensor_at
     on_devices = plan_run(parse_command(base).recipe, chip, 1, 0.4).memory
     offloaded = plan_run(parse_command([*base, "--train.optimizer-offload"]).recipe, chip, 1, 0.4).memory
     assert offloaded.optimizer == 0 and offloaded.host_offload == on_devices.optimizer + on_devices.host_offload
-    # The update streams tensor by tensor, after the backward has let go of the activations: the largest tensor's
-    # two fp32 moments in, their new values and its new parameter out, here a block's MLP matrix stacked over the
-    # 16 blocks (the recipe scans its blocks), 8192 x 2048 each.
-    largest_update = (8 + 8 + 4) * 16 * 8192 * 2048
+    # The update streams piece by piece, after the backward has let go of the activations: the largest piece's two
+    # fp32 moments in, their new values and its new parameter rows out. Here the largest tensor is a block's MLP
+    # matrix, 8192 x 2048, stacked over the 16 blocks (the recipe scans its blocks): 1 GiB a moment, so pieces of at
+    # most 256 MiB hold 4 blocks each.
+    largest_update = (8 + 8 + 4) * 4 * 8192 * 2048
     assert offloaded.transient == max(on_devices.transient, largest_update - on_devices.activations)
     assert offloaded.total == on_devices.total - on_devices.optimizer + offloaded.transient - on_devices.transient
+
+
+def test_the_plan_counts_two_pieces_at_once_when_their_trips_overlap():
+    from titanpod.device import chip_by_name
+    from titanpod.pretrain.command import parse_command
+    from titanpod.recipes.planner import plan_run
+
+    base = ["--recipe", "llama3_8b", "--model.flavor", "1B", "--parallel.fsdp", "1", "--data.seq-len", "128",
+            "--data.batch-size", "1", "--device.lane", "xla"]  # fmt: skip
+    chip = chip_by_name("TPU v5 lite")
+    on_devices = plan_run(parse_command(base).recipe, chip, 1, 0.4).memory
+    one = plan_run(parse_command([*base, "--train.optimizer-offload"]).recipe, chip, 1, 0.4).memory
+    flags = [*base, "--train.optimizer-offload", "--train.optimizer-offload-overlap"]
+    two = plan_run(parse_command(flags).recipe, chip, 1, 0.4).memory
+    piece = (8 + 8 + 4) * 4 * 8192 * 2048  # 4 of the 16 stacked MLP matrices, as above
+    assert one.transient == max(on_devices.transient, piece - one.activations)
+    assert two.transient == max(on_devices.transient, 2 * piece - two.activations) > one.transient
+    assert two.total - one.total == two.transient - one.transient
+
+
+def test_overlapping_the_trips_without_the_offload_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"set --train\.optimizer-offload too"):
+        TrainConfig(optimizer_offload_overlap=True)

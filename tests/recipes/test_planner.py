@@ -434,10 +434,11 @@ def build_debug_block(args):
 
 def test_the_xla_plan_of_llama32_1b_with_its_moments_on_the_host_is_within_10_percent_of_libtpu():
     """libtpu 0.0.52 compiling the ``llama32_1b`` recipe for a v5litepod-1 (``--compile-for v5e-1`` in envs/tpu,
-    2026-12-06): 4.60 GiB of arguments and 10.20 of temporaries, 14.83 in all; the chip's own peak was 14.88."""
+    2026-12-06), its moments brought in 256 MiB pieces: 4.60 GiB of arguments and 9.21 of temporaries, 13.84 in all
+    (with each tensor's moments brought in whole, 14.83, and the chip's own peak was then 14.88)."""
     from titanpod.pretrain.command import parse_command
 
     command = parse_command(["--recipe", "llama32_1b", "--device.lane", "xla", "--dry-run"])
     plan = plan_run(command.recipe, chip_by_name("v5e"), 1, 0.4)
-    assert plan.memory.total / GIB == pytest.approx(14.83, rel=0.10)
+    assert plan.memory.total / GIB == pytest.approx(13.84, rel=0.10)
     assert plan.memory.optimizer == 0 and plan.memory.host_offload > 0

@@ -31,6 +31,7 @@ HARMLESS_CHANGES: tuple[str, ...] = (
     "train.keep_host_memory",
     "train.skip_nonfinite",
     "train.optimizer_offload",  # where AdamW's moments wait between steps, not their values
+    "train.optimizer_offload_overlap",  # how they travel to the device and back
     "train.whole_step_update",  # whether AdamW runs inside the compiled step or after it: the same update
     "checkpoint.*",  # when and where checkpoints go, and this list's escape hatch itself
     "output.*",

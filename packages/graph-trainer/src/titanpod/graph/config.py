@@ -110,6 +110,10 @@ class TrainConfig:
     parameters, gradients and activations only. For a model whose fp32 moments do not fit beside the rest (Llama
     3.2 1B on a 16 GiB chip); each step then moves 16 bytes a parameter between host and device. Other lanes
     refuse it."""
+    optimizer_offload_overlap: bool = False
+    """With ``optimizer_offload``: let a piece's moments come to the device while the piece before's go back to
+    the host, so the two directions of the trip can overlap; the device then holds two pieces' moments at once
+    during the update instead of one (``titanpod.graph.xla.step_program.streamed_update``). The same arithmetic."""
     grad_accum_steps: int = 1
     """Micro-batches whose gradients are averaged into one optimizer step."""
     precision: Precision = "fp32"
@@ -153,6 +157,12 @@ class TrainConfig:
             raise ValueError(f"train.stop_at_step must be in [0, steps={self.steps}], got {self.stop_at_step}.")
         if self.grad_accum_steps < 1:
             raise ValueError(f"train.grad_accum_steps must be at least 1, got {self.grad_accum_steps}.")
+        if self.optimizer_offload_overlap and not self.optimizer_offload:
+            raise ValueError(
+                "train.optimizer_offload_overlap overlaps the trips of AdamW's moments between host and device, "
+                "which only train.optimizer_offload makes: set --train.optimizer-offload too, or drop "
+                "--train.optimizer-offload-overlap."
+            )
         if self.memory_policy != "save" and self.step_mode != "whole_step":
             raise ValueError(
                 f"train.memory_policy={self.memory_policy!r} rewrites the captured step graph, so it needs "

@@ -11,6 +11,7 @@ torchax are imported inside its functions, when a step is built, so importing it
 - ``batches``: a step's micro-batches stacked and placed on the mesh.
 - ``state``: the parameters and optimizer state on the JAX devices: placing them, the state tree out and in.
 - ``state_step``: the step's state interface: ``state_dict``, ``load_state_dict`` and ``finish``.
+- ``moment_pieces``: AdamW's moments in host memory, each tensor's held as pieces along its first axis.
 - ``mesh``: the default mesh and the shardings of batches and replicated values.
 - ``remat``: the memory policies as ``jax.checkpoint`` policies around each transformer block.
 - ``precision``: torchax's bf16 autocast while the step is traced.

@@ -22,6 +22,7 @@ from titanpod.device import Backend
 from titanpod.graph.config import TrainConfig
 from titanpod.graph.optimizer import AdamWState
 from titanpod.graph.xla.mesh import replicated
+from titanpod.graph.xla.moment_pieces import piece_shape
 from titanpod.graph.xla.step import XlaStep
 
 
@@ -117,10 +118,17 @@ class AbstractXlaStep(XlaStep):
             jax.ShapeDtypeStruct(stack.entry_shape(i, shape), jnp.float32, sharding=s)
             for i, (shape, s) in enumerate(zip(shapes, self.param_shardings, strict=True))
         ]
-        moments = [
-            jax.ShapeDtypeStruct(p.shape, jnp.float32, sharding=s)
-            for p, s in zip(self.jax_params, self.moment_shardings, strict=True)
-        ]
+        self._set_moment_rows()
+        if self.moments_in_host_memory:  # each entry's pieces
+            moments: list[Any] = [
+                [jax.ShapeDtypeStruct(piece_shape(p.shape, piece), jnp.float32, sharding=s[0]) for piece in rows]
+                for p, s, rows in zip(self.jax_params, self.moment_shardings, self.moment_rows, strict=True)
+            ]
+        else:
+            moments = [
+                jax.ShapeDtypeStruct(p.shape, jnp.float32, sharding=s)
+                for p, s in zip(self.jax_params, self.moment_shardings, strict=True)
+            ]
         return AdamWState(jax.ShapeDtypeStruct((), jnp.float32, sharding=whole), moments, list(moments))  # type: ignore[arg-type]
 
     def abstract_arguments(self, shape: BatchShape | NamedBatchShape) -> tuple[Any, ...]:

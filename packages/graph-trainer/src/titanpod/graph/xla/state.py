@@ -19,6 +19,7 @@ import torch
 from titanpod.graph.optimizer import AdamWState
 from titanpod.graph.step_state import check_tree_matches, flatten_tree
 from titanpod.graph.xla.mesh import replicated
+from titanpod.graph.xla.moment_pieces import Rows, zero_pieces
 
 RegionValues = Callable[[str, tuple[slice, ...]], torch.Tensor]
 """``values(name, region)``: the values of parameter ``name`` over ``region`` (one slice per dimension), on the CPU."""
@@ -76,6 +77,18 @@ def zero_adamw_state(params: Sequence[Any], mesh: Any, moment_shardings: Sequenc
         step=zeros((), replicated(mesh)),
         exp_avg=[zeros(p.shape, s) for p, s in zip(params, moment_shardings, strict=True)],
         exp_avg_sq=[zeros(p.shape, s) for p, s in zip(params, moment_shardings, strict=True)],
+    )
+
+
+def zero_adamw_state_in_pieces(
+    params: Sequence[Any], mesh: Any, rows: Sequence[Rows], moment_shardings: Sequence[Sequence[Any]]
+) -> AdamWState:
+    """AdamW's state for the jax arrays ``params`` with the moments in host memory: step 0 replicated on ``mesh``,
+    each parameter's zero moments as its pieces (``rows``), laid out as ``moment_shardings`` (per piece)."""
+    return AdamWState(  # type: ignore[arg-type]  # jax arrays in the torch lanes' container
+        step=zeros((), replicated(mesh)),
+        exp_avg=[zero_pieces(p.shape, r, s[0]) for p, r, s in zip(params, rows, moment_shardings, strict=True)],
+        exp_avg_sq=[zero_pieces(p.shape, r, s[0]) for p, r, s in zip(params, rows, moment_shardings, strict=True)],
     )
 
 

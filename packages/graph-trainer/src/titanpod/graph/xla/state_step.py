@@ -12,6 +12,13 @@ import torch
 from titanpod.graph.optimizer import AdamWState, state_tree
 from titanpod.graph.step_base import StateFormat, TrainStep
 from titanpod.graph.xla.layer_stack import LayerStack
+from titanpod.graph.xla.moment_pieces import (
+    MOMENT_PIECE_BYTES,
+    Rows,
+    joined_pieces,
+    piece_rows,
+    split_into_pieces,
+)
 from titanpod.graph.xla.state import load_state_tree
 from titanpod.graph.xla.step_program import in_host_memory
 
@@ -41,49 +48,71 @@ class JaxStateStep(TrainStep):
         return [stack.entry_sharding(i, s) for i, s in enumerate(stack.per_entry(self.name_shardings))]
 
     moments_in_host_memory: bool = False
-    """AdamW's moments live in host memory (``TrainConfig.optimizer_offload``): stacked and unstacked one entry at a
-    time and left there, so a checkpoint's save or restore never holds them all on the devices."""
+    """AdamW's moments live in host memory (``TrainConfig.optimizer_offload``), each entry's as pieces along its first
+    axis (``moment_rows``); a checkpoint's save or restore joins and splits them one entry at a time, so it never
+    holds them all on the devices."""
+    moment_rows: tuple[Rows, ...] = ()
+    """With the moments in host memory: each entry's pieces (``titanpod.graph.xla.moment_pieces.piece_rows``)."""
+    moment_piece_bytes: ClassVar[int] = MOMENT_PIECE_BYTES
+    """The most bytes a device holds of one piece of one moment in host memory."""
 
-    def _stacked(self, per_name: list[Any], host: bool = False) -> list[Any]:
-        """The step's arrays from the model's parameters' (laid out as ``param_shardings``): one jitted copy, or
-        with ``host`` (moments in host memory) one entry at a time, each left in host memory."""
+    def _set_moment_rows(self) -> None:
+        """``moment_rows`` from the entries' shapes and shardings (call once ``param_shardings`` is set)."""
+        if self.moments_in_host_memory:
+            self.moment_rows = tuple(
+                piece_rows(p.shape, s, self.moment_piece_bytes)
+                for p, s in zip(self.jax_params, self.param_shardings, strict=True)
+            )
+
+    def _stacked(self, per_name: list[Any]) -> list[Any]:
+        """The step's arrays from the model's parameters' (laid out as ``param_shardings``): one jitted copy."""
         import jax
-        import jax.numpy as jnp
 
-        stack = self.layer_stack
         arrays = dict(zip(self.names, per_name, strict=True))
-        if not host:
-            return jax.jit(stack.stack, out_shardings=self.param_shardings)(arrays)
-        shardings = in_host_memory(self.param_shardings)
-        entries = []
-        for index, members in enumerate(stack.members):
-            parts = [arrays[name] for name in members]
-            if stack.is_stacked(index):
-                entries.append(jax.jit(jnp.stack, out_shardings=shardings[index])(parts))
-            else:
-                entries.append(jax.device_put(parts[0], shardings[index]))
-        return entries
+        return jax.jit(self.layer_stack.stack, out_shardings=self.param_shardings)(arrays)
 
-    def _unstacked(self, entries: list[Any], host: bool = False) -> list[Any]:
-        """The model's parameters' arrays (in ``names`` order) from the step's; copies when any entry is stacked.
-        With ``host`` (moments in host memory) one entry at a time, each block's slice left in host memory."""
+    def _unstacked(self, entries: list[Any]) -> list[Any]:
+        """The model's parameters' arrays (in ``names`` order) from the step's; copies when any entry is stacked."""
         import jax
 
         stack = self.layer_stack
         if not stack.stacks_any:
             return list(entries)
-        if not host:
-            shardings = {name: self.name_shardings[name] for name in self.names}
-            per_name = jax.jit(stack.unstack, out_shardings=shardings)(list(entries))
-            return [per_name[name] for name in self.names]
-        per_name = {}
-        for index, (members, array) in enumerate(zip(stack.members, entries, strict=True)):
+        shardings = {name: self.name_shardings[name] for name in self.names}
+        per_name = jax.jit(stack.unstack, out_shardings=shardings)(list(entries))
+        return [per_name[name] for name in self.names]
+
+    def _moment_pieces(self, per_name: list[Any]) -> list[list[Any]]:
+        """Moments in host memory as the step holds them (each entry's pieces) from the model's parameters' (in
+        ``names`` order): one entry at a time, each piece left in host memory."""
+        import jax
+        import jax.numpy as jnp
+
+        stack, arrays = self.layer_stack, dict(zip(self.names, per_name, strict=True))
+        shardings = in_host_memory(self.param_shardings)
+        entries = []
+        for index, (members, rows) in enumerate(zip(stack.members, self.moment_rows, strict=True)):
             if not stack.is_stacked(index):
-                per_name[members[0]] = array
+                entries.append(split_into_pieces(arrays[members[0]], rows, shardings[index]))
                 continue
-            blocks = in_host_memory([self.name_shardings[name] for name in members])
-            split = jax.jit(lambda stacked: list(stacked), out_shardings=blocks)(array)
-            per_name.update(zip(members, split, strict=True))
+            stack_piece = jax.jit(jnp.stack, out_shardings=shardings[index])
+            entries.append([stack_piece([arrays[name] for name in members[start:stop]]) for start, stop in rows])
+        return entries
+
+    def _moments_per_name(self, entries: list[list[Any]]) -> list[Any]:
+        """The model's parameters' moments (in ``names`` order) from the step's pieces in host memory: one entry at
+        a time, each block's slice or joined tensor left in host memory."""
+        import jax
+
+        stack, per_name = self.layer_stack, {}
+        for index, (members, pieces) in enumerate(zip(stack.members, entries, strict=True)):
+            host = in_host_memory([self.name_shardings[name] for name in members])
+            if not stack.is_stacked(index):
+                per_name[members[0]] = joined_pieces(pieces, host[0])
+                continue
+            for (start, stop), piece in zip(self.moment_rows[index], pieces, strict=True):
+                split = jax.jit(lambda stacked: list(stacked), out_shardings=host[start:stop])(piece)
+                per_name.update(zip(members[start:stop], split, strict=True))
         return [per_name[name] for name in self.names]
 
     def state_dict(self) -> dict[str, Any]:
@@ -93,11 +122,13 @@ class JaxStateStep(TrainStep):
         The arrays are the step's own, sharded on its mesh; the next step donates them, so save
         them (or copy them) before stepping again. The xla step uses no random state: no "rng" key.
         """
-        if not self.layer_stack.stacks_any:
-            return state_tree(self.names, self.jax_params, self.state)
-        state, host = self.state, self.moments_in_host_memory
-        moments = AdamWState(state.step, self._unstacked(state.exp_avg, host), self._unstacked(state.exp_avg_sq, host))
-        return state_tree(self.names, self._unstacked(self.jax_params), moments)
+        state = self.state
+        if self.moments_in_host_memory:
+            avg, avg_sq = self._moments_per_name(state.exp_avg), self._moments_per_name(state.exp_avg_sq)
+            state = AdamWState(state.step, avg, avg_sq)
+        elif self.layer_stack.stacks_any:
+            state = AdamWState(state.step, self._unstacked(state.exp_avg), self._unstacked(state.exp_avg_sq))
+        return state_tree(self.names, self._unstacked(self.jax_params), state)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Put a ``state_dict``-layout tree of arrays (jax or numpy) into the step, each on the step's own sharding.
@@ -110,10 +141,12 @@ class JaxStateStep(TrainStep):
             params, loaded = load_state_tree(self.names, self.state_dict(), state)
             if self.layer_stack.stacks_any:
                 params = self._stacked(params)
-                host = self.moments_in_host_memory
+            if self.moments_in_host_memory:
                 loaded = AdamWState(
-                    loaded.step, self._stacked(loaded.exp_avg, host), self._stacked(loaded.exp_avg_sq, host)
+                    loaded.step, self._moment_pieces(loaded.exp_avg), self._moment_pieces(loaded.exp_avg_sq)
                 )
+            elif self.layer_stack.stacks_any:
+                loaded = AdamWState(loaded.step, self._stacked(loaded.exp_avg), self._stacked(loaded.exp_avg_sq))
             self.jax_params, self.state = params, loaded
 
     def finish(self) -> None:

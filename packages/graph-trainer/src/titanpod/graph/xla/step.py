@@ -40,7 +40,7 @@ from titanpod.graph.xla.loss import jax_loss
 from titanpod.graph.xla.mesh import batch_sharding, default_mesh, replicated
 from titanpod.graph.xla.program_figures import ProgramFigures, program_figures
 from titanpod.graph.xla.remat import BlockGather, remat_policy
-from titanpod.graph.xla.state import RegionValues, place_params, zero_adamw_state
+from titanpod.graph.xla.state import RegionValues, place_params, zero_adamw_state, zero_adamw_state_in_pieces
 from titanpod.graph.xla.state_step import JaxStateStep
 from titanpod.graph.xla.step_program import in_host_memory, jax_adamw_update, jax_step, jit_step
 
@@ -116,16 +116,21 @@ class XlaStep(JaxStateStep):
             self.param_shardings = self._entry_shardings()
             self.jax_params = self._stacked(placed) if self.layer_stack.stacks_any else placed
             del placed  # the per-block arrays, once stacked: freed before the moments are made
+            self._set_moment_rows()
             if not self.config.optimizer_offload:  # moments kept in host memory take nothing from the device
                 param_bytes = sum(_device_bytes(array) for array in self.jax_params)
                 check_state_fits(param_bytes, self.backend.memory_stats())
-            return zero_adamw_state(self.jax_params, self.mesh, self.moment_shardings)
+                return zero_adamw_state(self.jax_params, self.mesh, self.moment_shardings)
+            return zero_adamw_state_in_pieces(self.jax_params, self.mesh, self.moment_rows, self.moment_shardings)
 
     @property
     def moment_shardings(self) -> list[Any]:
-        """Where AdamW's moments live: the parameters' shardings, in host memory with
-        ``TrainConfig.optimizer_offload``."""
-        return in_host_memory(self.param_shardings) if self.config.optimizer_offload else list(self.param_shardings)
+        """Where AdamW's moments live: the parameters' shardings; with ``TrainConfig.optimizer_offload``, for each
+        entry a list with one sharding in host memory per piece (``moment_rows``)."""
+        if not self.config.optimizer_offload:
+            return list(self.param_shardings)
+        host = in_host_memory(self.param_shardings)
+        return [[sharding] * len(rows) for sharding, rows in zip(host, self.moment_rows, strict=True)]
 
     def batch_sharding(self) -> Any:
         """The sharding of a step's tokens [A, B, S]: B split over the mesh's data axes."""
@@ -159,9 +164,9 @@ class XlaStep(JaxStateStep):
 
     def step_function(self) -> Callable[..., Any]:
         """The whole step as a JAX function, what is jitted (``titanpod.graph.xla.step_program.jax_step``)."""
-        return jax_step(
-            self.loss_function(), self.update_function(), self.param_shardings, self.config.optimizer_offload
-        )
+        rows = self.moment_rows if self.config.optimizer_offload else None
+        in_flight = 2 if self.config.optimizer_offload_overlap else 1
+        return jax_step(self.loss_function(), self.update_function(), self.param_shardings, rows, in_flight)
 
     def jitted_step(self) -> Any:
         """``jax.jit`` of ``step_function``; parameters and optimizer state are donated and keep their shardings."""

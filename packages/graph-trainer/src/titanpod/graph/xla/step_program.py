@@ -6,6 +6,7 @@ Legend: A micro-batches per step, B batch, S sequence.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ from titanpod.graph.config import TrainConfig
 from titanpod.graph.optimizer import AdamWState, adamw_update_, total_grad_norm
 from titanpod.graph.xla.layer_stack import LayerStack
 from titanpod.graph.xla.mesh import replicated
+from titanpod.graph.xla.moment_pieces import Rows
 
 
 def jax_adamw_update(
@@ -47,43 +49,63 @@ def streamed_update(
     update: Callable[..., Any],
     params: Sequence[Any],
     grads: Sequence[Any],
-    exp_avg: Sequence[Any],
-    exp_avg_sq: Sequence[Any],
+    exp_avg: Sequence[Sequence[Any]],
+    exp_avg_sq: Sequence[Sequence[Any]],
     count: Any,
     lr: Any,
     shardings: Sequence[Any],
+    rows: Sequence[Rows],
+    in_flight: int = 1,
 ) -> tuple[Any, ...]:
-    """``update`` (``jax_adamw_update``'s) applied one tensor at a time, for moments that live in host memory
-    (``TrainConfig.optimizer_offload``): each tensor's moments come to the devices once the gradient norm is known
-    and the previous tensor's new moments are back on the host, and go back as soon as they are updated. The
-    device then holds one tensor's moments at a time rather than all of them; the arithmetic is the same as one
-    ``update`` over every tensor. Returns what ``update`` returns, the new moments in host memory."""
+    """``update`` (``jax_adamw_update``'s) applied one piece at a time, for moments that live in host memory
+    (``TrainConfig.optimizer_offload``) as pieces along each tensor's first axis (``rows``: each tensor's, see
+    ``titanpod.graph.xla.moment_pieces``; ``exp_avg`` and ``exp_avg_sq`` hold each tensor's pieces). Each piece's
+    moments come to the devices once the gradient norm is known and the new moments of the piece ``in_flight``
+    pieces before are back on the host, and go back as soon as they are updated; the piece's rows of the parameter
+    are updated in place. The devices then hold ``in_flight`` pieces' moments at a time rather than all of them
+    (2: one piece comes in while the one before goes out, ``TrainConfig.optimizer_offload_overlap``); the
+    arithmetic is the same as one ``update`` over every tensor. Returns what ``update`` returns, the new moments as
+    pieces in host memory."""
     import jax
 
     grad_norm = jax_grad_norm(grads)
     new_params: list[Any] = []
-    new_avg: list[Any] = []
-    new_avg_sq: list[Any] = []
-    waits_for: tuple[Any, ...] = (grad_norm,)  # what the next tensor's moments may not be moved before
+    new_avg: list[list[Any]] = [[] for _ in params]
+    new_avg_sq: list[list[Any]] = [[] for _ in params]
+    # The pieces updated last, oldest first: (entry, its parameter after them, their new moments in host memory).
+    landing: deque[tuple[int, Any, Any, Any]] = deque()
     step = applied = None
-    for index, (param, grad, avg, avg_sq, sharding) in enumerate(
-        zip(params, grads, exp_avg, exp_avg_sq, shardings, strict=True)
+    for index, (param, grad, avgs, avg_sqs, sharding, pieces) in enumerate(
+        zip(params, grads, exp_avg, exp_avg_sq, shardings, rows, strict=True)
     ):
-        # The barrier ties the host copies to the work before them: the compiler cannot start this tensor's
-        # transfer early, nor finish the last one's late, so no two tensors' moments are on a device at once.
-        avg, avg_sq, *waited = jax.lax.optimization_barrier((avg, avg_sq, *waits_for))
-        if index:  # the previous tensor's moments, as they left the barrier
-            new_avg.append(waited[-2])
-            new_avg_sq.append(waited[-1])
-        (avg, avg_sq), host = on_devices([avg, avg_sq], [sharding] * 2), in_host_memory([sharding])[0]
-        (param,), (avg,), (avg_sq,), step, _, applied = update(
-            [param], [grad], [avg], [avg_sq], count, lr, grad_norm=grad_norm, entries=[index]
-        )
+        host = in_host_memory([sharding])[0]
+        for (start, stop), avg, avg_sq in zip(pieces, avgs, avg_sqs, strict=True):
+            # The barrier ties this piece's host copies to the piece in_flight pieces back having gone out, so at
+            # most in_flight pieces' moments are on a device at once. (libtpu's memory-space assignment still starts
+            # the first pieces' copies, the program's arguments, early where memory allows.)
+            settled = landing.popleft() if len(landing) == in_flight else None
+            avg, avg_sq, _, *waited = jax.lax.optimization_barrier((avg, avg_sq, grad_norm, *(settled or ())[1:]))
+            if settled is not None:  # that piece's moments, as they left the barrier
+                new_avg[settled[0]].append(waited[-2])
+                new_avg_sq[settled[0]].append(waited[-1])
+            avg, avg_sq = on_devices([avg, avg_sq], [sharding] * 2)
+            whole = len(pieces) == 1
+            (piece,), (avg,), (avg_sq,), step, _, applied = update(
+                [param if whole else param[start:stop]],
+                [grad if whole else grad[start:stop]],
+                [avg],
+                [avg_sq],
+                count,
+                lr,
+                grad_norm=grad_norm,
+                entries=[index],
+            )
+            param = piece if whole else jax.lax.dynamic_update_slice_in_dim(param, piece, start, axis=0)
+            landing.append((index, param, jax.device_put(avg, host), jax.device_put(avg_sq, host)))
         new_params.append(param)
-        waits_for = (param, jax.device_put(avg, host), jax.device_put(avg_sq, host))
-    if params:
-        new_avg.append(waits_for[-2])
-        new_avg_sq.append(waits_for[-1])
+    for entry, _, avg, avg_sq in landing:
+        new_avg[entry].append(avg)
+        new_avg_sq[entry].append(avg_sq)
     return new_params, new_avg, new_avg_sq, step, grad_norm, applied
 
 
@@ -91,7 +113,8 @@ def jax_step(
     loss: Callable[..., Any],
     update: Callable[..., Any],
     param_shardings: Sequence[Any],
-    moments_on_host: bool = False,
+    moment_rows: Sequence[Rows] | None = None,
+    in_flight: int = 1,
 ) -> Callable[..., Any]:
     """The whole step as a JAX function (what is jitted): (params, exp_avg, exp_avg_sq, step,
     lr, tokens [A, B, S], labels [A, B, S][, document ids [A, B, S]]), or (..., lr, named tensors each
@@ -99,9 +122,10 @@ def jax_step(
     exp_avg_sq, step, loss, grad_norm, applied, metrics summed over the micro-batches).
 
     ``loss`` is the model's (``titanpod.graph.xla.loss``), ``update`` the optimizer's (``jax_adamw_update``);
-    the gradients are laid out as ``param_shardings``, the parameters' own. ``moments_on_host``: the moments
-    arrive in host memory (``TrainConfig.optimizer_offload``) and are updated tensor by tensor
-    (``streamed_update``), each moved to the devices and back."""
+    the gradients are laid out as ``param_shardings``, the parameters' own. ``moment_rows``: the moments arrive in
+    host memory (``TrainConfig.optimizer_offload``) as pieces, each tensor's first-axis ``Rows``, and are updated
+    piece by piece (``streamed_update``, ``in_flight`` pieces on the devices at once), each moved to the devices
+    and back; ``None``: they are on the devices."""
     import jax
     import jax.numpy as jnp
 
@@ -127,9 +151,9 @@ def jax_step(
             micro_batches = tokens_ABS.shape[0]
         grad_sum, (losses_A, metrics_A) = jax.lax.scan(micro_step, zeros, scanned)
         grads = [(g / micro_batches).astype(p.dtype) for g, p in zip(grad_sum, params, strict=True)]
-        if moments_on_host:
+        if moment_rows is not None:
             params, exp_avg, exp_avg_sq, count, grad_norm, applied = streamed_update(
-                update, params, grads, exp_avg, exp_avg_sq, count, lr, shardings
+                update, params, grads, exp_avg, exp_avg_sq, count, lr, shardings, moment_rows, in_flight
             )
         else:
             params, exp_avg, exp_avg_sq, count, grad_norm, applied = update(

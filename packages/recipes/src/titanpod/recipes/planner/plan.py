@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from titanpod.device import ChipSpec, backend_class
+from titanpod.graph.xla.moment_pieces import largest_piece_numel
 from titanpod.kernels import model_ops
 from titanpod.models import DecoderArgs, Transformer, parameter_count
 from titanpod.parallel import DATA_AXES, ShardingPlan
@@ -59,10 +60,10 @@ __all__ = ["FIT_FRACTION", "MemoryPlan", "RunPlan", "plan_run", "with_changes"]
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 STREAMED_UPDATE_BYTES = 20
-"""Device bytes an element of the tensor being updated holds with ``train.optimizer_offload``: its two fp32 moments
+"""Device bytes an element of the piece being updated holds with ``train.optimizer_offload``: its two fp32 moments
 brought in (8), their new values (8) and the new fp32 parameter (4). libtpu 0.0.52 compiling ``llama32_1b`` for a
-v5litepod-1 counted 10.20 GiB of temporaries: 4.60 of gradients and 5.6 for the update of its largest tensor, an MLP
-matrix stacked over the 16 blocks (268M elements: 21 bytes each)."""
+v5litepod-1, when a tensor's moments came in whole, counted 10.20 GiB of temporaries: 4.60 of gradients and 5.6 for
+the update of its largest tensor, an MLP matrix stacked over the 16 blocks (268M elements: 21 bytes each)."""
 
 
 @dataclass(frozen=True)
@@ -235,11 +236,12 @@ def plan_run(recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float, args
             # than with one (its gradients: 2.22 GiB).
             memory = dataclasses.replace(memory, gradients=2 * memory.gradients)
     if train.optimizer_offload:
-        # The moments wait in host memory and come in one tensor at a time for the update, after the backward
-        # (titanpod.graph.xla.step_program.streamed_update), when the activations are gone: the largest tensor's
-        # two moments in, their new values and its new parameter out (STREAMED_UPDATE_BYTES an element).
+        # The moments wait in host memory and come in one piece at a time for the update, after the backward
+        # (titanpod.graph.xla.step_program.streamed_update), when the activations are gone: the largest piece's
+        # two moments in, their new values and its new parameter rows out (STREAMED_UPDATE_BYTES an element).
         largest = _largest_update_numel(plan, model, mesh, stacked=train.scan_layers and jitted)
-        streamed = STREAMED_UPDATE_BYTES * largest
+        in_flight = 2 if train.optimizer_offload_overlap else 1  # one piece coming in as the one before goes out
+        streamed = STREAMED_UPDATE_BYTES * largest * in_flight
         memory = dataclasses.replace(
             memory,
             optimizer=0,
@@ -323,11 +325,22 @@ def _local_block_numels(plan: ShardingPlan, model: Transformer, mesh: dict[str, 
 
 
 def _largest_update_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str, int], stacked: bool) -> int:
-    """Elements on this device of the largest tensor the optimizer updates: a parameter, or with ``stacked``
-    (``train.scan_layers``) a block parameter stacked over every block."""
-    largest = max(plan.local_numel(name, tuple(p.shape), mesh) for name, p in model.named_parameters())
-    if stacked:
-        largest = max(largest, max(_local_block_numels(plan, model, mesh)) * model.args.n_layers)
+    """Elements on this device of the largest piece the optimizer updates with its moments in host memory: a
+    parameter's, or with ``stacked`` (``train.scan_layers``) a block parameter's stacked over every block, as
+    ``titanpod.graph.xla.moment_pieces`` splits them along their first axis."""
+    layers = model.args.n_layers
+    largest = 0
+    for name, param in model.named_parameters():
+        shape, local = tuple(param.shape), plan.local_numel(name, tuple(param.shape), mesh)
+        in_block = name.startswith("layers.")
+        if stacked and in_block:
+            if not name.startswith("layers.0."):
+                continue
+            largest = max(largest, largest_piece_numel(layers, local * layers, first_axis_split=False))
+            continue
+        split_first = plan.splits(name, mesh).get(0, 1) > 1
+        rows = shape[0] if shape else 1
+        largest = max(largest, largest_piece_numel(rows, local, first_axis_split=split_first))
     return largest
 
 
