@@ -56,6 +56,7 @@ CONFIGURATIONS: dict[str, str] = {
     "qwen3_0.6b_2x4096": QWEN3_06B + " --data.batch-size 2",
     "qwen3_0.6b_2x4096_tpu_lane": QWEN3_06B + " --data.batch-size 2 --device.lane tpu --train.step-mode whole_step",
     "llama3.2_1b_offload": LLAMA32_1B + " --train.optimizer-offload",
+    "llama3.2_1b_offload_overlap": "llama3.2_1b_offload --train.optimizer-offload-overlap",
 }
 """Name -> the training command's flags. A value may start with another configuration's name (its flags first)."""
 
@@ -63,6 +64,7 @@ MAXTEXT_CASES = {
     "qwen3_0.6b": "qwen3_06b",
     "qwen3_0.6b_tpu_lane": "qwen3_06b",
     "llama3.2_1b_offload": "llama32_1b",
+    "llama3.2_1b_offload_overlap": "llama32_1b",
 }
 """Configuration -> its case in ``tpu_aot_vs_maxtext.py``'s ``--json`` file (the same model, shape and chip)."""
 
