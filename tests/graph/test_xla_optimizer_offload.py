@@ -13,6 +13,7 @@ import json
 import math
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -174,16 +175,20 @@ def test_a_stopped_run_with_the_moments_in_host_memory_resumes_to_the_same_losse
     assert resumed == whole
 
 
-def test_the_plan_keeps_the_moments_on_the_host_and_brings_them_in_one_piece_at_a_time():
+def _llama32_1b_plan(*flags: str) -> Any:
+    """The planner's memory for Llama 3.2 1B on one v5e chip, on the xla lane, with ``flags``."""
     from titanpod.device import chip_by_name
     from titanpod.pretrain.command import parse_command
     from titanpod.recipes.planner import plan_run
 
-    base = ["--recipe", "llama3_8b", "--model.flavor", "1B", "--parallel.fsdp", "1", "--data.seq-len", "4096",
-            "--data.batch-size", "2", "--device.lane", "xla"]  # fmt: skip
-    chip = chip_by_name("TPU v5 lite")
-    on_devices = plan_run(parse_command(base).recipe, chip, 1, 0.4).memory
-    offloaded = plan_run(parse_command([*base, "--train.optimizer-offload"]).recipe, chip, 1, 0.4).memory
+    base = ["--recipe", "llama3_8b", "--model.flavor", "1B", "--parallel.fsdp", "1", "--device.lane", "xla"]
+    return plan_run(parse_command([*base, *flags]).recipe, chip_by_name("TPU v5 lite"), 1, 0.4).memory
+
+
+def test_the_plan_keeps_the_moments_on_the_host_and_brings_them_in_one_piece_at_a_time():
+    shape = ["--data.seq-len", "4096", "--data.batch-size", "2"]
+    on_devices = _llama32_1b_plan(*shape)
+    offloaded = _llama32_1b_plan(*shape, "--train.optimizer-offload")
     assert offloaded.optimizer == 0 and offloaded.host_offload == on_devices.optimizer + on_devices.host_offload
     # The update streams piece by piece, after the backward has let go of the activations: the largest piece's two
     # fp32 moments in, their new values and its new parameter rows out. Here the largest tensor is a block's MLP
@@ -195,17 +200,10 @@ def test_the_plan_keeps_the_moments_on_the_host_and_brings_them_in_one_piece_at_
 
 
 def test_the_plan_counts_two_pieces_at_once_when_their_trips_overlap():
-    from titanpod.device import chip_by_name
-    from titanpod.pretrain.command import parse_command
-    from titanpod.recipes.planner import plan_run
-
-    base = ["--recipe", "llama3_8b", "--model.flavor", "1B", "--parallel.fsdp", "1", "--data.seq-len", "128",
-            "--data.batch-size", "1", "--device.lane", "xla"]  # fmt: skip
-    chip = chip_by_name("TPU v5 lite")
-    on_devices = plan_run(parse_command(base).recipe, chip, 1, 0.4).memory
-    one = plan_run(parse_command([*base, "--train.optimizer-offload"]).recipe, chip, 1, 0.4).memory
-    flags = [*base, "--train.optimizer-offload", "--train.optimizer-offload-overlap"]
-    two = plan_run(parse_command(flags).recipe, chip, 1, 0.4).memory
+    shape = ["--data.seq-len", "128", "--data.batch-size", "1"]
+    on_devices = _llama32_1b_plan(*shape)
+    one = _llama32_1b_plan(*shape, "--train.optimizer-offload")
+    two = _llama32_1b_plan(*shape, "--train.optimizer-offload", "--train.optimizer-offload-overlap")
     piece = (8 + 8 + 4) * 4 * 8192 * 2048  # 4 of the 16 stacked MLP matrices, as above
     assert one.transient == max(on_devices.transient, piece - one.activations)
     assert two.transient == max(on_devices.transient, 2 * piece - two.activations) > one.transient

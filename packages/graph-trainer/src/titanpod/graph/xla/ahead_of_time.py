@@ -24,6 +24,7 @@ from titanpod.graph.optimizer import AdamWState
 from titanpod.graph.xla.mesh import replicated
 from titanpod.graph.xla.moment_pieces import piece_shape
 from titanpod.graph.xla.step import XlaStep
+from titanpod.graph.xla.step_program import in_host_memory
 
 
 @dataclass(frozen=True)
@@ -120,9 +121,10 @@ class AbstractXlaStep(XlaStep):
         ]
         self._set_moment_rows()
         if self.moments_in_host_memory:  # each entry's pieces
+            host = in_host_memory(self.param_shardings)
             moments: list[Any] = [
-                [jax.ShapeDtypeStruct(piece_shape(p.shape, piece), jnp.float32, sharding=s[0]) for piece in rows]
-                for p, s, rows in zip(self.jax_params, self.moment_shardings, self.moment_rows, strict=True)
+                [jax.ShapeDtypeStruct(piece_shape(p.shape, piece), jnp.float32, sharding=s) for piece in rows]
+                for p, s, rows in zip(self.jax_params, host, self.moment_rows, strict=True)
             ]
         else:
             moments = [

@@ -81,14 +81,15 @@ def zero_adamw_state(params: Sequence[Any], mesh: Any, moment_shardings: Sequenc
 
 
 def zero_adamw_state_in_pieces(
-    params: Sequence[Any], mesh: Any, rows: Sequence[Rows], moment_shardings: Sequence[Sequence[Any]]
+    params: Sequence[Any], mesh: Any, rows: Sequence[Rows], host_shardings: Sequence[Any]
 ) -> AdamWState:
     """AdamW's state for the jax arrays ``params`` with the moments in host memory: step 0 replicated on ``mesh``,
-    each parameter's zero moments as its pieces (``rows``), laid out as ``moment_shardings`` (per piece)."""
+    each parameter's zero moments as its pieces (``rows``), each piece laid out as its ``host_shardings`` entry."""
+    entries = list(zip(params, rows, host_shardings, strict=True))
     return AdamWState(  # type: ignore[arg-type]  # jax arrays in the torch lanes' container
         step=zeros((), replicated(mesh)),
-        exp_avg=[zero_pieces(p.shape, r, s[0]) for p, r, s in zip(params, rows, moment_shardings, strict=True)],
-        exp_avg_sq=[zero_pieces(p.shape, r, s[0]) for p, r, s in zip(params, rows, moment_shardings, strict=True)],
+        exp_avg=[zero_pieces(p.shape, r, s) for p, r, s in entries],
+        exp_avg_sq=[zero_pieces(p.shape, r, s) for p, r, s in entries],
     )
 
 

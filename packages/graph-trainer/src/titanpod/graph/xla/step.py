@@ -121,7 +121,8 @@ class XlaStep(JaxStateStep):
                 param_bytes = sum(_device_bytes(array) for array in self.jax_params)
                 check_state_fits(param_bytes, self.backend.memory_stats())
                 return zero_adamw_state(self.jax_params, self.mesh, self.moment_shardings)
-            return zero_adamw_state_in_pieces(self.jax_params, self.mesh, self.moment_rows, self.moment_shardings)
+            host = in_host_memory(self.param_shardings)
+            return zero_adamw_state_in_pieces(self.jax_params, self.mesh, self.moment_rows, host)
 
     @property
     def moment_shardings(self) -> list[Any]:

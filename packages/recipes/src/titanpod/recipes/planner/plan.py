@@ -328,18 +328,15 @@ def _largest_update_numel(plan: ShardingPlan, model: Transformer, mesh: dict[str
     """Elements on this device of the largest piece the optimizer updates with its moments in host memory: a
     parameter's, or with ``stacked`` (``train.scan_layers``) a block parameter's stacked over every block, as
     ``titanpod.graph.xla.moment_pieces`` splits them along their first axis."""
-    layers = model.args.n_layers
-    largest = 0
+    layers, largest = model.args.n_layers, 0
     for name, param in model.named_parameters():
+        if stacked and name.startswith("layers.") and not name.startswith("layers.0."):
+            continue  # block 0's parameter stands for its stack
         shape, local = tuple(param.shape), plan.local_numel(name, tuple(param.shape), mesh)
-        in_block = name.startswith("layers.")
-        if stacked and in_block:
-            if not name.startswith("layers.0."):
-                continue
-            largest = max(largest, largest_piece_numel(layers, local * layers, first_axis_split=False))
-            continue
-        split_first = plan.splits(name, mesh).get(0, 1) > 1
-        rows = shape[0] if shape else 1
+        if stacked and name.startswith("layers.0."):  # [L, ...]: split by blocks, never over devices
+            rows, local, split_first = layers, local * layers, False
+        else:
+            rows, split_first = (shape[0] if shape else 1), plan.splits(name, mesh).get(0, 1) > 1
         largest = max(largest, largest_piece_numel(rows, local, first_axis_split=split_first))
     return largest
 
