@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import tomllib
 import zipfile
 from pathlib import Path
@@ -143,6 +144,70 @@ def test_torch_tpu_brings_its_own_small_requirements_pinned_by_the_tpu_lanes_loc
     assert not (LEFT_OUT | have | {"torch-tpu"}) & set(needs)
     tpu_lock = tomllib.loads((REPO_ROOT / "envs/tpu/uv.lock").read_text())["package"]
     assert all(any(p["name"] == name and p["version"] == v for p in tpu_lock) for name, v in needs.items())
+
+
+@pytest.fixture
+def installer(monkeypatch):
+    """tools/offline/install_wheelhouse.py, imported as a module."""
+    monkeypatch.syspath_prepend(str(OFFLINE_TOOLS))
+    import install_wheelhouse
+
+    return install_wheelhouse
+
+
+def fake_torch_tpu_wheelhouse(folder: Path) -> dict:
+    """A wheelhouse folder whose torch_tpu wheel holds only metadata asking for libtpu>=0.0.50; its manifest."""
+    (folder / "wheels").mkdir(parents=True)
+    requires = ["numpy>=2", "libtpu>=0.0.50", "pyzmq>=27", "torch>=2.11.0,<=2.15.0"]
+    metadata = "Metadata-Version: 2.1\nName: torch_tpu\nVersion: 0.2.0\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
+    with zipfile.ZipFile(folder / "wheels" / "torch_tpu-0.2.0-cp311-cp311-manylinux_2_31_x86_64.whl", "w") as wheel:
+        wheel.writestr("torch_tpu-0.2.0.dist-info/METADATA", metadata)
+    return {"install": ["titanpod-device[xla]", "torch-tpu"]}
+
+
+def test_torch_tpu_beside_an_older_libtpu_stays_out_unless_asked_then_goes_in_without_that_requirement(
+    installer, tmp_path, capsys
+):
+    manifest = fake_torch_tpu_wheelhouse(tmp_path)
+    plan = installer.torch_tpu_plan
+    asked, not_asked = (installer.parse_args(f) for f in (["--torch-tpu-on-older-libtpu"], []))
+    # A libtpu as new as torch_tpu asks for (or none to compare): the manifest installs as it is.
+    assert plan(manifest, tmp_path, {"libtpu": "0.0.52"}, not_asked) is None
+    assert plan(manifest, tmp_path, {"libtpu": "0.0.50"}, not_asked) is None
+    assert plan(manifest, tmp_path, {}, not_asked) is None
+    assert plan({"install": ["titanpod-device[xla]"]}, tmp_path, {"libtpu": "0.0.42.1"}, not_asked) is None
+    # An older one (as on a v5e VM image): left out, saying why and both ways on.
+    assert plan(manifest, tmp_path, {"libtpu": "0.0.42.1"}, not_asked) == []
+    said = capsys.readouterr().out
+    assert "asks for libtpu>=0.0.50; this VM has libtpu 0.0.42.1" in said
+    assert "--torch-tpu-on-older-libtpu" in said and "newer libtpu" in said
+    # Asked for: its other requirements first, then torch_tpu alone.
+    assert plan(manifest, tmp_path, {"libtpu": "0.0.42.1"}, asked) == [
+        "numpy>=2",
+        "pyzmq>=27",
+        "torch>=2.11.0,<=2.15.0",
+    ]
+    assert "--kernels.attention math" in capsys.readouterr().out
+
+
+def test_an_environment_with_torch_tpu_beside_an_older_libtpu_reports_its_version_in_three_parts(installer, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    site = Path(
+        installer.run_json(python, "import json, sysconfig; print(json.dumps(sysconfig.get_paths()))")["purelib"]
+    )
+    for name in ("libtpu", "jaxlib"):
+        (site / f"{name}-0.0.42.1.dist-info").mkdir()
+        (site / f"{name}-0.0.42.1.dist-info" / "METADATA").write_text(f"Name: {name}\nVersion: 0.0.42.1\n")
+    read = "import importlib.metadata as m; print(m.version('libtpu'), m.version('jaxlib'))"
+    before = subprocess.run([str(python), "-c", read], capture_output=True, text=True, check=False, timeout=60)
+    installer.report_libtpu_in_three_parts(python)
+    after = subprocess.run([str(python), "-c", read], capture_output=True, text=True, check=True, timeout=60)
+    assert before.stdout.split() == ["0.0.42.1", "0.0.42.1"]
+    assert after.stdout.split() == ["0.0.42", "0.0.42.1"]  # every other package keeps its own
 
 
 def test_titanpods_wheels_install_with_no_index_beside_the_vms_torch(tmp_path):
