@@ -23,7 +23,7 @@ from titanpod.parallel import ParallelConfig, PlanError
 from titanpod.recipes.layout_support import check_layout
 
 SCRIPT = """
-import dataclasses, json, numpy as np, torch
+import dataclasses, json, jax, numpy as np, torch
 from titanpod.device import get_backend
 from titanpod.graph import TrainConfig, train
 from titanpod.graph.xla import XlaStep
@@ -34,7 +34,17 @@ generator = torch.Generator().manual_seed(1)
 data = [torch.randint(0, 2048, (8, 33), generator=generator) for _ in range(6)]
 backend = get_backend("xla")
 axes = ParallelConfig(fsdp=4, tp=2).mesh_axes(8)
-result = {}
+result = {"like_matches": {}}
+
+
+def like_matches(step):  # state_like() names state_dict()'s entries with their shapes, dtypes and shardings
+    real = jax.tree_util.tree_leaves_with_path(step.state_dict())
+    like = jax.tree_util.tree_leaves_with_path(step.state_like())
+    return [path for path, _ in real] == [path for path, _ in like] and all(
+        (a.shape, a.dtype, a.sharding) == (b.shape, b.dtype, b.sharding) for (_, a), (_, b) in zip(real, like)
+    )
+
+
 for offload in (False, True):
     model = build_model("llama3", "debug", device="cpu")
     model.init_weights(0)
@@ -45,6 +55,7 @@ for offload in (False, True):
     key = "offload" if offload else "device"
     result[key] = train(model, batches, config, backend, flops_per_token=1.0, step=step).losses
     result[key + "_params"] = [p.detach().clone() for p in model.parameters()]
+    result["like_matches"][key] = like_matches(step)
     moments = [m for entry in step.state.exp_avg + step.state.exp_avg_sq for m in (entry if offload else [entry])]
     result[key + "_moment_kinds"] = sorted({m.sharding.memory_kind for m in moments})
     result[key + "_param_kinds"] = sorted({p.sharding.memory_kind for p in step.jax_params})
@@ -81,6 +92,7 @@ for step_class, step_config, key in ((XlaStep, config, "XlaStep"), (SmallPieces,
     step = step_class(model, step_config, backend, plan=sharding_plan("llama3"), axes=axes)
     losses = [float(step([(d[:, :-1], d[:, 1:])], 1e-3).loss) for d in data[:3]]
     tree = step.state_dict()
+    result["like_matches"][key] = like_matches(step)
     step.load_state_dict(tree)  # split into pieces again, then one more step
     losses.append(float(step([(data[3][:, :-1], data[3][:, 1:])], 1e-3).loss))
     optim = step.state_dict()["optim"]
@@ -131,6 +143,12 @@ def test_moments_in_pieces_train_and_checkpoint_bit_for_bit_like_whole_moments_o
     assert runs["pieces_losses"] == runs["whole_losses"]
     assert runs["overlap_losses"] == runs["whole_losses"]  # one piece coming in while the one before goes out
     assert runs["pieces_moments_equal"]
+
+
+def test_a_restore_reads_into_the_states_shapes_and_shardings_without_joining_the_moments(runs):
+    # state_like() (what a restore reads into) is state_dict()'s tree as shapes, dtypes and shardings: whole moments
+    # and pieces, on the devices and in host memory, blocks stacked or not.
+    assert runs["like_matches"] == dict.fromkeys(["device", "offload", "XlaStep", "SmallPieces", "overlap"], True)
 
 
 def test_stacked_blocks_keep_their_moments_in_host_memory_through_a_checkpoint(runs):

@@ -62,9 +62,9 @@ def restore_orbax_state(folder: Location, like: dict | None = None) -> dict:
     """Read the Orbax checkpoint in ``folder`` (a local path, or a URL as ``save_orbax_state`` takes) as nested
     dicts of arrays.
 
-    With ``like`` (a tree of the same structure holding jax arrays, e.g. ``XlaStep.state_dict()``),
-    each array is read straight onto the sharding of its counterpart in ``like``; without
-    it every array comes back as a host numpy array.
+    With ``like`` (a tree of the same structure holding jax arrays or ``jax.ShapeDtypeStruct``s with shardings,
+    e.g. ``XlaStep.state_like()``), each array is read straight onto the sharding of its counterpart in ``like``;
+    without it every array comes back as a host numpy array.
     """
     folder = _checked_folder(folder, ORBAX_METADATA_FILE, "an Orbax checkpoint")
     import jax

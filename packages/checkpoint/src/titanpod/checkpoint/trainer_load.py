@@ -89,7 +89,7 @@ def _load_orbax(folder: Location, step: TrainStep, trainer: dict[str, Any]) -> R
             "titanpod.checkpoint.orbax_state.dcp_to_orbax first."
         )
     try:  # Orbax reads JSON, msgpack and tensorstore data: nothing in a checkpoint is unpickled
-        restored = restore_orbax_state(join(folder, ORBAX_FOLDER), like=step.state_dict())
+        restored = restore_orbax_state(join(folder, ORBAX_FOLDER), like=step.state_like())
     except Exception as error:  # Orbax and tensorstore raise many kinds: each is named
         raise CheckpointError(
             f"Cannot load the Orbax state in {join(folder, ORBAX_FOLDER)}: {type(error).__name__}: "

@@ -130,6 +130,29 @@ class JaxStateStep(TrainStep):
             state = AdamWState(state.step, self._unstacked(state.exp_avg), self._unstacked(state.exp_avg_sq))
         return state_tree(self.names, self._unstacked(self.jax_params), state)
 
+    def state_like(self) -> dict[str, Any]:
+        """``state_dict()``'s tree as ``jax.ShapeDtypeStruct``s (each entry's shape, dtype and sharding), read off the
+        step's arrays without copying any: what a restore reads into and checks against. With the moments in host
+        memory, ``state_dict()`` joins every moment's pieces; this joins none."""
+        import jax
+
+        def like(shape: tuple[int, ...], dtype: Any, sharding: Any) -> Any:
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+        stack, offloaded = self.layer_stack, self.moments_in_host_memory
+        params, moments = {}, {}
+        for index, (members, entry) in enumerate(zip(stack.members, self.jax_params, strict=True)):
+            shape = tuple(entry.shape[1:] if stack.is_stacked(index) else entry.shape)
+            moment = self.state.exp_avg[index][0] if offloaded else self.state.exp_avg[index]
+            for name in members:
+                sharding = self.name_shardings[name]
+                params[name] = like(shape, entry.dtype, sharding)
+                moments[name] = like(shape, moment.dtype, in_host_memory([sharding])[0] if offloaded else sharding)
+        step = self.state.step
+        per_name = [moments[name] for name in self.names]
+        state = AdamWState(like(step.shape, step.dtype, step.sharding), per_name, list(per_name))
+        return state_tree(self.names, [params[name] for name in self.names], state)
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Put a ``state_dict``-layout tree of arrays (jax or numpy) into the step, each on the step's own sharding.
 
@@ -138,7 +161,7 @@ class JaxStateStep(TrainStep):
         ``ValueError`` naming it. The step gets its own copies: ``state`` stays valid after the next step.
         """
         with self.backend.runtime():
-            params, loaded = load_state_tree(self.names, self.state_dict(), state)
+            params, loaded = load_state_tree(self.names, self.state_like(), state)
             if self.layer_stack.stacks_any:
                 params = self._stacked(params)
             if self.moments_in_host_memory:
