@@ -46,6 +46,9 @@ class OrbaxStep:
     def state_dict(self) -> dict[str, Any]:
         return self.tree
 
+    def state_like(self) -> dict[str, Any]:
+        return self.tree
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tree = state
 

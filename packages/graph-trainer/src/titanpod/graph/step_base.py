@@ -153,6 +153,12 @@ class TrainStep(ABC):
         """
         return optimizer_state_dict(self.names, self.params, self.state)
 
+    def state_like(self) -> dict[str, Any]:
+        """What a restore reads a checkpoint of ``state_dict()``'s layout into and checks it against: here
+        ``state_dict()`` itself. A step whose ``state_dict()`` copies gives its arrays' shapes, dtypes and shardings
+        instead (the xla step: ``jax.ShapeDtypeStruct``s)."""
+        return self.state_dict()
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Copy ``state`` (the layout of ``state_dict()``) into the step; a missing, unexpected or
         mis-shaped entry raises ``ValueError`` naming it. ``state`` is not kept: it may change afterwards."""
