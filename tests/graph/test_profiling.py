@@ -55,3 +55,27 @@ def test_the_xla_lane_writes_a_jax_trace_with_the_traced_steps(tmp_path):
     marked = sorted(int(event["args"]["step_num"]) for event in events if event.get("name") == "train")
     assert marked == [2, 3]
     assert len(said) == 1 and "step 2-3 (xla lane)" in said[0]
+
+
+def test_the_xla_lanes_trace_stops_only_once_the_device_has_run_the_traced_steps(tmp_path, monkeypatch):
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def slow(x):  # a step's worth of device work, dispatched and not waited for, as the training loop does
+        return jax.lax.fori_loop(0, 200, lambda _, y: jnp.tanh(y @ y), x)
+
+    ready_at_stop = []
+    stop_trace = jax.profiler.stop_trace
+
+    def stop_and_look() -> None:
+        ready_at_stop.append(result.is_ready())
+        stop_trace()
+
+    monkeypatch.setattr(jax.profiler, "stop_trace", stop_and_look)
+    slow(jnp.ones((256, 256))).block_until_ready()  # compiled before the trace
+    profiler = StepProfiler(ProfileConfig("1"), tmp_path / "profile", "xla")
+    profiler.before_step(1)
+    result = slow(jnp.ones((256, 256)))
+    profiler.after_step(1)
+    assert ready_at_stop == [True]

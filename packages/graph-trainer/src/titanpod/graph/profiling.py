@@ -137,9 +137,14 @@ class JaxTrace:
         return jax.profiler.StepTraceAnnotation("train", step_num=step_number)
 
     def stop(self) -> None:
-        """Stop and write the trace files."""
+        """Wait for the device to finish what the traced steps dispatched, then stop and write the trace files.
+
+        JAX dispatches a step and returns before the device has run it; stopping at once would keep only the
+        device's first milliseconds of the traced steps."""
+        import jax
         import jax.profiler
 
+        jax.block_until_ready(jax.live_arrays())
         jax.profiler.stop_trace()
 
 
