@@ -61,10 +61,10 @@ def pallas_costs(jaxpr: Jaxpr) -> list[tuple[str, Any]]:
     return found
 
 
-def splash_fn(documents: bool = False, attention: SplashAttention | None = None) -> Any:
+def splash_fn(documents: bool = False, attention: SplashAttention | None = None, **settings: Any) -> Any:
     """The JAX function of a causal Splash op (interpret mode) for [B, H, S, D] queries: built on the
-    first call for ``attention``, the same op after."""
-    attention = attention or SplashAttention(SplashConfig(block_q=TILE, block_kv=TILE, interpret=True))
+    first call for ``attention`` (or one with ``settings`` of ``SplashConfig``), the same op after."""
+    attention = attention or SplashAttention(SplashConfig(block_q=TILE, block_kv=TILE, interpret=True, **settings))
     return attention._op(S, G, D, torch.float32, documents, torch.device("cpu")).fn
 
 
@@ -121,6 +121,22 @@ def test_splash_declares_the_flops_of_the_tiles_its_mask_visits():
     }
     assert all(cost.transcendentals == B * H * visited * TILE * TILE for cost in costs.values())
     assert all(cost.bytes_accessed > 0 for cost in costs.values())
+
+
+def test_the_fused_backward_is_one_kernel_of_five_matmuls_with_the_two_kernels_gradients():
+    q, k, v = qkv()
+    probe = jax.random.normal(jax.random.key(1), (B, H, S, D), jnp.float32)
+
+    def gradients(fn: Any) -> Any:
+        return jax.grad(lambda q, k, v: (fn(q, k, v) * probe).sum(), argnums=(0, 1, 2))
+
+    fused, two = splash_fn(fused_backward=True), splash_fn()
+    costs = {name.split("_")[2]: cost for name, cost in pallas_costs(jax.make_jaxpr(gradients(fused))(q, k, v).jaxpr)}
+    visited = (S // TILE) * (S // TILE + 1) // 2
+    per_matmul = B * H * visited * 2 * TILE * TILE * D
+    assert {phase: cost.flops for phase, cost in costs.items()} == {"fwd": 2 * per_matmul, "dkv": 5 * per_matmul}
+    for got, want in zip(gradients(fused)(q, k, v), gradients(two)(q, k, v), strict=True):  # float32: 2e-5
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=2e-5)
 
 
 def test_splash_with_document_ids_declares_the_same_flops():

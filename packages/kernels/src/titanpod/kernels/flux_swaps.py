@@ -7,8 +7,10 @@ slot or a kernel FLUX does not have and is refused, with the fix.
 
 from __future__ import annotations
 
+import dataclasses
+
 from titanpod.kernels.config import KernelConfig, flux_kernel_problems
-from titanpod.kernels.splash import SplashAttention, SplashConfig
+from titanpod.kernels.splash import SplashAttention
 from titanpod.models.flux.ops import FluxOps, full_sdpa_attention
 
 
@@ -19,6 +21,6 @@ def flux_ops(config: KernelConfig) -> FluxOps:
         raise ValueError("The kernels asked for do not fit FLUX:\n  " + "\n  ".join(problems) + ".")
     if config.attention == "splash":
         tiles = config.splash
-        unmasked = SplashConfig(tiles.block_q, tiles.block_kv, window=None, interpret=tiles.interpret, causal=False)
+        unmasked = dataclasses.replace(tiles, window=None, causal=False)
         return FluxOps(attention=SplashAttention(unmasked))
     return FluxOps(attention=full_sdpa_attention)

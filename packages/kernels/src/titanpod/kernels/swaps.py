@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import get_args
 
@@ -11,7 +12,7 @@ from titanpod.kernels.cpu_attention import CpuFlashAttention
 from titanpod.kernels.grouped_matmul import MegabloxGroupedMatmul
 from titanpod.kernels.math_attention import MathAttention
 from titanpod.kernels.pallas_loss import PallasLinearCrossEntropy
-from titanpod.kernels.splash import SplashAttention, SplashConfig, local_causal_sdpa
+from titanpod.kernels.splash import SplashAttention, local_causal_sdpa
 from titanpod.kernels.tpu_splash import TorchTpuSplashAttention
 from titanpod.models import ModelOps, batched_expert_matmul, linear_cross_entropy, sdpa_attention
 from titanpod.models.common.ops import HeadLossOp
@@ -28,10 +29,15 @@ def model_ops(config: KernelConfig) -> ModelOps:
     for slot, options in _CHOICES.items():
         if getattr(config, slot) not in options:
             raise ValueError(f"kernels.{slot} must be one of {', '.join(options)}, got {getattr(config, slot)!r}.")
-    splash = SplashConfig(config.splash.block_q, config.splash.block_kv, config.window, config.splash.interpret)
+    splash = dataclasses.replace(config.splash, window=config.window)
     if config.attention == "splash":
         attention = SplashAttention(splash)
     elif config.attention == "splash_sdpa":
+        if splash.fused_backward:
+            raise ValueError(
+                "kernels.splash.fused_backward is a setting of JAX's Splash kernel (kernels.attention 'splash'); "
+                "torch_tpu's splash_sdpa has a backward of its own: drop --kernels.splash.fused-backward."
+            )
         attention = TorchTpuSplashAttention(splash)
     elif config.attention == "cpu_flash":
         attention = CpuFlashAttention(config.window)

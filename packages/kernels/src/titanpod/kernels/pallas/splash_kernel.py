@@ -35,6 +35,10 @@ class SplashConfig:
     causal: bool = True
     """``False``: no mask, every query sees every key (FLUX's joint text-image attention). A length that is not
     a multiple of the tiles is then padded up to one, the padded keys masked out; no window or document ids."""
+    fused_backward: bool = False
+    """One backward kernel for dq, dk and dv: 5 block matmuls a visited tile against the two kernels' 7 (each
+    of those recomputes QK^T and dP), for a float32 dq per key tile held while it runs (B x H x S x D x 4 bytes
+    x S / block_kv, one layer at a time)."""
 
     def __post_init__(self) -> None:
         if not self.causal and self.window is not None:
@@ -121,10 +125,11 @@ def splash_attention_fn(
         block_q, block_kv = splash_tiles(config, S_q, S_kv)
     else:
         S_pad, block_q, block_kv = full_splash_tiles(config, S)
+    dq_tiles = {} if config.fused_backward else {"block_q_dq": block_q, "block_kv_dq": block_kv}
     tiles = splash.BlockSizes(
         block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
         block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
-        block_q_dq=block_q, block_kv_dq=block_kv,
+        use_fused_bwd_kernel=config.fused_backward, **dq_tiles,
     )  # fmt: skip
     mask_GsS = splash.MultiHeadMask([splash_head_mask(config, S, at)] * G)
     mqa, costs = splash_mqa_kernel(mask_GsS, tiles, D, itemsize, interpret)
@@ -163,7 +168,10 @@ SPLASH_MATMULS = {"fwd": 2, "dq": 3, "dkv": 4}
 """Block matmuls per visited tile in each of the kernel's Pallas calls: the forward QK^T and PV; the dq
 kernel recomputes QK^T, then dP = dO V^T and dQ = dS K; the dkv kernel recomputes QK^T, then
 dV = P^T dO, dP = dO V^T and dK = dS^T Q. The backward is 7/2 of the forward, not the 5/2 of a
-fused flash backward: the two kernels each recompute QK^T and dP."""
+fused flash backward: the two kernels each recompute QK^T and dP (``SplashConfig.fused_backward``: one
+kernel, its dkv call also computing dQ = dS K, ``FUSED_DKV_MATMULS``)."""
+FUSED_DKV_MATMULS = 5
+"""Block matmuls per visited tile of the fused backward kernel: QK^T, dP, dV, dK and dQ."""
 
 
 def splash_phase(kernel_name: str) -> str:
@@ -178,7 +186,8 @@ def splash_phase(kernel_name: str) -> str:
 def splash_mqa_kernel(mask: Any, tiles: Any, D: int, itemsize: int, interpret: bool) -> tuple[Any, dict[str, Any]]:
     """JAX's Splash kernel in its MQA form (one kv head and its G query heads, ``mask`` [G, S, S_kv])
     with its mask tables kept as numpy arrays, and the ``pl.CostEstimate`` of one call of each of its
-    Pallas calls (``"fwd"``, ``"dq"``, ``"dkv"``), for ``D``-wide heads of ``itemsize`` bytes.
+    Pallas calls (``"fwd"``, ``"dq"``, ``"dkv"``; no ``"dq"`` with ``tiles.use_fused_bwd_kernel``), for ``D``-wide
+    heads of ``itemsize`` bytes.
 
     ``make_splash_mqa_single_device`` builds the same kernel from the same tables but makes them
     device arrays (``jnp.array``): inside a trace they would be values of that trace (the kernel is
@@ -197,13 +206,13 @@ def splash_mqa_kernel(mask: Any, tiles: Any, D: int, itemsize: int, interpret: b
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mask_info
 
     G, S_q, S_kv = mask.shape
-    tables = {
-        "fwd": mask_info.process_mask(mask, (tiles.block_q, tiles.block_kv)),
-        "dq": mask_info.process_mask(mask, (tiles.block_q_dq, tiles.block_kv_dq)),
-        "dkv": mask_info.process_mask_dkv(mask, (tiles.block_q_dkv, tiles.block_kv_dkv)),
-    }
+    fused = tiles.use_fused_bwd_kernel
+    tables = {"fwd": mask_info.process_mask(mask, (tiles.block_q, tiles.block_kv))}
+    if not fused:
+        tables["dq"] = mask_info.process_mask(mask, (tiles.block_q_dq, tiles.block_kv_dq))
+    tables["dkv"] = mask_info.process_mask_dkv(mask, (tiles.block_q_dkv, tiles.block_kv_dkv))
     kernel = kernel_lib.SplashAttentionKernel(
-        *(tables[phase][0] for phase in ("fwd", "dq", "dkv")),
+        *(tables[phase][0] if phase in tables else None for phase in ("fwd", "dq", "dkv")),
         block_sizes=tiles, is_mqa=True, save_residuals=False, mask_value=kernel_lib.DEFAULT_MASK_VALUE,
         attn_logits_soft_cap=None, residual_checkpoint_name=None, mask_function=tables["fwd"][1],
         interpret=interpret,
@@ -222,7 +231,8 @@ def splash_mqa_kernel(mask: Any, tiles: Any, D: int, itemsize: int, interpret: b
             "dq": 3 * q_rows + 2 * G * S_q * f32 + visited * 2 * bkv * D * itemsize,  # q, dO, dq; lse, di; k, v
             "dkv": 4 * kv_rows + visited * (2 * bq * D * itemsize + 2 * bq * f32),  # k, v, dk, dv; q, dO, lse, di
         }[phase]
-        costs[phase] = pl.CostEstimate(
-            flops=SPLASH_MATMULS[phase] * 2 * scores * D, transcendentals=scores, bytes_accessed=moved
-        )
+        matmuls = SPLASH_MATMULS[phase]
+        if fused and phase == "dkv":  # and dq: a float32 partial per key tile, summed after the kernel
+            matmuls, moved = FUSED_DKV_MATMULS, moved + (S_kv // bkv) * G * S_q * D * f32
+        costs[phase] = pl.CostEstimate(flops=matmuls * 2 * scores * D, transcendentals=scores, bytes_accessed=moved)
     return kernel, costs
