@@ -41,3 +41,18 @@ def test_llama31_scaling_keeps_high_and_divides_low_frequencies():
     middle = ~(high | low)
     assert middle.any()
     assert torch.all(scaled[middle] < plain[middle]) and torch.all(scaled[middle] > plain[middle] / 8)
+
+
+def test_the_pairs_swap_as_a_product_is_the_concatenation_of_halves_bit_for_bit_forward_and_backward():
+    inv = inverse_frequencies(128, 1_000_000.0)
+    for dtype in (torch.float32, torch.bfloat16):
+        cos, sin = rotary_cos_sin(torch.arange(64), inv, dtype)
+        x = torch.randn(2, 3, 64, 128, generator=torch.Generator().manual_seed(0)).to(dtype).requires_grad_()
+        twin = x.detach().clone().requires_grad_()
+        swapped = torch.cat((-twin[..., 64:], twin[..., :64]), dim=-1)  # the rotate-half of Hugging Face's models
+        got, want = apply_rotary(x, cos, sin), twin * cos + swapped * sin
+        assert torch.equal(got, want), dtype
+        probe = torch.randn(got.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+        (got * probe).sum().backward()
+        (want * probe).sum().backward()
+        assert torch.equal(x.grad, twin.grad), dtype
