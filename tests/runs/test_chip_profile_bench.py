@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "chip_profile.py"
+from tests.bench_tools import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("chip_profile", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("chip_profile")
 
 
 def _op(name: str, ts: float, dur: float, category: str, code: str = "", backward: bool = False, **args) -> dict:

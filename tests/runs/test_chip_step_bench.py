@@ -4,21 +4,15 @@ measured run of the debug recipe on this machine's xla lane (JAX's CPU; the figu
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "chip_step.py"
+from tests.bench_tools import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("chip_step", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("chip_step")
 
 
 def test_a_configuration_runs_on_the_xla_lane_unless_its_flags_name_another():
