@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,27 @@ def test_an_unknown_case_or_a_json_path_in_no_folder_stops_before_any_compile(tm
     with pytest.raises(SystemExit):
         bench.main(["--cases", "qwen3_06b", "--json", str(tmp_path / "no" / "x.json")])
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_maxtexts_uv_run_alone_is_given_a_python_3_12_found_on_the_host(tmp_path, monkeypatch):
+    """Not the whole bench: UV_PYTHON for it would rebuild the root environment with 3.12."""
+    bench = _bench()
+    interpreter = tmp_path / "pyenv" / "versions" / "3.12.1" / "bin" / "python3.12"
+    interpreter.parent.mkdir(parents=True)
+    interpreter.write_text("#!/bin/sh\n")
+    interpreter.chmod(0o755)
+    host = {"PYENV_ROOT": str(tmp_path / "pyenv"), "PATH": str(tmp_path / "empty")}
+    assert bench.maxtext_python(host) == str(interpreter)
+    assert bench.maxtext_python({**host, "UV_PYTHON": "/opt/py312"}) == "/opt/py312"
+    seen = {}
+
+    def compile_step(command, env, **_):
+        seen.update(env)
+        Path(command[command.index("--out") + 1]).write_text(json.dumps(_maxtext(2, GiB, 1e12, 0.1, 1.0)))
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", compile_step)
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    monkeypatch.delenv("UV_PYTHON", raising=False)
+    bench.maxtext_compile(bench.CASES["qwen3_06b"], "pallas", 2, tmp_path)
+    assert seen["UV_PYTHON"] == str(interpreter) and "UV_PYTHON" not in os.environ

@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -202,6 +203,21 @@ def hbm_refusal(output: str) -> str | None:
     return f"{found[1]} GiB of temporaries, over the chip's {found[2]}" if found else None
 
 
+def maxtext_python(env: dict[str, str]) -> str | None:
+    """A Python 3.12 for ``envs/maxtext`` (MaxText needs one), given to its ``uv run`` alone: ``UV_PYTHON`` set for
+    the whole bench would make the bench's own ``uv run`` at the root rebuild the root environment with it. The
+    ``UV_PYTHON`` already in ``env``, else the first 3.12 interpreter on this host (pyenv's, the system's), else
+    None (uv then looks for one itself)."""
+    if env.get("UV_PYTHON"):
+        return env["UV_PYTHON"]
+    pyenv = Path(env.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    candidates = [*sorted(pyenv.glob("3.12*/bin/python3.12"), reverse=True), Path("/usr/bin/python3.12"),
+                  Path("/usr/local/bin/python3.12")]  # fmt: skip
+    which = shutil.which("python3.12", path=env.get("PATH"))
+    candidates += [Path(which)] if which else []
+    return next((str(path) for path in candidates if path.is_file() and os.access(path, os.X_OK)), None)
+
+
 def maxtext_compile(
     case: Case, attention: str, depth: int | None, folder: Path, reuse: bool = False, scanned: bool = False
 ) -> dict:
@@ -219,6 +235,9 @@ def maxtext_compile(
         *(["--scan-layers"] if scanned else []), *(arg for item in case.maxtext_sets for arg in ("--set", item)),
     ]  # fmt: skip
     env = {**os.environ, "LIBTPU_INIT_ARGS": f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {NO_LOOPS}".strip()}
+    python = maxtext_python(env)
+    if python:
+        env["UV_PYTHON"] = python
     started = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT / "envs/maxtext", capture_output=True, text=True, env=env, check=False)
     refusal = hbm_refusal(done.stderr)
