@@ -4,7 +4,13 @@ import math
 
 import torch
 
-from titanpod.models.common.rope import Llama3RopeScaling, apply_rotary, inverse_frequencies, rotary_cos_sin
+from titanpod.models.common.rope import (
+    Llama3RopeScaling,
+    apply_rotary,
+    half_turn,
+    inverse_frequencies,
+    rotary_cos_sin,
+)
 
 
 def test_unscaled_frequencies_are_theta_powers():
@@ -44,8 +50,10 @@ def test_llama31_scaling_keeps_high_and_divides_low_frequencies():
 
 
 def test_the_pairs_swap_as_a_product_is_the_concatenation_of_halves_bit_for_bit_forward_and_backward():
+    small = torch.randn(3, 8)
+    assert torch.equal(small @ half_turn(8, torch.float32, small.device), torch.cat((-small[:, 4:], small[:, :4]), -1))
     inv = inverse_frequencies(128, 1_000_000.0)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         cos, sin = rotary_cos_sin(torch.arange(64), inv, dtype)
         x = torch.randn(2, 3, 64, 128, generator=torch.Generator().manual_seed(0)).to(dtype).requires_grad_()
         twin = x.detach().clone().requires_grad_()
@@ -56,3 +64,14 @@ def test_the_pairs_swap_as_a_product_is_the_concatenation_of_halves_bit_for_bit_
         (got * probe).sum().backward()
         (want * probe).sum().backward()
         assert torch.equal(x.grad, twin.grad), dtype
+
+
+def test_a_float32_input_under_bf16_autocast_is_rotated_in_float32():
+    """Qwen 3's normed queries are float32 under autocast (a float32 norm weight times bf16): no bf16 rounding."""
+    inv = inverse_frequencies(128, 1_000_000.0)
+    cos, sin = rotary_cos_sin(torch.arange(64), inv, torch.float32)
+    x = torch.randn(2, 3, 64, 128, generator=torch.Generator().manual_seed(0))
+    want = x * cos + torch.cat((-x[..., 64:], x[..., :64]), dim=-1) * sin
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = apply_rotary(x, cos, sin)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
