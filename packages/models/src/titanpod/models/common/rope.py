@@ -49,17 +49,14 @@ def rotary_cos_sin(
 def apply_rotary(x_BHSD: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (i, i + D/2) of every head by the position's angles.
 
-    For 16-bit inputs the pairs' swap, (-x[D/2:], x[:D/2]), is a product with a signed permutation
-    (``half_turn``) rather than a concatenation of slices: on a TPU the slices move data across vector lanes (a
-    profile of Qwen 3 0.6B on a v5e found them at a third of the memory bandwidth, 7% of the step), where the
-    product runs on the matrix unit fused with its neighbours. Each output is one input times +-1, so the result
-    is the same bit for bit. Float32 inputs keep the concatenation: an autocast, or a TPU's default matmul
-    precision, would round a float32 product to bf16."""
-    D = x_BHSD.shape[-1]
-    if x_BHSD.dtype.itemsize == 2:
-        rotated = x_BHSD @ half_turn(D, x_BHSD.dtype, x_BHSD.device)
-    else:
-        rotated = torch.cat((-x_BHSD[..., D // 2 :], x_BHSD[..., : D // 2]), dim=-1)
+    The pairs' swap, (-x[D/2:], x[:D/2]), is a product with a signed permutation (``half_turn``) rather than a
+    concatenation of slices: on a TPU the slices move data across vector lanes (a profile of Qwen 3 0.6B on a v5e
+    found them at a third of the memory bandwidth, 7% of the step), where the product runs on the matrix unit
+    fused with its neighbours. Each output is one input times +-1, so the swap is exact in the product's own
+    dtype: bit for bit in float32 and in 16-bit floats. Like every matmul of the run it follows the run's matmul
+    precision: under bf16 autocast (or TF32, or a TPU's default precision) a float32 input's swapped half is
+    rounded to bf16 (TF32) first, as the attention that follows rounds the whole of it."""
+    rotated = x_BHSD @ half_turn(x_BHSD.shape[-1], x_BHSD.dtype, x_BHSD.device)
     return x_BHSD * cos_SD + rotated * sin_SD
 
 
