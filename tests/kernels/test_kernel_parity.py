@@ -233,3 +233,7 @@ def test_unsupported_inputs_are_refused_not_miscomputed():
         chunked_linear_cross_entropy(torch.randn(1, 2, 4), torch.randn(5, 4), torch.zeros(1, 2))
     with pytest.raises(ValueError, match=r"kernels\.attention must be one of sdpa, splash"):
         model_ops(KernelConfig(attention="flash"))
+    with pytest.raises(ValueError, match=r"drop --kernels\.splash\.no-causal"):  # a decoder made unmasked, silently
+        model_ops(KernelConfig(attention="splash", splash=SplashConfig(causal=False)))
+    with pytest.raises(ValueError, match=r"drop --kernels\.splash\.fused-backward"):  # a setting of JAX's Splash
+        model_ops(KernelConfig(attention="splash_sdpa", splash=SplashConfig(fused_backward=True)))

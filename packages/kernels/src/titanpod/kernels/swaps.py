@@ -29,6 +29,11 @@ def model_ops(config: KernelConfig) -> ModelOps:
     for slot, options in _CHOICES.items():
         if getattr(config, slot) not in options:
             raise ValueError(f"kernels.{slot} must be one of {', '.join(options)}, got {getattr(config, slot)!r}.")
+    if not config.splash.causal:
+        raise ValueError(
+            "kernels.splash.causal=False is FLUX's unmasked attention (titanpod-diffusion sets it itself); a "
+            "decoder's attention is causal: drop --kernels.splash.no-causal."
+        )
     splash = dataclasses.replace(config.splash, window=config.window)
     if config.attention == "splash":
         attention = SplashAttention(splash)
