@@ -77,5 +77,13 @@ def test_a_trace_without_a_tpu_is_refused_saying_what_to_run(tmp_path):
         json.dump({"traceEvents": [host]}, handle)
     with pytest.raises(SystemExit, match="was the run on a TPU"):
         bench.summarize(trace)
-    with pytest.raises(SystemExit, match=r"--profile\.steps"):
+    with pytest.raises(SystemExit, match="no such run folder or trace file"):
         bench.find_trace(tmp_path / "nothing")
+    empty = tmp_path / "run"
+    empty.mkdir()
+    with pytest.raises(SystemExit, match=r"--profile\.steps"):
+        bench.find_trace(empty)
+    cut = tmp_path / "cut.trace.json.gz"
+    cut.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "M"'))
+    with pytest.raises(SystemExit, match="not a whole JSON trace"):
+        bench.summarize(cut)

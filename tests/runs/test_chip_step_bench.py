@@ -135,3 +135,26 @@ def test_a_missing_or_foreign_maxtext_file_is_refused_naming_it_and_how_to_make_
     good = tmp_path / "maxtext.json"
     good.write_text('{"qwen3_06b": {"maxtext_hbm_gib": 15.0}}')
     assert bench.read_maxtext(good, parser) == {"qwen3_06b": {"maxtext_hbm_gib": 15.0}}
+
+
+def test_an_interrupted_bench_stops_the_run_it_started(monkeypatch):
+    """A run is in a session of its own (so that a timeout stops all it started), out of reach of the terminal's
+    Ctrl-C: left running it would hold the chip after the bench has gone."""
+    import signal
+    import subprocess
+    import sys
+
+    bench = _bench()
+    started = []
+    communicate = subprocess.Popen.communicate
+
+    def interrupted(self, *args, **kwargs):
+        if not started:
+            started.append(self)
+            raise KeyboardInterrupt
+        return communicate(self, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "communicate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        bench._run([sys.executable, "-c", "import time; time.sleep(60)"], {}, timeout=120)
+    assert started[0].returncode == -signal.SIGKILL

@@ -40,6 +40,8 @@ MEMORY_BOUND = {"loop fusion", "data formatting", "non-fusion elementwise", "inp
 def find_trace(path: Path) -> Path:
     """The newest JAX trace (``*.trace.json.gz``, not Perfetto's own ``perfetto_trace.json.gz``) at or under
     ``path``."""
+    if not path.exists():
+        raise SystemExit(f"{path}: no such run folder or trace file.")
     if path.is_file():
         return path
     traces = sorted(path.rglob("*.trace.json.gz"), key=lambda found: found.stat().st_mtime)
@@ -55,8 +57,12 @@ def find_trace(path: Path) -> Path:
 def load_events(trace: Path) -> list[dict]:
     """The trace's events (a Chrome/Perfetto JSON trace, gzipped or not)."""
     opener = gzip.open if trace.suffix == ".gz" else open
-    with opener(trace, "rt") as handle:
-        data = json.load(handle)
+    try:
+        with opener(trace, "rt") as handle:
+            data = json.load(handle)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SystemExit(f"{trace} is not a whole JSON trace ({error}); a trace cut short is written again by "
+                         "training with --profile.steps once more.") from error  # fmt: skip
     return data["traceEvents"] if isinstance(data, dict) else data
 
 

@@ -161,6 +161,9 @@ def _run(command: list[str], env: dict[str, str], timeout: float | None) -> tupl
             os.killpg(process.pid, signal.SIGKILL)
             output, _ = process.communicate()
             return None, output + f"\n[stopped by chip_step after {timeout:.0f} s]\n"
+        except KeyboardInterrupt:  # the run is in a session of its own, out of the terminal's reach: stop it too
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
 
 
 ERROR_LINE = re.compile(r"(Error|Exception|Failed|error)\b|RESOURCE_EXHAUSTED")
