@@ -67,8 +67,9 @@ def test_the_pairs_swap_as_a_product_is_the_concatenation_of_halves_bit_for_bit_
 
 
 def test_under_bf16_autocast_a_float32_inputs_swapped_half_is_rounded_to_bf16_and_no_further():
-    """Qwen 3's normed queries are float32 under autocast (a float32 norm weight times bf16): the swap's product is
-    a bf16 matmul there, so the swapped half carries bf16's rounding of the input, the rest stays float32."""
+    """A float32 input under autocast (the queries of a model kept in float32 without autocast's projections):
+    the swap's product is a bf16 matmul there, so the swapped half carries bf16's rounding of the input, the rest
+    stays float32."""
     inv = inverse_frequencies(128, 1_000_000.0)
     cos, sin = rotary_cos_sin(torch.arange(64), inv, torch.float32)
     x = torch.randn(2, 3, 64, 128, generator=torch.Generator().manual_seed(0))
@@ -80,3 +81,15 @@ def test_under_bf16_autocast_a_float32_inputs_swapped_half_is_rounded_to_bf16_an
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
     exact = x * cos + torch.cat((-x[..., 64:], x[..., :64]), dim=-1) * sin
     assert (got - exact).abs().max() <= 2**-8 * x.abs().max()  # bf16's rounding of the largest input, at most
+
+
+def test_a_16_bit_input_is_rotated_in_its_own_dtype_with_the_angles_rounded_to_it():
+    """float32 angles do not widen bf16 queries to float32 (twice the bytes through every op after them)."""
+    inv = inverse_frequencies(128, 1_000_000.0)
+    cos, sin = rotary_cos_sin(torch.arange(64), inv, torch.float32)
+    x = torch.randn(2, 3, 64, 128, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    got = apply_rotary(x, cos, sin)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, apply_rotary(x, cos.to(torch.bfloat16), sin.to(torch.bfloat16)))
+    exact = apply_rotary(x.float(), cos, sin)
+    assert (got.float() - exact).abs().max() <= 2**-6 * exact.abs().max()  # bf16 angles and products

@@ -55,9 +55,10 @@ def apply_rotary(x_BHSD: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tenso
     fused with its neighbours. Each output is one input times +-1, so the swap is exact in the product's own
     dtype: bit for bit in float32 and in 16-bit floats. Like every matmul of the run it follows the run's matmul
     precision: under bf16 autocast (or TF32, or a TPU's default precision) a float32 input's swapped half is
-    rounded to bf16 (TF32) first, as the attention that follows rounds the whole of it."""
+    rounded to bf16 (TF32) first, as the attention that follows rounds the whole of it. The angles are cast to
+    ``x``'s dtype, as in a 16-bit model: float32 angles would widen 16-bit queries and keys to float32."""
     rotated = x_BHSD @ half_turn(x_BHSD.shape[-1], x_BHSD.dtype, x_BHSD.device)
-    return x_BHSD * cos_SD + rotated * sin_SD
+    return x_BHSD * cos_SD.to(x_BHSD.dtype) + rotated * sin_SD.to(x_BHSD.dtype)
 
 
 def half_turn(D: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
