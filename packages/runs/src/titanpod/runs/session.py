@@ -101,7 +101,7 @@ class RunSession:
             folder = self.run_dir / PROFILE_FOLDER
             self.profiler = StepProfiler(recipe.profile, folder, backend.lane, self.info.rank, self.say)
         self.checkpointer.remove_partial()
-        self.saves = RunSaves(recipe, self.checkpointer, self.run_dir, self.info, self.say)
+        self.saves = RunSaves(recipe, self.checkpointer, self.run_dir, self.info, self.say, self._report_lost_peer)
         """The checkpoints, resuming from one, and the final weights."""
         self._reported_error: Exception | None = None
 

@@ -56,13 +56,19 @@ class RunSaves:
         run_dir: Path,
         info: ProcessInfo,
         say: Callable[[str], None],
+        report_error: Callable[[Exception], None] = lambda error: None,
     ) -> None:
-        """Nothing registered yet: ``resume`` registers the model, the step and the data position."""
+        """Nothing registered yet: ``resume`` registers the model, the step and the data position.
+
+        ``report_error`` is called with an error a save raises, while the save's hold on SIGINT and SIGTERM is
+        still on (``saving_through_a_signal``): a save's collective fails when another rank is lost, and
+        torchrun's agent stops the survivors with SIGTERM moments later, which must not cut the report short."""
         self.recipe = recipe
         self.checkpointer = checkpointer
         self.run_dir = run_dir
         self.info = info
         self.say = say
+        self.report_error = report_error
         self.start_step = 0
         """Steps done before this run started (set by ``resume``)."""
         self.model: nn.Module | None = None
@@ -158,7 +164,8 @@ class RunSaves:
     @contextmanager
     def saving_through_a_signal(self, what: str) -> Iterator[None]:
         """Let a save in the block complete when SIGINT or SIGTERM arrives, and say so after (rank 0). A second
-        signal stops the save at once (what it wrote so far is removed) and the process with 128 + its number."""
+        signal stops the save at once (what it wrote so far is removed) and the process with 128 + its number.
+        An error the save raises goes to ``report_error`` before the signals are let go, then on."""
         with stop_after_step() as request:
             try:
                 yield
@@ -168,6 +175,9 @@ class RunSaves:
                 stopped = f"[red]stopped at once by {name} while saving {what}[/]"
                 self.say(f"{stopped}: not saved; newest checkpoint {newest}")
                 raise SystemExit(exit_status(request.signal_at_once())) from None
+            except Exception as error:
+                self.report_error(error)  # before the signals are let go (see __init__)
+                raise
         if request.signum is not None:
             name = signal_name(request.signum)
             self.say(f"[yellow]{name} came while saving {what}: the save was completed first[/]")
