@@ -68,15 +68,18 @@ class SliceCompileReport:
     @property
     def sources(self) -> dict[str, str]:
         """Which compile gave which figure: ``memory`` and ``cost`` (flops, bytes, time, collectives)."""
+        micro_batches = getattr(self.batch, "micro_batches", 1)
+        # The micro-batches run as one loop in every compile, whose body the cost analysis counts once.
+        once = f"; its loop over the {micro_batches} micro-batches counted once, so low" if micro_batches > 1 else ""
         if self.extrapolated_from:
             depths = " and ".join(map(str, self.extrapolated_from))
             both = f"extrapolated by depth from unrolled compiles of {depths} layers"
-            return {"memory": both, "cost": both}
+            return {"memory": both, "cost": both + once}
         program = f"a compile of {self.layers} layers" + (" (blocks as one loop)" if self.scanned else "")
         if self.cost_from:
             depths = " and ".join(map(str, self.cost_from))
-            return {"memory": program, "cost": f"extrapolated by depth from unrolled compiles of {depths} layers"}
-        cost = program + (": each loop body counted once, so low" if self.scanned else "")
+            return {"memory": program, "cost": f"extrapolated by depth from unrolled compiles of {depths} layers{once}"}
+        cost = program + (": each loop body counted once, so low" if self.scanned else "") + once
         return {"memory": program, "cost": cost}
 
     @property
