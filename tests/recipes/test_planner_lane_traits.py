@@ -11,6 +11,7 @@ from titanpod.device import LANE_REGISTRY, chip_by_name
 from titanpod.device.backends.cpu import CpuBackend
 from titanpod.recipes import get_recipe
 from titanpod.recipes.diffusion.registry import get_diffusion_recipe
+from titanpod.recipes.families import get_flavor
 from titanpod.recipes.planner import RunPlan, plan_run
 from titanpod.recipes.planner.flux import FluxRunPlan, plan_flux
 from titanpod.recipes.planner.lane_traits import runs_one_jitted_program
@@ -115,3 +116,18 @@ def test_a_jitted_step_of_several_micro_batches_holds_a_second_copy_of_the_gradi
     assert plan_run(with_changes(eager, train={"grad_accum_steps": 2}), chip, 1, 0.4).memory.gradients == (
         plan_run(eager, chip, 1, 0.4).memory.gradients
     )
+
+
+def test_gradients_summed_inside_the_blocks_loop_keep_a_second_copy_only_outside_the_blocks():
+    """``train.sum_gradients_in_loop``: the stacked blocks' gradients are summed in place in the loop's backward;
+    only the other parameters' (Llama 3.2 1B: the tied embedding and the final norm) keep a second copy."""
+    recipe = get_recipe("llama32_1b")
+    chip = chip_by_name("v5e")
+    one = plan_run(recipe, chip, 1, 0.4)
+    summed = plan_run(with_changes(recipe, train={"grad_accum_steps": 8, "sum_gradients_in_loop": True}), chip, 1, 0.4)
+    args = get_flavor("llama3", "1B")
+    outside_blocks = (args.vocab_size * args.dim + args.dim) * 4  # fp32
+    assert summed.memory.gradients == one.memory.gradients + outside_blocks
+    assert summed.memory.total < chip.memory_bytes  # two micro-batches without it need more than the chip holds
+    with pytest.raises(ValueError, match=r"sum_gradients_in_loop .* --train.scan-layers"):
+        with_changes(recipe, train={"sum_gradients_in_loop": True, "scan_layers": False})

@@ -57,6 +57,7 @@ CONFIGURATIONS: dict[str, str] = {
     "qwen3_0.6b_2x4096_tpu_lane": QWEN3_06B + " --data.batch-size 2 --device.lane tpu --train.step-mode whole_step",
     "llama3.2_1b_offload": LLAMA32_1B + " --train.optimizer-offload",
     "llama3.2_1b_offload_overlap": "llama3.2_1b_offload --train.optimizer-offload-overlap",
+    "llama3.2_1b_offload_x8_summed": "llama3.2_1b_offload --train.grad-accum-steps 8 --train.sum-gradients-in-loop",
 }
 """Name -> the training command's flags. A value may start with another configuration's name (its flags first)."""
 

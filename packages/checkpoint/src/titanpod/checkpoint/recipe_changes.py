@@ -32,6 +32,7 @@ HARMLESS_CHANGES: tuple[str, ...] = (
     "train.skip_nonfinite",
     "train.optimizer_offload",  # where AdamW's moments wait between steps, not their values
     "train.optimizer_offload_overlap",  # how they travel to the device and back
+    "train.sum_gradients_in_loop",  # where the micro-batches' gradients are summed, not their sum
     "train.whole_step_update",  # whether AdamW runs inside the compiled step or after it: the same update
     "checkpoint.*",  # when and where checkpoints go, and this list's escape hatch itself
     "output.*",

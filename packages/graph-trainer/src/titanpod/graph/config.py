@@ -116,6 +116,12 @@ class TrainConfig:
     during the update instead of one (``titanpod.graph.xla.step_program.streamed_update``). The same arithmetic."""
     grad_accum_steps: int = 1
     """Micro-batches whose gradients are averaged into one optimizer step."""
+    sum_gradients_in_loop: bool = False
+    """On the xla lane with ``scan_layers`` and more than one micro-batch a step: the blocks' loop adds each
+    micro-batch's gradient of their parameters into the step's running sum as its backward goes, rather than
+    handing out a gradient beside the sum, so the step holds one fp32 copy of those gradients instead of two
+    (``titanpod.graph.xla.gradient_sums``; each block is recomputed from its input in the backward, as
+    ``memory_policy recompute`` does). The same sums. Other lanes, and steps of one micro-batch, ignore it."""
     precision: Precision = "fp32"
     """Compute precision: ``fp32``, or ``bf16`` (autocast; parameters, gradients and
     optimizer state stay fp32)."""
@@ -162,6 +168,11 @@ class TrainConfig:
                 "train.optimizer_offload_overlap overlaps the trips of AdamW's moments between host and device, "
                 "which only train.optimizer_offload makes: set --train.optimizer-offload too, or drop "
                 "--train.optimizer-offload-overlap."
+            )
+        if self.sum_gradients_in_loop and not self.scan_layers:
+            raise ValueError(
+                "train.sum_gradients_in_loop sums the gradients inside the loop over the stacked blocks, which only "
+                "train.scan_layers makes: set --train.scan-layers too, or drop --train.sum-gradients-in-loop."
             )
         if self.memory_policy != "save" and self.step_mode != "whole_step":
             raise ValueError(

@@ -28,6 +28,7 @@ def jax_loss(
     gather: BlockGather | None,
     layout_input: Callable[[Any], Any] | None,
     cross_entropy_only: bool = False,
+    gradient_sums: bool = False,
 ) -> Callable[..., Any]:
     """The model's loss as a JAX function of (parameters list, tokens [B, S], labels [B, S][, document ids [B, S]]),
     or of (parameters list, a dict of named tensors) for a model whose ``loss`` takes named tensors, returning
@@ -39,7 +40,10 @@ def jax_loss(
     ``policy`` and gathering its parameters by ``gather`` (``titanpod.graph.xla.gather``), its input laid out
     by ``layout_input``; with stacked entries, the blocks run as one scan over their stacked parameters.
     ``cross_entropy_only``: the model's cross-entropy alone (``loss_terms``: no auxiliary MoE loss), as
-    validation reports it, with no metrics.
+    validation reports it, with no metrics. ``gradient_sums``: a function of (parameters list, running sums of
+    gradients shaped as it, the batch) whose blocks' loop adds into the stacked entries' sums as it differentiates
+    (``titanpod.graph.xla.gradient_sums``): its gradient with respect to a stacked entry is that entry's sum plus
+    the true gradient, to any other entry the true gradient (the other sums are not read).
     """
     from torchax.interop import jax_view, torch_view
 
@@ -63,6 +67,7 @@ def jax_loss(
         tokens_BS: torch.Tensor | dict[str, torch.Tensor],
         labels_BS: torch.Tensor | None = None,
         document_ids_BS: torch.Tensor | None = None,
+        sums: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         stored = params
         if gather is not None:
@@ -85,10 +90,19 @@ def jax_loss(
                 stack.enter_context(rematerialised_blocks(model, wrapper, policy, gather, layout_input))
             if any(stacked):
                 blocks = {path: jax_view(arrays) for path, arrays in layer_stack.by_list(params).items()}
-                stack.enter_context(scanned_layers(model, blocks))
+                running = None
+                if sums is not None:
+                    running = {path: jax_view(arrays) for path, arrays in layer_stack.by_list(sums).items()}
+                stack.enter_context(scanned_layers(model, blocks, running))
             return torch.func.functional_call(wrapper, bound, inputs, named)
 
-    return jax_view(torch_loss)
+    if not gradient_sums:
+        return jax_view(torch_loss)
+
+    def torch_loss_summing(params: list[torch.Tensor], sums: list[torch.Tensor], *batch: Any) -> Any:
+        return torch_loss(params, *batch, sums=sums)
+
+    return jax_view(torch_loss_summing)
 
 
 class _LossModule(nn.Module):

@@ -20,9 +20,12 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from titanpod.graph.binding import parameters_bound
+from titanpod.graph.xla.gradient_sums import summing_scan
 from titanpod.models.common.block_runner import BlockCall, Carry, blocks_in_order
 
 SLOT = "block_runner"
@@ -30,10 +33,14 @@ SLOT = "block_runner"
 
 
 @contextlib.contextmanager
-def scanned_layers(model: nn.Module, stacked: Mapping[str, Sequence[Any]]) -> Iterator[None]:
+def scanned_layers(
+    model: nn.Module, stacked: Mapping[str, Sequence[Any]], sums: Mapping[str, Sequence[Any]] | None = None
+) -> Iterator[None]:
     """While tracing, run each of ``model``'s block lists as one ``lax.scan`` over ``stacked``: each list's path
     (``layers``, ``transformer.double_blocks`` ...) -> the JAX values of its blocks' parameters stacked [L, ...],
-    in the order of block 0's ``named_parameters``.
+    in the order of block 0's ``named_parameters``. ``sums``: for each list, running sums of gradients shaped as
+    its stacked arrays; its loop's backward then adds into them (``titanpod.graph.xla.gradient_sums``), and the
+    gradient with respect to its stacked arrays is their sum plus the true gradient.
 
     The module holding each list must run it through its ops' block runner slot; a ``ScanRunner`` fills that
     slot until the context ends. ``ValueError`` when a list's owner has no such slot, or when the model ran
@@ -45,7 +52,10 @@ def scanned_layers(model: nn.Module, stacked: Mapping[str, Sequence[Any]]) -> It
             raise ValueError(f"train.scan_layers: {path} is not a list of blocks (an nn.ModuleList).")
         _check_count(blocks[0], arrays)
         lists[path] = blocks
-    runner = ScanRunner({blocks: list(stacked[path]) for path, blocks in lists.items()})
+    runner = ScanRunner(
+        {blocks: list(stacked[path]) for path, blocks in lists.items()},
+        {blocks: list(sums[path]) for path, blocks in lists.items()} if sums is not None else None,
+    )
     owners = {id(owner): owner for owner in (_owner(model, path) for path in lists)}
     originals = [(owner, owner.ops) for owner in owners.values()]
     try:
@@ -67,8 +77,13 @@ class ScanRunner:
     """A block runner (``titanpod.models.common.block_runner.BlockRunner``) that runs each list it has stacked
     parameters for as one ``lax.scan`` of its first block, and any other list as the plain loop."""
 
-    def __init__(self, stacked: Mapping[nn.Module, Sequence[Any]]) -> None:
+    def __init__(
+        self, stacked: Mapping[nn.Module, Sequence[Any]], sums: Mapping[nn.Module, Sequence[Any]] | None = None
+    ) -> None:
+        """``stacked``: each block list -> its blocks' parameters stacked [L, ...]; ``sums``: each list -> the
+        running sums of their gradients its backward adds into (``titanpod.graph.xla.gradient_sums``)."""
         self._stacked = {id(blocks): list(arrays) for blocks, arrays in stacked.items()}
+        self._sums = {id(blocks): list(arrays) for blocks, arrays in (sums or {}).items()}
         self._ran: set[int] = set()
 
     def ran(self, blocks: nn.Module) -> bool:
@@ -86,13 +101,25 @@ class ScanRunner:
         from torchax.interop import jax_view, torch_view
 
         template = blocks[0]
+        sums = self._sums.get(id(blocks))
+        leaves, tree = pytree.tree_flatten(inputs)
+        is_tensor = [isinstance(leaf, torch.Tensor) for leaf in leaves]
 
-        def body(carry_j: tuple[Any, ...], slices_j: list[Any]) -> tuple[tuple[Any, ...], Any]:
+        def body(carry_j: tuple[Any, ...], slices_j: list[Any], shared_j: list[Any]) -> tuple[tuple[Any, ...], Any]:
+            given = iter(torch_view(shared_j))
+            now = pytree.tree_unflatten(
+                [next(given) if flag else leaf for leaf, flag in zip(leaves, is_tensor, strict=True)], tree
+            )
             with parameters_bound(template, torch_view(slices_j)):
-                next_carry, out = call(template, tuple(torch_view(carry_j)), inputs)
+                next_carry, out = call(template, tuple(torch_view(carry_j)), now)
             return tuple(jax_view(tuple(next_carry))), jax_view(out)
 
-        carry_j, out_L = jax.lax.scan(body, tuple(jax_view(tuple(carry))), arrays)
+        first = tuple(jax_view(tuple(carry)))
+        shared = jax_view([leaf for leaf, flag in zip(leaves, is_tensor, strict=True) if flag])
+        if sums is None:
+            carry_j, out_L = jax.lax.scan(lambda inner, slices_j: body(inner, slices_j, shared), first, arrays)
+        else:
+            carry_j, out_L = summing_scan(body, first, arrays, sums, shared)
         self._ran.add(id(blocks))
         return tuple(torch_view(carry_j)), [torch_view(_block_slice(out_L, i)) for i in range(len(blocks))]
 

@@ -137,15 +137,18 @@ class XlaStep(JaxStateStep):
         """The sharding of a step's tokens [A, B, S]: B split over the mesh's data axes."""
         return batch_sharding(self.mesh, self.axes)
 
-    def loss_function(self, cross_entropy_only: bool = False) -> Callable[..., Any]:
+    def loss_function(self, cross_entropy_only: bool = False, gradient_sums: bool = False) -> Callable[..., Any]:
         """The model's loss as a JAX function of (the step's arrays, a micro-batch), returning (loss, metrics)
         (``titanpod.graph.xla.loss``), under the step's precision, remat policy, FSDP gather and hidden-state
         layout. ``cross_entropy_only``: the model's cross-entropy alone, as validation reports it, with no metrics.
+        ``gradient_sums``: a function of (arrays, running sums of gradients, micro-batch) whose blocks' loop adds
+        into the sums (``titanpod.graph.xla.loss.jax_loss``).
         """
         gather_rule, layout_input = self.gather_rule(), self.hidden_layout()
         return jax_loss(
-            self.model, self.config, self.layer_stack, self.policy, gather_rule, layout_input, cross_entropy_only
-        )
+            self.model, self.config, self.layer_stack, self.policy, gather_rule, layout_input, cross_entropy_only,
+            gradient_sums,
+        )  # fmt: skip
 
     def gather_rule(self) -> BlockGather | None:
         """FSDP's gather as sharding constraints, to ``gather_dtype`` (``titanpod.graph.xla.gather.fsdp_gather``);
@@ -167,7 +170,11 @@ class XlaStep(JaxStateStep):
         """The whole step as a JAX function, what is jitted (``titanpod.graph.xla.step_program.jax_step``)."""
         rows = self.moment_rows if self.config.optimizer_offload else None
         in_flight = 2 if self.config.optimizer_offload_overlap else 1
-        return jax_step(self.loss_function(), self.update_function(), self.param_shardings, rows, in_flight)
+        summing = self.loss_function(gradient_sums=True) if self.config.sum_gradients_in_loop else None
+        stacked = [self.layer_stack.is_stacked(index) for index in range(len(self.layer_stack.entries))]
+        return jax_step(
+            self.loss_function(), self.update_function(), self.param_shardings, rows, in_flight, summing, stacked
+        )
 
     def jitted_step(self) -> Any:
         """``jax.jit`` of ``step_function``; parameters and optimizer state are donated and keep their shardings."""

@@ -115,6 +115,8 @@ def jax_step(
     param_shardings: Sequence[Any],
     moment_rows: Sequence[Rows] | None = None,
     in_flight: int = 1,
+    summing_loss: Callable[..., Any] | None = None,
+    stacked: Sequence[bool] = (),
 ) -> Callable[..., Any]:
     """The whole step as a JAX function (what is jitted): (params, exp_avg, exp_avg_sq, step,
     lr, tokens [A, B, S], labels [A, B, S][, document ids [A, B, S]]), or (..., lr, named tensors each
@@ -125,22 +127,21 @@ def jax_step(
     the gradients are laid out as ``param_shardings``, the parameters' own. ``moment_rows``: the moments arrive in
     host memory (``TrainConfig.optimizer_offload``) as pieces, each tensor's first-axis ``Rows``, and are updated
     piece by piece (``streamed_update``, ``in_flight`` pieces on the devices at once), each moved to the devices
-    and back; ``None``: they are on the devices."""
+    and back; ``None``: they are on the devices. ``summing_loss``: ``loss`` taking the running sums of the
+    gradients after the parameters (``jax_loss``'s ``gradient_sums``), used for a step of more than one
+    micro-batch, whose blocks' loop then adds each micro-batch's gradient of the entries ``stacked`` flags into
+    the sum in place (``titanpod.graph.xla.gradient_sums``)."""
     import jax
     import jax.numpy as jnp
 
     value_and_grad = jax.value_and_grad(loss, has_aux=True)
+    summing_value_and_grad = jax.value_and_grad(summing_loss, has_aux=True) if summing_loss is not None else None
     shardings = param_shardings
 
     def sharded_like_params(arrays: list[Any]) -> list[Any]:  # gradients reduce-scatter, not all-reduce
         return jax.lax.with_sharding_constraint(arrays, shardings)
 
     def step(params, exp_avg, exp_avg_sq, count, lr, tokens_ABS, labels_ABS=None, document_ids_ABS=None):
-        def micro_step(grad_sum, batch):
-            (loss, metrics), grads = value_and_grad(params, *batch)
-            return [s + g for s, g in zip(grad_sum, sharded_like_params(grads), strict=True)], (loss, metrics)
-
-        zeros = sharded_like_params([jnp.zeros(p.shape, jnp.float32) for p in params])
         if isinstance(tokens_ABS, Mapping):  # named tensors, each [A, ...]
             scanned: tuple = (tokens_ABS,)
             micro_batches = next(iter(tokens_ABS.values())).shape[0]
@@ -149,6 +150,18 @@ def jax_step(
                 (tokens_ABS, labels_ABS) if document_ids_ABS is None else (tokens_ABS, labels_ABS, document_ids_ABS)
             )
             micro_batches = tokens_ABS.shape[0]
+        in_loop = summing_loss is not None and micro_batches > 1 and any(stacked)
+
+        def micro_step(grad_sum, batch):
+            if in_loop:  # the stacked entries' gradients come back already added to their sums
+                (loss, metrics), grads = summing_value_and_grad(params, grad_sum, *batch)
+                grads = sharded_like_params(grads)
+                summed = [g if s_in else s + g for s, g, s_in in zip(grad_sum, grads, stacked, strict=True)]
+                return summed, (loss, metrics)
+            (loss, metrics), grads = value_and_grad(params, *batch)
+            return [s + g for s, g in zip(grad_sum, sharded_like_params(grads), strict=True)], (loss, metrics)
+
+        zeros = sharded_like_params([jnp.zeros(p.shape, jnp.float32) for p in params])
         grad_sum, (losses_A, metrics_A) = jax.lax.scan(micro_step, zeros, scanned)
         grads = [(g / micro_batches).astype(p.dtype) for g, p in zip(grad_sum, params, strict=True)]
         if moment_rows is not None:

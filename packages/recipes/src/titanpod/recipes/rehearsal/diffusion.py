@@ -82,6 +82,7 @@ KEPT = frozenset({
     "train.step_compiler", "train.compile_cache_dir", "train.keep_host_memory", "train.scan_layers",
     "train.grad_accum_steps", "train.precision", "train.stop_at_step", "train.skip_nonfinite",
     "train.optimizer_offload", "train.optimizer_offload_overlap", "train.whole_step_update",
+    "train.sum_gradients_in_loop",
     "checkpoint.at_end", "checkpoint.keep_last", "checkpoint.async_save", "checkpoint.resume",
     "checkpoint.export_hf", "checkpoint.allow_changes",
     "samples.prompts", "samples.cfg_scale", "samples.cfg_stop", "samples.seed",
