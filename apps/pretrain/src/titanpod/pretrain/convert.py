@@ -3,12 +3,15 @@
     titanpod-convert import SOURCE OUT      # HF folder or Hub id -> titanpod checkpoint
     titanpod-convert export CKPT OUT        # titanpod checkpoint, trainer checkpoint or run -> HF folder
     titanpod-convert push FOLDER REPO_ID    # upload an exported folder to the Hub
+    titanpod-convert gguf FILE.gguf OUT     # GGUF file (llama.cpp's format) -> HF folder
 
 A titanpod checkpoint is a folder with ``model.safetensors`` (titanpod tensor names) and
 ``model.json`` (family, shape, special token ids); ``titanpod-pretrain`` writes one to ``<run>/model``.
 ``import`` copies the source's tokenizer and generation files into it; ``export`` writes config.json, the
 safetensors, the tokenizer files, generation_config.json and a README.md model card (``convert_source``
-says what it reads from each kind of CKPT).
+says what it reads from each kind of CKPT). ``gguf`` dequantizes a Llama 3 or Qwen 3 GGUF file with transformers'
+own GGUF loading and writes the Hugging Face folder a run starts from (``--model.init-from`` also takes the file
+itself, converting it once into a cache).
 
 OUT must be a new or empty folder, outside the source (and not holding it). With ``--overwrite`` an
 existing folder is written into: the files the command writes replace their namesakes, weight files
@@ -30,6 +33,7 @@ from rich.console import Console
 
 from titanpod.checkpoint import load_hf_checkpoint, push, resolve_source, save_hf_checkpoint, save_model
 from titanpod.checkpoint.companion_files import has_tokenizer, read_companions
+from titanpod.checkpoint.gguf_files import find_gguf, write_gguf_as_hf
 from titanpod.checkpoint.hf_files import DEFAULT_MAX_SHARD_BYTES
 from titanpod.checkpoint.model_card import CARD_FILE
 from titanpod.checkpoint.safetensors_io import dtype_from_name
@@ -100,21 +104,39 @@ class PushCommand:
     """create the repository private (--no-private, or --public, creates it public)"""
 
 
+@dataclasses.dataclass(frozen=True)
+class GgufCommand:
+    """GGUF file (llama.cpp's format) -> Hugging Face folder."""
+
+    source: Annotated[tyro.conf.Positional[Path], tyro.conf.arg(metavar="GGUF")]
+    """a .gguf file of a Llama 3 or Qwen 3 model (or a folder holding one), its tokenizer inside"""
+    out: Annotated[tyro.conf.Positional[Path], tyro.conf.arg(metavar="OUT")]
+    """Hugging Face folder to write"""
+    dtype: Dtype = "float32"
+    """write weights of this type (float32 keeps the dequantized values exactly)"""
+    overwrite: tyro.conf.FlagCreatePairsOff[bool] = False
+    """write into a non-empty OUT: replace only the files this writes, keep every other file"""
+
+
+Command = ImportCommand | ExportCommand | PushCommand | GgufCommand
+"""One parsed subcommand."""
 ConvertCommand = (
     Annotated[ImportCommand, tyro.conf.subcommand("import")]
     | Annotated[ExportCommand, tyro.conf.subcommand("export")]
     | Annotated[PushCommand, tyro.conf.subcommand("push")]
+    | Annotated[GgufCommand, tyro.conf.subcommand("gguf")]
 )
-"""One of the three subcommands."""
+"""One of the four subcommands."""
 
 
-def parse_command(argv: Sequence[str]) -> ImportCommand | ExportCommand | PushCommand:
+def parse_command(argv: Sequence[str]) -> Command:
     """``argv`` parsed into its subcommand. A value tyro refuses (an unknown ``--dtype``) is reported on stderr
     with the usage and raises ``SystemExit(2)``; ``--help`` raises ``SystemExit(0)``."""
     flags = {
         **boolean_flags(ImportCommand),
         **boolean_flags(ExportCommand),
         **boolean_flags(PushCommand),
+        **boolean_flags(GgufCommand),
     }
     args = ["--no-private" if arg == "--public" else arg for arg in flags_from_values(argv, flags)]
     return tyro.cli(
@@ -134,7 +156,7 @@ def _tokenizer_line(files: Mapping[str, object], source: Path) -> str:
     return f"without a tokenizer: {source} has none (AutoTokenizer will not load the output)"
 
 
-def run(args: ImportCommand | ExportCommand | PushCommand, console: Console) -> None:
+def run(args: Command, console: Console) -> None:
     """Carry out one parsed command, printing progress to ``console``."""
     start = time.perf_counter()
     say = console.print
@@ -179,6 +201,17 @@ def run(args: ImportCommand | ExportCommand | PushCommand, console: Console) -> 
         count = parameter_count(found.model)
         say(f"exported {found.family} ({count:,} parameters) from {found.read_from} to {args.out}")
         say(_tokenizer_line(found.files, found.read_from))
+    elif isinstance(args, GgufCommand):
+        check_output_folder(args.out, "gguf", args.overwrite)
+        path = find_gguf(args.source)
+        if path is None:
+            raise FileNotFoundError(f"{args.source} is not a .gguf file, nor a folder holding one.")
+        check_not_nested(args.out, path)
+        read = write_gguf_as_hf(
+            path, args.out, decoder_adapters(), dtype_from_name(args.dtype), progress=say, overwrite=args.overwrite
+        )
+        say(f"converted {read.family} ({parameter_count(read.model):,} parameters) from {path} into {args.out}")
+        say(_tokenizer_line(read.files, path))
     else:
         files = push(
             args.folder,

@@ -1,4 +1,4 @@
-"""Weights a run starts from (``model.init_from``): a titanpod model folder or a Hugging Face checkpoint,
+"""Weights a run starts from (``model.init_from``): a titanpod model folder, a Hugging Face checkpoint or a GGUF file,
 read region by region so each process reads only the part of each parameter it holds."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from titanpod.checkpoint.gguf_files import GGUF_SUFFIX, find_gguf, gguf_as_hf_folder
 from titanpod.checkpoint.hf_folder import CONFIG_FILE, config_errors_named, read_hf_config
 from titanpod.checkpoint.hub import resolve_source
 from titanpod.checkpoint.model_files import MODEL_FILE, read_model_description
@@ -69,7 +70,8 @@ class PretrainedFolder:
     directory: Path
     """The local folder."""
     kind: str
-    """``titanpod`` (model.json + model.safetensors, titanpod names) or ``huggingface`` (config.json + safetensors)."""
+    """``titanpod`` (model.json + model.safetensors, titanpod names), ``huggingface`` (config.json + safetensors) or
+    ``gguf`` (a GGUF file, read from the Hugging Face folder it was converted into)."""
     family: str
     """The titanpod model family the folder holds."""
     args: DecoderArgs
@@ -95,6 +97,8 @@ class PretrainedFolder:
 
     def describe(self) -> str:
         """The folder in words, e.g. ``org/name (huggingface folder, 4 safetensors files)``."""
+        if self.kind == "gguf":
+            return f"{self.source} (GGUF file, converted into {self.directory})"
         return f"{self.source} ({self.kind} folder, {len(self.files.files)} safetensors files)"
 
     def reader(
@@ -118,15 +122,24 @@ class PretrainedFolder:
         read_into_model(model, self.reader(model, progress=progress))
 
 
-def open_pretrained(source: str, adapters: Mapping[str, DecoderAdapter]) -> PretrainedFolder:
+def open_pretrained(
+    source: str, adapters: Mapping[str, DecoderAdapter], progress: Progress | None = None
+) -> PretrainedFolder:
     """The folder ``source`` names (a local folder, or a Hub id pulled into the cache), described.
 
     ``adapters`` (family -> adapter; ``titanpod.recipes.families.decoder_adapters()`` for the families titanpod
-    ships) says which families a Hugging Face config.json may describe.
+    ships) says which families a Hugging Face config.json may describe. A GGUF file (or a folder holding one) is
+    converted into a Hugging Face folder first, once (``gguf_files.gguf_as_hf_folder``; ``progress`` hears of it).
 
     ``FileNotFoundError`` when it holds neither model.json nor config.json; an ``UnsupportedConfigError``
-    names the config.json field titanpod cannot represent.
+    names the config.json field titanpod cannot represent; a ``GgufError`` a GGUF file titanpod cannot read.
     """
+    if source.lower().endswith(GGUF_SUFFIX) and not Path(source).expanduser().exists():
+        raise FileNotFoundError(f"model.init_from {source!r}: no such GGUF file.")
+    gguf_file = find_gguf(source)
+    if gguf_file is not None:
+        converted = open_pretrained(str(gguf_as_hf_folder(gguf_file, adapters, progress)), adapters)
+        return dataclasses.replace(converted, source=source, kind="gguf")
     directory = resolve_source(source)
     if (directory / MODEL_FILE).is_file():
         family, args = read_model_description(directory)

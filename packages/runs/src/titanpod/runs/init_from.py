@@ -41,13 +41,20 @@ class StartingRecipe(Protocol):
 R = TypeVar("R", bound=StartingRecipe)
 
 
-def pretrained_for(recipe: Recipe) -> PretrainedFolder | None:
+def opened_init_from(init_from: str, console: Console | None = None) -> PretrainedFolder:
+    """``model.init_from`` opened (``open_pretrained``), a GGUF file's conversion said on rank 0's ``console``."""
+    say = console.print if console is not None and process_info().is_main else None
+    return open_pretrained(init_from, decoder_adapters(), progress=say)
+
+
+def pretrained_for(recipe: Recipe, console: Console | None = None) -> PretrainedFolder | None:
     """The folder ``model.init_from`` names (``None`` when unset), after checking that the sizes the recipe gives
     on purpose (``model.shape``) are the folder's: ``ValueError`` names every one that differs,
-    ``FileNotFoundError`` a folder that is not a model. Reads only the folder's small files."""
+    ``FileNotFoundError`` a folder that is not a model. Reads only the folder's small files (a GGUF file is
+    converted into a folder first, once)."""
     if recipe.model.init_from is None:
         return None
-    folder = open_pretrained(recipe.model.init_from, decoder_adapters())
+    folder = opened_init_from(recipe.model.init_from, console)
     recipe.model.checkpoint_args(folder.args)
     return folder
 

@@ -94,7 +94,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     check_kernels_on_lane(recipe.kernels, backend)
     layout = start_placement("pretrain", recipe.parallel, recipe.train, backend, recipe.data.seq_len)
     torch.manual_seed(recipe.train.seed)
-    pretrained = pretrained_for(recipe)  # a folder that does not fit fails before anything is built
+    pretrained = pretrained_for(recipe, console)  # a folder that does not fit fails before anything is built
     recipe = following(recipe, pretrained, BUILTIN)  # its family and tokenizer, as recipe.json records them
     tokenizer_note = check_text_tokenizer(recipe.data, model_args(recipe, pretrained).vocab_size, pretrained)
     check_recipe_fits_device(recipe, backend, model_args(recipe, pretrained))  # its plan against the device

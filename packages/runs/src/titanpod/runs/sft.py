@@ -34,7 +34,7 @@ from titanpod.runs.device_fit import check_sft_fits_device
 from titanpod.runs.evaluation import Evaluation, evaluate
 from titanpod.runs.final_weights import write_trained_weights
 from titanpod.runs.hf_export import HFExtras, post_training_tokenizer, training_extras
-from titanpod.runs.init_from import following, place_from_folder
+from titanpod.runs.init_from import following, opened_init_from, place_from_folder
 from titanpod.runs.placement import start_placement
 from titanpod.runs.pretrain import build_seeded_model, describe_step
 from titanpod.runs.process_exit import run_exit_code
@@ -177,7 +177,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
     check_kernels_on_lane(recipe.kernels, backend)
     layout = start_placement("sft", recipe.parallel, recipe.train, backend, recipe.data.seq_len)
     torch.manual_seed(recipe.train.seed)
-    folder = None if recipe.model.init_from is None else open_pretrained(recipe.model.init_from, decoder_adapters())
+    folder = None if recipe.model.init_from is None else opened_init_from(recipe.model.init_from, console)
     recipe = following(recipe, folder, CHARS)  # its family and tokenizer (chat template too), as recipe.json records
     tokenizer = load_sft_tokenizer(recipe.data.tokenizer)
     check_sft_fits_device(recipe, backend, recipe.model.args() if folder is None else folder.args)  # before building

@@ -5,9 +5,11 @@
 
 - a titanpod model folder (or run directory) holds the ``recipe.json`` it was trained with: its ``data.seq_len``;
 - a published checkpoint holds a ``config.json``: its ``max_position_embeddings``, at most ``PUBLISHED_SEQ_LEN``
-  (rows that long for every batch would not fit a small machine; ``--data.seq-len`` sets another).
+  (rows that long for every batch would not fit a small machine; ``--data.seq-len`` sets another);
+- a GGUF file states its context length: as ``max_position_embeddings``.
 
-A Hub id, or a folder with neither file, leaves the recipe's length. Only small JSON files are read.
+A Hub id, or a folder with neither file, leaves the recipe's length. Only small JSON files (or a GGUF file's
+metadata) are read.
 """
 
 from __future__ import annotations
@@ -27,6 +29,15 @@ PUBLISHED_SEQ_LEN = 1024
 def checkpoint_seq_len(init_from: str) -> int | None:
     """The sequence length a fine-tune of ``init_from`` uses (see the module docstring); ``None`` when the folder
     does not say."""
+    from titanpod.checkpoint.gguf_files import GgufError, find_gguf, gguf_context_length
+
+    try:
+        gguf_file = find_gguf(init_from)
+        positions: Any = gguf_context_length(gguf_file) if gguf_file is not None else None
+    except GgufError:
+        return None  # the run says what is wrong with the file
+    if gguf_file is not None:
+        return min(positions, PUBLISHED_SEQ_LEN) if positions else None
     folder = Path(init_from)
     recorded = _read(folder / "recipe.json").get("data")
     if isinstance(recorded, dict) and isinstance(recorded.get("seq_len"), int):
