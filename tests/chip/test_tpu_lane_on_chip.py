@@ -27,7 +27,6 @@ import functools
 import json
 import math
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -35,46 +34,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.chip.conftest import ON_CPU
+from tests.chip.chip_runs import NATIVE_LANE, attention, run_logged
 
 pytestmark = pytest.mark.chip
 
-NATIVE_LANE = "cpu" if ON_CPU else "tpu"
-"""The lane under test: the tpu lane on a chip, the cpu lane where the tests are checked on a CPU."""
 STEPS = 20
 RECIPES = ("llama3_debug", "qwen3_debug", "qwen3_moe_debug")
 RUN = ["--train.steps", str(STEPS), "--train.warmup-steps", "2", "--train.log-every", "1", "--train.seed", "0",
        "--checkpoint.every", "0", "--checkpoint.no-async-save", "--data.validation-every", "0"]  # fmt: skip
 KERNELS = ["--kernels.attention", "splash", "--kernels.head-loss", "pallas"]
 MOE_KERNELS = [*KERNELS, "--kernels.expert-matmul", "gmm"]
-
-
-def attention() -> str:
-    """``math`` where torch_tpu's SDPA kernel cannot compile with the installed libtpu, else ``sdpa``."""
-    if ON_CPU:
-        return "math"
-    from titanpod.device.backends.tpu import TpuBackend
-
-    return "math" if TpuBackend.sdpa_problem() else "sdpa"
-
-
-RUN_TIMEOUT_S = float(os.environ.get("TITANPOD_CHIP_RUN_TIMEOUT", "900"))
-"""The longest one run may take before it counts as hung (``TITANPOD_CHIP_RUN_TIMEOUT`` seconds)."""
-
-
-def run_logged(command: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-    """Run ``command`` with its output appended to ``log`` as it goes (so a run cut short still shows where it was);
-    fail the test on a non-zero exit or past ``RUN_TIMEOUT_S``, with the log's end."""
-    with log.open("a") as sink:
-        sink.write(f"$ {' '.join(command)}\n")
-        sink.flush()
-        try:
-            code = subprocess.run(
-                command, stdout=sink, stderr=subprocess.STDOUT, env=env, timeout=RUN_TIMEOUT_S
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = f"none: still running after {RUN_TIMEOUT_S:.0f} s"
-    assert code == 0, f"{log.stem}: exit {code}\n{log.read_text()[-4000:]}"
 
 
 def pretrain(runs: Path, name: str, recipe: str, lane: str, *flags: str) -> Path:

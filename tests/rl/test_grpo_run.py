@@ -90,6 +90,11 @@ def test_a_step_trains_and_the_engine_holds_the_trainers_weights(tmp_path, sft_f
     board.Reload()
     assert board.Scalars("hparams/final_loss")[0].value == pytest.approx(result.history[-1].loss)
     assert [event.step for event in board.Scalars("train/reward_mean")] == [1, 2]
+    sampled = sum(line["completion_length"] * line["samples"] for line in lines if "reward_mean" in line)
+    assert sampled > 0 and all(line["rollout_tokens_per_second"] > 0 for line in lines if "reward_mean" in line)
+    assert all(row.update_tokens_per_second > 0 and row.update_seconds > 0 for row in result.history)
+    assert all(row.rollout_seconds + row.update_seconds <= row.step_seconds for row in result.history)
+    assert (result.run_dir / "rewards.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_engine_checksum_equals_trainer_after_each_step(tmp_path, sft_folder, monkeypatch):
@@ -293,6 +298,10 @@ def test_a_run_stopped_at_step_2_resumes_to_the_same_losses(tmp_path, sft_folder
     assert [r.step for r in second.history] == [3, 4]
     assert first.summary.losses + second.summary.losses == straight.summary.losses  # bit for bit
     assert second.checksum == straight.checksum
+    # The resumed process keeps the scores of the run's start rather than scoring its step-2 weights as the start.
+    assert second.before == straight.before and second.sampled_before == straight.sampled_before
+    split, whole = (json.loads((tmp_path / name / "eval.json").read_text()) for name in ("split", "straight"))
+    assert split["before"] == whole["before"] and split["after"] == whole["after"]
 
 
 def test_grpo_config_names_a_reward_path_without_a_colon_and_held_out_rows_without_a_task_file():
@@ -334,3 +343,20 @@ def test_sampled_accuracy_counts_exact_answers_among_the_engines_samples():
 
     recipe = dataclasses.replace(grpo_debug(), grpo=GRPOConfig(eval_samples=2, temperature=0.7))
     assert sampled_accuracy(ScriptedEngine(), tokenizer, task, examples, recipe) == 0.75
+
+
+def test_the_reward_curves_follow_the_weights_through_a_resume(tmp_path):
+    from titanpod.rl.grpo.reward_plot import draw_reward_plot, step_rows
+
+    def row(step: int, reward: float) -> str:
+        return json.dumps({"step": step, "reward_mean": reward, "accuracy": reward / 2}) + "\n"
+
+    # Steps 1-3 ran, the run went back to its checkpoint at step 2 and ran 3 and 4 again.
+    lines = [row(1, 0.1), row(2, 0.2), row(3, 0.9), json.dumps({"step": 3, "eval_accuracy": 0.5}) + "\n"]
+    (tmp_path / "metrics.jsonl").write_text("".join([*lines, row(3, 0.3), row(4, 0.4), '{"step": 5, "rew']))
+    assert [(r["step"], r["reward_mean"]) for r in step_rows(tmp_path / "metrics.jsonl")] == [
+        (1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)
+    ]  # fmt: skip
+    (tmp_path / "eval.json").write_text(json.dumps({"before": {"step": 0, "accuracy": 0.1}}))
+    assert draw_reward_plot(tmp_path, "run").read_bytes()[:4] == b"\x89PNG"
+    assert draw_reward_plot(tmp_path / "empty", "run") is None

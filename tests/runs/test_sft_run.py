@@ -64,3 +64,15 @@ def test_starting_points_that_do_not_fit_are_refused(tmp_path):
     assert json.loads((followed.run_dir / "recipe.json").read_text(encoding="utf-8"))["model"]["family"] == "llama3"
     with pytest.raises(ValueError, match="longer than the model's max_seq_len 512"):
         run_sft(dataclasses.replace(recipe, data=SFTDataConfig(seq_len=1024)))
+
+
+def test_a_resumed_run_keeps_the_accuracy_its_start_had(tmp_path):
+    def scored(name: str, **train) -> SFTRecipe:
+        return dataclasses.replace(tiny(tmp_path, name, **train), eval=EvalConfig(examples=4, max_new_tokens=4))
+
+    whole = run_sft(scored("whole"))
+    run_sft(scored("split", stop_at_step=3))
+    rest = run_sft(scored("split"))
+    assert rest.before == whole.before and rest.before.step == 0  # not the resumed weights scored at step 3
+    kept, unbroken = (json.loads((tmp_path / name / "eval.json").read_text()) for name in ("split", "whole"))
+    assert kept["before"] == unbroken["before"] and kept["after"] == unbroken["after"]

@@ -21,7 +21,7 @@ from titanpod.checkpoint.pretrained import PretrainedFolder, open_pretrained
 from titanpod.data.sft.batches import encode_sft_records, pack_sft_data
 from titanpod.data.sft.records import check_covers
 from titanpod.data.sft.tokenizer import CHARS, SFTTokenizer, load_sft_tokenizer
-from titanpod.data.tasks import Task, get_task
+from titanpod.data.tasks import Example, Task, get_task
 from titanpod.device import Backend, get_backend
 from titanpod.graph import TrainSummary, build_step
 from titanpod.kernels import model_ops
@@ -226,7 +226,12 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
             session.say(evaluation.accuracy_line(step_number, f"{label} training", task.name))
             session.write_scalars(step_number, {"eval_accuracy": evaluation.accuracy})
 
-        if recipe.eval.before:
+        kept = earlier_evaluation(session.run_dir / EVAL_FILE, "before") if start_step else None
+        if kept is not None:  # a resumed run: its start was scored before it stopped
+            evaluations["before"] = kept
+            said = kept[1].accuracy_line(kept[0], "before training", task.name if task is not None else "the")
+            session.say(f"{said}, as measured when the run started")
+        elif recipe.eval.before:
             score("before", start_step)
         summary = session.train(
             data.train,
@@ -277,6 +282,19 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
 
         result.weights_path = session.save_final_weights(summary, write_weights)
     return result
+
+
+def earlier_evaluation(path: Path, label: str) -> tuple[int, Evaluation] | None:
+    """The evaluation ``label`` an earlier process of this run wrote into ``path`` (its eval.json), with its step:
+    a resumed run keeps the accuracy its start had rather than scoring the resumed weights as its start. ``None``
+    when there is none (or the file cannot be read)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))[label]
+        rows = record["completions"]
+        examples = [Example(row["prompt"], row["answer"]) for row in rows]
+        return int(record["step"]), Evaluation(float(record["accuracy"]), examples, [row["completion"] for row in rows])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def score_of(evaluations: dict[str, tuple[int, Evaluation]], label: str) -> Score | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from titanpod.rl.grpo.result import GRPOResult
 from titanpod.rl.grpo.setup import GRPOSetup
 from titanpod.rl.rollout import RolloutEngine, SamplingParams
 from titanpod.runs.evaluation import Evaluation, evaluate
-from titanpod.runs.sft import EVAL_FILE, score_of, write_eval_file
+from titanpod.runs.sft import EVAL_FILE, earlier_evaluation, score_of, write_eval_file
 
 
 def sampled_accuracy(
@@ -61,6 +62,19 @@ class HeldOut:
         """Greedy evaluations by label (``before``, ``after``) with their step."""
         self.sampled: dict[str, dict[str, float]] = {}
         """Sampled accuracy (and samples per prompt) by label."""
+
+    def keep_earlier(self, run_dir: Path, label: str) -> bool:
+        """Take ``label``'s scores from the eval.json an earlier process of this run wrote (a resumed run keeps the
+        accuracy its start had); whether there were any."""
+        kept = earlier_evaluation(run_dir / EVAL_FILE, label)
+        if kept is None:
+            return False
+        self.evaluations[label] = kept
+        self.say(kept[1].accuracy_line(kept[0], f"{label} GRPO", self.setup.eval_task.name) + ", as measured then")
+        record = json.loads((run_dir / EVAL_FILE).read_text(encoding="utf-8"))[label]
+        if "sampled_accuracy" in record:
+            self.sampled[label] = {key: record[key] for key in ("sampled_accuracy", "samples_per_prompt")}
+        return True
 
     def score(self, label: str, step_number: int, model: Transformer) -> None:
         """Measure held-out accuracy of ``model`` (greedy) and of the engine (sampled) now, as ``label``."""

@@ -110,6 +110,14 @@ class GRPOStepMetrics:
     """The engine's weights version after the sync (the step)."""
     checksum: str
     """The weights' checksum, equal on the trainer and the engine."""
+    rollout_seconds: float
+    """Wall time of the step's rollouts: sampling and scoring."""
+    rollout_tokens_per_second: float
+    """Completion tokens the engine sampled per second of ``rollout_seconds`` (this process's)."""
+    update_seconds: float
+    """Wall time of the step's updates."""
+    update_tokens_per_second: float
+    """Tokens the updates trained on (rows x padded length x updates) per second of ``update_seconds``."""
     step_seconds: float
     """Wall time of the step: rollouts, updates and sync."""
     step_cpu_seconds: float
@@ -163,5 +171,7 @@ class GRPOStepMetrics:
             f"flat groups {self.zero_signal_groups}  skipped {self.skipped}  "
             f"sync {self.sync_seconds * 1000:.0f} ms {self.sync_bytes / 2**20:.1f} MiB "
             f"v{self.weights_version} {self.checksum[:8]}  "
+            f"rollouts {self.rollout_tokens_per_second:,.0f} tok/s, "
+            f"updates {self.update_tokens_per_second:,.0f} tok/s  "
             f"{self.step_seconds:.2f} s ({self.step_cpu_seconds:.2f} s CPU)"
         )

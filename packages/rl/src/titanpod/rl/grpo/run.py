@@ -18,9 +18,9 @@ trains on it, and the loss is the step-wide token mean whatever the split (see `
 
 The run directory (a ``titanpod.runs.session.RunSession``) holds recipe.json, tokenizer.json (+
 tokenizer_config.json), metrics.jsonl (one line per step), checkpoints/ (trainer state and the
-step reached, to resume exactly), eval.json (held-out accuracy before and after), model/ (titanpod
-weights with the tokenizer, loadable as the next run's ``--model.init-from``) and, with
-``checkpoint.export_hf``, hf/.
+step reached, to resume exactly), eval.json (held-out accuracy before and after), rewards.png (reward and
+accuracy curves), model/ (titanpod weights with the tokenizer, loadable as the next run's ``--model.init-from``)
+and, with ``checkpoint.export_hf``, hf/.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from titanpod.rl.grpo.held_out import HeldOut
 from titanpod.rl.grpo.metrics import GRPOStepMetrics
 from titanpod.rl.grpo.objective import GRPOObjective
 from titanpod.rl.grpo.result import GRPOResult
+from titanpod.rl.grpo.reward_plot import draw_reward_plot
 from titanpod.rl.grpo.reward_stop import no_reward_stop
 from titanpod.rl.grpo.rewards import Reward, reward_name
 from titanpod.rl.grpo.setup import GRPOSetup, prepare_grpo, rank_share, reference_model
@@ -139,7 +140,8 @@ def train_grpo(
     # Greedy held-out accuracy needs a whole model holding the engine's weights: a sharded policy is not one.
     eval_model = policy if info.world_size == 1 else engine.model  # type: ignore[attr-defined]
     held_out = HeldOut(setup, engine, session.write_scalars, say)
-    if recipe.eval.before and session.is_main:
+    resumed_with_scores = start > 0 and session.is_main and held_out.keep_earlier(session.run_dir, "before")
+    if recipe.eval.before and session.is_main and not resumed_with_scores:
         held_out.score("before", start, eval_model)
     summary = result.summary = run_steps(setup, session, trainer, result, flops_per_token)
     step.finish()
@@ -150,6 +152,7 @@ def train_grpo(
     session.checkpointer.wait()
     if session.is_main:
         held_out.fill(result, session.run_dir)
+        draw_reward_plot(session.run_dir, f"{session.run_dir.name}: GRPO on {setup.task.name}")
     result.weights_path = session.save_final_weights(summary, lambda: write_model(setup, placement, result, say))
     return result
 

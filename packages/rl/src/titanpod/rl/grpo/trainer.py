@@ -111,10 +111,16 @@ class GRPOTrainer:
         started, cpu_started = time.perf_counter(), process_cpu_seconds()
         train = self.setup.recipe.train
         scored = self.rollouts(step_number)
+        sampled = time.perf_counter()
         totals = self.sharding.sum_totals(RolloutTotals.of(scored))
         lr = train.lr * lr_multiplier(step_number, train)
+        update_started = time.perf_counter()
         updates = self.update(scored, totals.completion_tokens, lr)
+        updated = time.perf_counter()
         sync = sync_engine(self.setup.model, self.engine, step_number)
+        rollout_seconds, update_seconds = sampled - started, updated - update_started
+        sampled_tokens = sum(len(completion.token_ids) for completion in scored.completions)
+        trained = len(scored.rewards) * self.setup.plan.sequence_length * self.setup.recipe.grpo.updates_per_step
         return GRPOStepMetrics.build(
             step_number,
             totals,
@@ -125,6 +131,10 @@ class GRPOTrainer:
             sync_bytes=sync.bytes,
             weights_version=sync.version,
             checksum=sync.checksum,
+            rollout_seconds=rollout_seconds,
+            rollout_tokens_per_second=sampled_tokens / rollout_seconds if rollout_seconds else 0.0,
+            update_seconds=update_seconds,
+            update_tokens_per_second=trained / update_seconds if updates.loss is not None and update_seconds else 0.0,
             step_seconds=time.perf_counter() - started,
             step_cpu_seconds=process_cpu_seconds() - cpu_started,
         )
