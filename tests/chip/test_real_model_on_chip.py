@@ -45,7 +45,7 @@ CPT = ["--train.steps", "30", "--train.warmup-steps", "3", "--train.lr", "3e-5",
        "--kernels.attention", "splash", "--kernels.head-loss", "pallas", "--train.precision", "bf16"]  # fmt: skip
 SFT = ["--recipe", "sft_arith", "--data.format", "chat", "--data.train-examples", "4000", "--data.seq-len", "256",
        "--data.batch-size", "16", "--train.steps", "40", "--train.warmup-steps", "4", "--train.lr", "5e-5",
-       "--train.log-every", "1", "--eval.examples", "16" if ON_CPU else "200", "--eval.max-new-tokens", "6",
+       "--train.log-every", "1", "--eval.examples", "16" if ON_CPU else "100", "--eval.max-new-tokens", "6",
        "--checkpoint.every", "10", "--checkpoint.no-async-save"]  # fmt: skip
 GRPO = ["--recipe", "grpo_debug", "--grpo.format", "chat", "--grpo.max-new-tokens", "6",
         "--grpo.prompts-per-step", "4" if ON_CPU else "16", "--grpo.group-size", "8", "--grpo.temperature", "1.0",
@@ -119,18 +119,21 @@ def same_weights(a: Path, b: Path) -> bool:
     return ours.keys() == theirs.keys() and all(torch.equal(ours[key], theirs[key]) for key in ours)
 
 
-def whole_and_resumed(
-    runs: Path, app: str, name: str, lane: str, flags: list[str], stop_after: int
-) -> tuple[Path, Path]:
-    """The run unstopped, then the same run stopped by SIGTERM after step ``stop_after`` and started again; both run
-    folders. The stopped process must exit 143 having saved (a checkpoint past ``stop_after``). Runs a kept folder
-    (``TITANPOD_CHIP_RUNS``) finished in an earlier pytest are not run again."""
-    env, stopped = environment(runs, lane), f"{name}-stopped"
-    if (runs / f"{stopped}.done").is_file():
-        return runs / name, runs / stopped
+def whole_run(runs: Path, app: str, name: str, lane: str, flags: list[str]) -> Path:
+    """The run unstopped; its folder. A run a kept folder (``TITANPOD_CHIP_RUNS``) finished in an earlier pytest is
+    not run again."""
     if not (runs / f"{name}.done").is_file():
-        run_logged(command(app, runs, name, lane, *flags), runs / f"{name}.log", env)
+        run_logged(command(app, runs, name, lane, *flags), runs / f"{name}.log", environment(runs, lane))
         (runs / f"{name}.done").touch()
+    return runs / name
+
+
+def resumed_run(runs: Path, app: str, name: str, lane: str, flags: list[str], stop_after: int) -> Path:
+    """The same run stopped by SIGTERM after step ``stop_after``, as a preempted VM stops it, then started again;
+    its folder. The stopped process must exit 143 having saved (a checkpoint past ``stop_after``)."""
+    stopped, env = f"{name}-stopped", environment(runs, lane)
+    if (runs / f"{stopped}.done").is_file():
+        return runs / stopped
     code, seconds = stopped_by_sigterm(
         command(app, runs, stopped, lane, *flags), runs / f"{stopped}.log", runs / stopped / "metrics.jsonl",
         stop_after, env,
@@ -141,20 +144,23 @@ def whole_and_resumed(
     assert saved and int(saved[-1].parent.name.split("-")[1]) >= stop_after
     run_logged(command(app, runs, stopped, lane, *flags), runs / f"{stopped}.log", env)
     (runs / f"{stopped}.done").touch()
-    return runs / name, runs / stopped
+    return runs / stopped
 
 
 # ---------------------------------------------------------------- continued pretraining, xla lane
 
 
+def cpt_flags(gguf: Path) -> list[str]:
+    return ["--model.init-from", str(gguf), *CPT]
+
+
 @pytest.fixture(scope="module")
-def pretrained(runs: Path, gguf: Path) -> tuple[Path, Path]:
-    lane = "xla"
-    return whole_and_resumed(runs, "pretrain", "cpt", lane, ["--model.init-from", str(gguf), *CPT], stop_after=15)
+def pretrained(runs: Path, gguf: Path) -> Path:
+    return whole_run(runs, "pretrain", "cpt", "xla", cpt_flags(gguf))
 
 
 def test_xla_continued_pretraining_on_real_text_lowers_the_validation_loss(pretrained, runs):
-    whole, _ = pretrained
+    whole = pretrained
     trained = losses(whole)
     assert sorted(trained) == list(range(1, 31)) and all(math.isfinite(v) for v in trained.values())
     held_out = validation(whole)
@@ -170,25 +176,25 @@ def test_xla_continued_pretraining_on_real_text_lowers_the_validation_loss(pretr
     record(runs, "cpt: peak GiB", last.get("peak_memory_gib"))
 
 
-def test_xla_continued_pretraining_stopped_by_sigterm_ends_where_the_unstopped_run_ends(pretrained):
-    whole, resumed = pretrained
-    assert losses(resumed) == losses(whole)
-    assert validation(resumed) == validation(whole)
-    assert same_weights(resumed, whole)
-
-
 def test_xla_continued_pretrainings_export_reloads_in_transformers_to_titanpods_logits(pretrained):
     from transformers import AutoModelForCausalLM
 
     from titanpod.checkpoint import load_model
 
-    whole, _ = pretrained
+    whole = pretrained
     _, ours = load_model(whole / "model")
     theirs = AutoModelForCausalLM.from_pretrained(whole / "hf", dtype=torch.float32).eval()
     tokens = torch.randint(0, ours.args.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected, got = ours(tokens), theirs(tokens).logits
     assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
+def test_xla_continued_pretraining_stopped_by_sigterm_ends_where_the_unstopped_run_ends(pretrained, runs, gguf):
+    resumed = resumed_run(runs, "pretrain", "cpt", "xla", cpt_flags(gguf), stop_after=15)
+    assert losses(resumed) == losses(pretrained)
+    assert validation(resumed) == validation(pretrained)
+    assert same_weights(resumed, pretrained)
 
 
 # ---------------------------------------------------------------- SFT and GRPO, tpu lane
@@ -215,7 +221,7 @@ tokenizer = load_sft_tokenizer(str(folder.directory))
 loaded = load_hf_checkpoint(folder.directory, adapters=decoder_adapters()).model
 model = build_model(folder.family, loaded.args, model_ops(KernelConfig(attention=attention)), device="cpu")
 model.load_state_dict(loaded.state_dict())
-engine = BuiltinEngine(model, get_backend(lane).device(0), max_seq_len=512)
+engine = BuiltinEngine(model, get_backend(lane).device(0), max_seq_len=min(256, model.args.max_seq_len))
 chats = [tokenizer.render_chat([{"role": "user", "content": p}], add_generation_prompt=True)
          for p in json.loads(prompts)]
 params = SamplingParams(max_new_tokens=int(new_tokens), temperature=0.0, stop_token_ids=tokenizer.stop_ids)
@@ -260,10 +266,13 @@ def test_tpu_the_imported_instruct_model_writes_coherent_text_as_transformers_do
     assert all(count >= min(8, len(mine)) for count, mine in zip(agree, ours, strict=True))
 
 
+def sft_flags(gguf: Path) -> list[str]:
+    return ["--model.init-from", str(gguf), *SFT, *tpu_flags()]
+
+
 @pytest.fixture(scope="module")
-def fine_tuned(runs: Path, gguf: Path) -> tuple[Path, Path]:
-    flags = ["--model.init-from", str(gguf), *SFT, *tpu_flags()]
-    return whole_and_resumed(runs, "posttrain", "sft", NATIVE_LANE, flags, stop_after=20)
+def fine_tuned(runs: Path, gguf: Path) -> Path:
+    return whole_run(runs, "posttrain", "sft", NATIVE_LANE, sft_flags(gguf))
 
 
 def scores(run: Path) -> dict[str, float]:
@@ -272,7 +281,7 @@ def scores(run: Path) -> dict[str, float]:
 
 
 def test_tpu_sft_on_chat_word_problems_raises_held_out_accuracy(fine_tuned, runs):
-    whole, _ = fine_tuned
+    whole = fine_tuned
     accuracy = scores(whole)
     record(runs, "sft: held-out greedy accuracy before, after", [accuracy["before"], accuracy["after"]])
     reports = [row for row in rows(whole) if "tokens_per_second" in row]
@@ -280,13 +289,6 @@ def test_tpu_sft_on_chat_word_problems_raises_held_out_accuracy(fine_tuned, runs
     assert sorted(losses(whole)) == list(range(1, 41))
     if TRAINED:
         assert accuracy["after"] >= accuracy["before"] + 0.1
-
-
-def test_tpu_sft_stopped_by_sigterm_ends_where_the_unstopped_run_ends(fine_tuned):
-    whole, resumed = fine_tuned
-    assert losses(resumed) == losses(whole)
-    assert scores(resumed)["after"] == scores(whole)["after"]
-    assert same_weights(resumed, whole)
 
 
 def greedy_in_transformers(folder: Path, prompts: list[str], max_new_tokens: int) -> list[str]:
@@ -325,19 +327,27 @@ def assert_export_answers_alike(run: Path, runs: Path, key: str) -> None:
 
 
 def test_tpu_sfts_export_reloaded_by_transformers_answers_as_titanpod_did(fine_tuned, runs):
-    whole, _ = fine_tuned
-    assert_export_answers_alike(whole, runs, "sft: exported answers (16 held-out prompts)")
+    assert_export_answers_alike(fine_tuned, runs, "sft: exported answers (16 held-out prompts)")
+
+
+def test_tpu_sft_stopped_by_sigterm_ends_where_the_unstopped_run_ends(fine_tuned, runs, gguf):
+    resumed = resumed_run(runs, "posttrain", "sft", NATIVE_LANE, sft_flags(gguf), stop_after=20)
+    assert losses(resumed) == losses(fine_tuned)
+    assert scores(resumed) == scores(fine_tuned)
+    assert same_weights(resumed, fine_tuned)
+
+
+def grpo_flags(sft: Path) -> list[str]:
+    return ["--model.init-from", str(sft / "model"), *GRPO, *tpu_flags()]
 
 
 @pytest.fixture(scope="module")
-def reinforced(runs: Path, fine_tuned: tuple[Path, Path]) -> tuple[Path, Path]:
-    whole, _ = fine_tuned
-    flags = ["--model.init-from", str(whole / "model"), *GRPO, *tpu_flags()]
-    return whole_and_resumed(runs, "posttrain", "grpo", NATIVE_LANE, flags, stop_after=3)
+def reinforced(runs: Path, fine_tuned: Path) -> Path:
+    return whole_run(runs, "posttrain", "grpo", NATIVE_LANE, grpo_flags(fine_tuned))
 
 
 def test_grpo_on_the_chip_raises_greedy_held_out_accuracy_by_ten_points(reinforced, runs):
-    whole, _ = reinforced
+    whole = reinforced
     accuracy = scores(whole)
     steps = [row for row in rows(whole) if "reward_mean" in row]
     record(runs, "grpo: held-out greedy accuracy before, after", [accuracy["before"], accuracy["after"]])
@@ -350,13 +360,12 @@ def test_grpo_on_the_chip_raises_greedy_held_out_accuracy_by_ten_points(reinforc
         assert accuracy["after"] >= accuracy["before"] + 0.1
 
 
-def test_grpo_stopped_by_sigterm_ends_where_the_unstopped_run_ends(reinforced):
-    whole, resumed = reinforced
-    assert losses(resumed) == losses(whole)
-    assert scores(resumed)["after"] == scores(whole)["after"]
-    assert same_weights(resumed, whole)
-
-
 def test_grpos_export_reloaded_by_transformers_answers_as_titanpod_did(reinforced, runs):
-    whole, _ = reinforced
-    assert_export_answers_alike(whole, runs, "grpo: exported answers (16 held-out prompts)")
+    assert_export_answers_alike(reinforced, runs, "grpo: exported answers (16 held-out prompts)")
+
+
+def test_grpo_stopped_by_sigterm_ends_where_the_unstopped_run_ends(reinforced, runs, fine_tuned):
+    resumed = resumed_run(runs, "posttrain", "grpo", NATIVE_LANE, grpo_flags(fine_tuned), stop_after=3)
+    assert losses(resumed) == losses(reinforced)
+    assert scores(resumed) == scores(reinforced)
+    assert same_weights(resumed, reinforced)

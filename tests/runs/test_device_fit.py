@@ -1,4 +1,4 @@
-"""A run on an accelerator checks its plan against the device it is on before building anything.
+"""A run checks its plan against the device it is on (or the host's memory) before building anything.
 
 The backend here stands in for the xla lane on one TPU v5e chip as JAX reported it on 2026-12-05 (a
 'TPU v5 lite', 16,909,336,064 bytes); the planner's figures are those the dry run prints. Qwen 3 0.6B at
@@ -55,6 +55,38 @@ def test_selective_at_4_by_4096_is_refused_before_anything_is_built_naming_a_cha
     assert "Nothing was built" in message and "--train.memory-policy recompute" in message
 
 
-def test_nothing_is_checked_where_the_device_reports_no_capacity():
+def test_a_chip_that_reports_no_use_is_checked_against_its_chips_memory():
+    """torch_tpu on libtpu 0.0.42.1 reports no memory use; the chip's capacity is still its table's."""
     recipe = qwen3_06b("--data.batch-size", "4", "--train.memory-policy", "selective")
-    assert check_recipe_fits_device(recipe, OneChip(kind="host")) is None  # type: ignore[arg-type]
+    with pytest.raises(RecipeDoesNotFitDevice, match="this device holds 15.75 GiB"):
+        check_recipe_fits_device(recipe, OneChip(kind="unavailable"))  # type: ignore[arg-type]
+
+
+def test_the_host_is_checked_against_its_memory_shared_by_the_jobs_processes_on_it(monkeypatch):
+    recipe = qwen3_06b("--data.batch-size", "4", "--train.memory-policy", "selective")
+    with pytest.raises(RecipeDoesNotFitDevice, match="this machine's memory holds 15.75 GiB"):
+        check_recipe_fits_device(recipe, OneChip(kind="host"))  # type: ignore[arg-type]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    fits_alone = qwen3_06b("--data.batch-size", "1")
+    with pytest.raises(RecipeDoesNotFitDevice, match=r"this machine's memory \(a share of 2 processes\) holds 7.87"):
+        check_recipe_fits_device(fits_alone, OneChip(kind="host"))  # type: ignore[arg-type]
+
+
+def test_nothing_is_checked_where_no_capacity_is_known():
+    class Unknown(OneChip):
+        def memory_stats(self, local_rank: int = 0) -> MemoryStats:
+            return MemoryStats(None, None, None, "unavailable", "no figures")
+
+    recipe = qwen3_06b("--data.batch-size", "4", "--train.memory-policy", "selective")
+    assert check_recipe_fits_device(recipe, Unknown()) is None  # type: ignore[arg-type]
+
+
+def test_a_batch_the_host_cannot_hold_is_refused_before_step_1(tmp_path, capsys):
+    from titanpod.pretrain.cli import main
+
+    argv = ["--device.lane", "cpu", "--data.batch-size", "4096", "--train.steps", "1", "--output.runs-dir",
+            str(tmp_path), "--output.run-name", "big", "--output.no-tensorboard"]  # fmt: skip
+    assert main(argv) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert "this machine's memory holds" in said and "Nothing was built" in said
+    assert not (tmp_path / "big" / "metrics.jsonl").exists()

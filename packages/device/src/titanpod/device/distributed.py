@@ -36,6 +36,8 @@ class ProcessInfo:
     """Rank on this host; selects the device."""
     world_size: int
     """Number of processes in the job."""
+    local_world_size: int = 1
+    """Number of the job's processes on this host (they share its memory)."""
 
     @property
     def is_main(self) -> bool:
@@ -49,6 +51,7 @@ def process_info() -> ProcessInfo:
         rank=int(os.environ.get("RANK", "0")),
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     )
 
 
@@ -80,7 +83,7 @@ def ensure_process_group(backend: CollectiveLane) -> ProcessInfo:
     """
     info = process_info()
     if dist.is_initialized():
-        return ProcessInfo(dist.get_rank(), info.local_rank, dist.get_world_size())
+        return ProcessInfo(dist.get_rank(), info.local_rank, dist.get_world_size(), info.local_world_size)
     if "MASTER_ADDR" in os.environ and (store := attempt_store(os.environ)) is not None:
         store.set(f"member-{info.rank}", f"{socket.gethostname()} {os.getpid()}")  # who to look for if it is lost
         dist.init_process_group(backend=backend.dist_backend, store=store, rank=info.rank, world_size=info.world_size)
@@ -93,4 +96,4 @@ def ensure_process_group(backend: CollectiveLane) -> ProcessInfo:
                 "jobs with torchrun (e.g. torchrun --nproc-per-node 4 ...)."
             )
         dist.init_process_group(backend=backend.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
-    return ProcessInfo(dist.get_rank(), info.local_rank, dist.get_world_size())
+    return ProcessInfo(dist.get_rank(), info.local_rank, dist.get_world_size(), info.local_world_size)

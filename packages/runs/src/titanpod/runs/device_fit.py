@@ -2,10 +2,11 @@
 
 The dry-run planners (``titanpod.recipes.planner``: pretraining and SFT's decoder plan, FLUX's, GRPO's) work out
 the bytes a device needs for the recipe on the devices the job has, on the lane it runs; the device reports its
-own capacity (``Backend.memory_stats``). Where the plan needs more than the device holds, the run is refused
-before any model is built, naming the changes the planner finds that fit. Where the device reports no capacity
-(the CPU, a torch_tpu without memory statistics) nothing is checked here; the xla step still says plainly what
-the allocator refuses, and a compiled whole step what its compiler refuses (``titanpod.graph.device_full``).
+own capacity (``Backend.memory_stats``): an accelerator its memory (from the chip table where it reports no use,
+as torch_tpu on an older libtpu), the CPU its host's memory shared by the job's processes on it. Where the plan
+needs more than that, the run is refused before any model is built, naming the changes the planner finds that
+fit. Where no capacity is known nothing is checked here; the xla step still says plainly what the allocator
+refuses, and a compiled whole step what its compiler refuses (``titanpod.graph.device_full``).
 
 The bar is the whole capacity, not the dry run's margin: a plan the planner puts just under it may still run
 (measured on a v5e: the planner within 5% of the compiler for recompute and selective, ``save`` 18% low), and a
@@ -48,6 +49,8 @@ class DeviceCapacity:
     """The chip's kind."""
     chips: int
     """Chips the job trains on."""
+    holder: str = "this device"
+    """What holds ``limit_bytes``, in words."""
 
 
 def job_devices(backend: Backend) -> int:
@@ -56,12 +59,19 @@ def job_devices(backend: Backend) -> int:
 
 
 def device_capacity(backend: Backend) -> DeviceCapacity | None:
-    """The device's capacity and the job's chips, or ``None`` where the device reports no capacity."""
-    stats = backend.memory_stats(process_info().local_rank)
-    if stats.kind != "device" or not stats.limit_bytes:
+    """The device's capacity and the job's chips, or ``None`` where no capacity is known: an accelerator's memory
+    (also where it reports no use, its chip's), or for the host its memory shared by the job's processes on it."""
+    info = process_info()
+    stats = backend.memory_stats(info.local_rank)
+    if not stats.limit_bytes or stats.kind not in ("device", "unavailable", "host"):
         return None
+    limit, holder = stats.limit_bytes, "this device"
+    if stats.kind == "host":
+        sharing = max(1, info.local_world_size)
+        limit //= sharing
+        holder = "this machine's memory" + (f" (a share of {sharing} processes)" if sharing > 1 else "")
     chip = backend.chip()
-    return DeviceCapacity(stats.limit_bytes, chip, max(1, job_devices(backend) // chip.devices_per_chip))
+    return DeviceCapacity(limit, chip, max(1, job_devices(backend) // chip.devices_per_chip), holder)
 
 
 def on_lane(recipe: AnyRecipe, backend: Backend) -> AnyRecipe:
@@ -79,15 +89,17 @@ def memory_parts(memory: MemoryPlan) -> str:
     )
 
 
-def refusal(name: str, needed: int, where: str, parts: str, capacity: int, fitting: Sequence[str]) -> str:
-    """Why a plan needing ``needed`` bytes does not fit a device of ``capacity``, and the changes that do."""
+def refusal(
+    name: str, needed: int, where: str, parts: str, capacity: int, fitting: Sequence[str], holder: str = "this device"
+) -> str:
+    """Why a plan needing ``needed`` bytes does not fit ``holder``'s ``capacity``, and the changes that do."""
     advice = (
         "; or ".join(fitting)
         if fitting
         else "a smaller model, a smaller batch or more devices (--dry-run shows each change's figure)"
     )
     return (
-        f"{name} needs {needed / GIB:.2f} GiB a device as planned on {where} ({parts}), and this device holds "
+        f"{name} needs {needed / GIB:.2f} GiB a device as planned on {where} ({parts}), and {holder} holds "
         f"{capacity / GIB:.2f} GiB. Nothing was built. Changes that fit: {advice}."
     )
 
@@ -116,6 +128,7 @@ def check_recipe_fits_device(recipe: Recipe, backend: Backend, args: DecoderArgs
                 memory_parts(plan.memory),
                 capacity.limit_bytes,
                 fitting,
+                capacity.holder,
             )
         )
     return plan
@@ -195,7 +208,9 @@ def check_diffusion_fits_device(recipe: DiffusionRecipe, backend: Backend) -> in
     fitting = _fitting(changes, ours, needs, capacity.limit_bytes)
     parts = f"{memory_parts(plan.memory)}, frozen encoders {plan.frozen_encoders / GIB:.2f}"
     where = f"{capacity.chips} x {capacity.chip.name}"
-    raise RecipeDoesNotFitDevice(refusal(recipe.name, plan.total_bytes, where, parts, capacity.limit_bytes, fitting))
+    raise RecipeDoesNotFitDevice(
+        refusal(recipe.name, plan.total_bytes, where, parts, capacity.limit_bytes, fitting, capacity.holder)
+    )
 
 
 def check_grpo_fits_device(
@@ -234,4 +249,6 @@ def check_grpo_fits_device(
         f"{plan.sync_transient / GIB:.2f}"
     )
     where = f"{devices} x {capacity.chip.name}"
-    raise RecipeDoesNotFitDevice(refusal(recipe.name, plan.total, where, parts, capacity.limit_bytes, fitting))
+    raise RecipeDoesNotFitDevice(
+        refusal(recipe.name, plan.total, where, parts, capacity.limit_bytes, fitting, capacity.holder)
+    )
