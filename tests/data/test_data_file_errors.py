@@ -58,3 +58,31 @@ def test_compressed_text_is_checked_after_decompression(tmp_path):
     found = first_undecodable(str(path))
     assert found is not None and (found.line, found.byte) == (2, 0xFF)
     assert first_undecodable(str(write(documents(3), tmp_path, "jsonl"))) is None
+
+
+@pytest.mark.parametrize("cut", ["truncated", "not_an_object"])
+def test_a_line_that_is_not_json_is_named_shown_and_given_a_way_on(tmp_path, cut, capsys):
+    path = write(documents(60), tmp_path, "jsonl")
+    lines = path.read_text().splitlines()
+    lines[57] = lines[57][:12] if cut == "truncated" else "[1, 2]"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as error:
+        build(source="jsonl", path=str(path))
+    message = str(error.value)
+    assert f"Cannot read {path} as jsonl: line 58 is not a JSON record" in message
+    assert repr(lines[57]) in message and f"sed -i '58d' {path}" in message
+    with pytest.raises(DataError, match="line 58 is not a JSON record"):
+        read_jsonl_records(SFTDataConfig(source="jsonl", path=str(path)))
+    assert "Failed to load JSON" not in capsys.readouterr().err  # the library's own line is not printed too
+
+
+def test_a_record_without_the_text_field_is_named_and_shown(tmp_path):
+    path = write(documents(30), tmp_path, "jsonl")
+    lines = path.read_text().splitlines()
+    lines[20] = '{"body": "no text here"}'
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as error:
+        build(source="jsonl", path=str(path))
+    message = str(error.value)
+    assert f"Record 21 of {path} has no 'text' field" in message and "no text here" in message
+    assert "--data.text-field" in message

@@ -96,3 +96,10 @@ def test_an_unreadable_hub_dataset_says_to_check_the_name_or_use_a_file(monkeypa
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(DataError, match=r"cannot load the Hub dataset 'someone/none' \(split 'train'\).*local"):
         read_rows(TaskSource("hub:someone/none"))
+
+
+def test_an_empty_prompts_file_says_so_as_pretraining_does(tmp_path):
+    empty = tmp_path / "prompts.jsonl"
+    empty.write_bytes(b"")
+    with pytest.raises(DataError, match=r"is empty \(0 bytes\): no prompts to read"):
+        read_rows(TaskSource(str(empty)))

@@ -95,6 +95,9 @@ def test_a_step_trains_and_the_engine_holds_the_trainers_weights(tmp_path, sft_f
     assert all(row.update_tokens_per_second > 0 and row.update_seconds > 0 for row in result.history)
     assert all(row.rollout_seconds + row.update_seconds <= row.step_seconds for row in result.history)
     assert (result.run_dir / "rewards.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (result.run_dir / "loss.png").is_file()
+    assert result.run_seconds is not None and result.run_seconds > result.summary.wall_seconds
+    assert any(label == "wall time" and "(the steps" in value for label, value in result.summary_rows())
 
 
 def test_engine_checksum_equals_trainer_after_each_step(tmp_path, sft_folder, monkeypatch):

@@ -1,10 +1,11 @@
-"""Cheap checks of local data files that the ``datasets`` library reports badly: empty files, and where in a
-file the bytes stop being UTF-8 text."""
+"""Cheap checks of local data files that the ``datasets`` library reports badly: empty files, where in a file the
+bytes stop being UTF-8 text, and the first line of a JSON lines file that is not JSON."""
 
 from __future__ import annotations
 
 import bz2
 import gzip
+import json
 import lzma
 from collections.abc import Callable
 from pathlib import Path
@@ -49,3 +50,48 @@ def first_undecodable(path: str) -> Undecodable | None:
             except UnicodeDecodeError as error:
                 return Undecodable(number, error.start + 1, line[error.start])
     return None
+
+
+SHOWN_CHARACTERS = 120
+"""Characters of a bad line a message shows."""
+
+
+class BadLine(NamedTuple):
+    """The first line of a JSON lines file that does not parse."""
+
+    line: int
+    """Line number, from 1."""
+    problem: str
+    """What the JSON parser says of it."""
+    text: str
+    """The line, cut to ``SHOWN_CHARACTERS``."""
+
+    def describe(self) -> str:
+        """``line L is not a JSON record (problem): 'text'``."""
+        return f"line {self.line} is not a JSON record ({self.problem}): {self.text!r}"
+
+
+def first_bad_json_line(path: str) -> BadLine | None:
+    """The first non-blank line of ``path`` (JSON lines, maybe compressed) that is not a JSON object; ``None`` when
+    every line is one, or the file is one JSON document rather than lines (it starts with ``[``)."""
+    name = Path(path)
+    if not any(suffix in name.suffixes for suffix in (".json", ".jsonl")):
+        return None
+    with OPENERS.get(name.suffix, open)(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            text = raw.decode("utf-8", errors="replace").strip()
+            if not text:
+                continue
+            if number == 1 and text.startswith("["):
+                return None
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as error:
+                return BadLine(number, error.msg, _cut(text))
+            if not isinstance(record, dict):
+                return BadLine(number, f"a {type(record).__name__}, not an object", _cut(text))
+    return None
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= SHOWN_CHARACTERS else text[:SHOWN_CHARACTERS] + "..."

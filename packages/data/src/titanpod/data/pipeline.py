@@ -135,9 +135,16 @@ def _document_chunks(config: DataConfig) -> tuple[Iterator[list[str]], str]:
     quiet_datasets()
     table, files = load_local(config)
     text = table.select_columns([config.text_field])
-    chunks = (
-        [as_text(value, config) for value in batch[config.text_field]] for batch in text.iter(batch_size=TOKENIZE_CHUNK)
-    )
+
+    def texts(start: int, values: list[Any]) -> list[str]:
+        return [
+            value if isinstance(value, str) else as_text(value, config, start + row, files, table[start + row])
+            for row, value in enumerate(values)
+        ]
+
+    starts = range(0, len(text), TOKENIZE_CHUNK)
+    batches = text.iter(batch_size=TOKENIZE_CHUNK)
+    chunks = (texts(start, batch[config.text_field]) for start, batch in zip(starts, batches, strict=False))
     return decoded(chunks, files, config.source), describe_source(config, files)
 
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from titanpod.data.config import FILE_SOURCES, DataConfig, closest
-from titanpod.data.file_checks import empty_files, first_undecodable
+from titanpod.data.file_checks import SHOWN_CHARACTERS, empty_files, first_bad_json_line, first_undecodable
 
 if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
@@ -39,7 +40,7 @@ def quiet_datasets() -> None:
 
 
 @contextlib.contextmanager
-def _silenced() -> Iterator[None]:
+def silenced() -> Iterator[None]:
     """Drop even the error log lines ``datasets`` prints before raising (we re-raise them, shorter)."""
     logger = logging.getLogger("datasets")
     level = logger.level
@@ -112,7 +113,7 @@ def _probe(name: str, source: str) -> BaseException | None:
     import datasets
 
     try:
-        with _silenced():
+        with silenced():
             for _ in datasets.load_dataset(BUILDERS[source], data_files=[name], split="train", streaming=True):
                 pass
     except Exception as error:
@@ -142,6 +143,11 @@ def read_error(error: BaseException, files: list[str], source: str) -> DataError
                 break
     if where is None:
         where = f"one of {len(files)} files ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})"
+    elif source in ("json", "jsonl") and (bad := first_bad_json_line(where)) is not None:
+        return DataError(
+            f"Cannot read {where} as {source}: {bad.describe()}. Fix that line or delete it "
+            f"(sed -i '{bad.line}d' {where}), then run again."
+        )
     chain = error_chain(error)
     telling = next((item for item in chain if "An error occurred while generating" not in str(item)), chain[0])
     return DataError(f"Cannot read {where} as {source}: {first_line(telling)}")
@@ -184,7 +190,7 @@ def load_local(config: DataConfig) -> tuple[Dataset, list[str]]:
 
     files = data_files(config)
     try:
-        with _silenced():
+        with silenced():
             table = datasets.load_dataset(BUILDERS[config.source], data_files={"train": files}, split=config.split)
     except Exception as error:  # the library raises many types (ArrowInvalid, DatasetGenerationError, ...)
         raise read_error(error, files, config.source) from error
@@ -200,7 +206,7 @@ def open_stream(config: DataConfig, split: str) -> tuple[IterableDataset, list[s
     files = data_files(config) if config.source in FILE_SOURCES else None
     where = describe_source(config, files)
     try:
-        with _silenced():
+        with silenced():
             if files is not None:
                 stream = datasets.load_dataset(
                     BUILDERS[config.source], data_files={"train": files}, split=split, streaming=True
@@ -222,11 +228,31 @@ def open_stream(config: DataConfig, split: str) -> tuple[IterableDataset, list[s
     return stream, files
 
 
-def as_text(value: Any, config: DataConfig) -> str:
-    """One document's text, with an error naming the field when the column does not hold strings."""
-    if not isinstance(value, str):
+def as_text(
+    value: Any,
+    config: DataConfig,
+    document: int | None = None,
+    files: list[str] | None = None,
+    record: Any = None,
+) -> str:
+    """One document's text, with an error naming the field, and where known the document (its index from 0 over
+    ``files`` in order) and its ``record``, when it holds no string."""
+    if isinstance(value, str):
+        return value
+    field = config.text_field
+    if document is None:
+        which = ""
+    elif files is not None and len(files) == 1:
+        which = f"record {document + 1} of {files[0]}"
+    else:
+        which = f"document {document + 1} of the {len(files or [])} files in order"
+    shown = f": {json.dumps(record, default=str)[:SHOWN_CHARACTERS]}" if record is not None else ""
+    if value is None and which:
         raise DataError(
-            f"data.text_field {config.text_field!r} holds {type(value).__name__} values, not text; "
-            "name a column of strings with --data.text_field."
+            f"{which[:1].upper()}{which[1:]} has no {field!r} field{shown}. Give it one or delete it "
+            "(--data.text-field names another field, if every record has it)."
         )
-    return value
+    raise DataError(
+        f"data.text_field {field!r} holds {type(value).__name__} values{f' ({which}{shown})' if which else ''}, not "
+        "text; name a field of strings with --data.text-field."
+    )

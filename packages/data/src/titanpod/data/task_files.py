@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from titanpod.data.answers import number_reward
-from titanpod.data.sources import DataError, quiet_datasets, read_error
+from titanpod.data.sources import DataError, quiet_datasets, read_error, silenced
 from titanpod.data.tasks import SPLITS, ExactMatchTask, Example, Split, split_of
 
 HUB_PREFIX = "hub:"
@@ -49,7 +49,8 @@ def read_rows(source: TaskSource) -> list[dict[str, Any]]:
     if source.path.startswith(HUB_PREFIX):
         name = source.path[len(HUB_PREFIX) :]
         try:
-            table = datasets.load_dataset(name, split=source.split)
+            with silenced():
+                table = datasets.load_dataset(name, split=source.split)
         except Exception as error:  # network, unknown dataset or split: the library raises many types
             raise DataError(
                 f"{source.field} {source.path!r}: cannot load the Hub dataset {name!r} (split {source.split!r}): "
@@ -70,8 +71,14 @@ def read_rows(source: TaskSource) -> list[dict[str, Any]]:
                 f"{source.field} {source.path!r}: no such file (looked in {Path.cwd()} for a relative path). Check "
                 "the path, or write the file: one row per prompt with its reference answer."
             )
+        if path.stat().st_size == 0:
+            raise DataError(
+                f"{source.field} {source.path!r} is empty (0 bytes): no prompts to read. Fill it (a download or "
+                "copy that did not finish?), one row per prompt with its reference answer, or name another file."
+            )
         try:
-            table = datasets.load_dataset(builder, data_files={"train": [str(path)]}, split="train")
+            with silenced():
+                table = datasets.load_dataset(builder, data_files={"train": [str(path)]}, split="train")
         except Exception as error:  # ArrowInvalid, DatasetGenerationError, ...
             raise read_error(error, [str(path)], builder) from error
         where = str(path)

@@ -8,7 +8,9 @@ top of the command line (``--train.steps``), beside the app's own flags (``--rec
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
+import sys
 import typing
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -130,6 +132,38 @@ def boolean_flags(kind: type, prefix: str = "") -> dict[str, str | None]:
     return flags
 
 
+def option_names(kind: type, prefix: str = "") -> set[str]:
+    """Every ``--option`` tyro makes of dataclass ``kind``'s fields and the sections in it (a boolean's ``--no-``
+    form too), named as tyro names them."""
+    names: set[str] = set()
+    kind = typing.get_origin(kind) or kind
+    hints = typing.get_type_hints(kind, include_extras=True)
+    for field in dataclasses.fields(kind):
+        hint = hints[field.name]
+        extras = getattr(hint, "__metadata__", ())
+        renamed = next((extra.name for extra in extras if getattr(extra, "name", None) is not None), None)
+        name = field.name.replace("_", "-") if renamed is None else renamed
+        hint = typing.get_args(hint)[0] if extras else hint
+        if dataclasses.is_dataclass(hint):
+            names |= option_names(hint, f"{prefix}{name}." if name else prefix)
+        elif name:
+            names.add(f"--{prefix}{name}")
+    return names | {flag for flag in boolean_flags(kind, prefix).values() if flag is not None}
+
+
+def check_options(argv: Sequence[str], known: set[str], prog: str) -> None:
+    """Stop (``SystemExit(2)``, a few lines on stderr) at the first ``--option`` of ``argv`` that is none of
+    ``known``, naming the closest known ones first."""
+    for arg in argv:
+        name = arg.partition("=")[0]
+        if not name.startswith("--") or name in known or name.replace("_", "-") in known:
+            continue
+        close = difflib.get_close_matches(name.replace("_", "-"), sorted(known), n=3, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        print(f"error: {prog} has no option {name}.{hint} ({prog} --help lists every option.)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def flags_from_values(argv: Sequence[str], flags: dict[str, str | None]) -> list[str]:
     """``argv`` with each boolean given a value (``--x True``, ``--x=false``) written as tyro's flag (``--x``,
     ``--no-x``), so command lines written for the older ``--flag VALUE`` form keep working."""
@@ -198,6 +232,7 @@ def parse_args(
     """
     flags = {**boolean_flags(recipe_type), **boolean_flags(kind)}
     args = flags_from_values(argv, flags)
+    check_options(args, {"--help", "-h", *option_names(recipe_type), *option_names(kind)}, prog)
     return tyro.cli(kind, default=default, args=args, prog=prog, description=description, registry=PlainHelpRegistry())
 
 

@@ -9,7 +9,7 @@ Legend: B batch, L length so far, V vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,9 +30,11 @@ def greedy_generate(
     stop_ids: Sequence[int],
     pad_id: int,
     batch_size: int = 64,
+    progress: Callable[[str], None] | None = None,
 ) -> list[list[int]]:
     """The greedy continuation of each prompt (token ids), up to and without the first stop id, at most
-    ``max_new_tokens`` long. The model stays in the mode and on the device it is in."""
+    ``max_new_tokens`` long. The model stays in the mode and on the device it is in. ``progress`` hears of each
+    batch done when there are several."""
     device = model.tok_embeddings.weight.device
     stops = torch.tensor(list(stop_ids), device=device)
     completions: list[list[int]] = []
@@ -60,6 +62,8 @@ def greedy_generate(
         for row in generated_BN:
             cut = next((index for index, token in enumerate(row) if token in set(stop_ids)), len(row))
             completions.append(row[:cut])
+        if progress is not None and len(prompts) > batch_size:
+            progress(f"  greedy completions: {len(completions)}/{len(prompts)} prompts")
     return completions
 
 
@@ -102,15 +106,21 @@ def evaluate(
     *,
     format: str = "plain",
     batch_size: int = 64,
+    progress: Callable[[str], None] | None = None,
 ) -> Evaluation:
-    """Greedy completions of ``examples``' prompts (laid out in ``format``, as in training), scored by ``task``."""
+    """Greedy completions of ``examples``' prompts (laid out in ``format``, as in training), scored by ``task``;
+    ``progress`` hears of the start and of each batch."""
     if isinstance(tokenizer, Tokenizer):
         tokenizer = SFTTokenizer(tokenizer, "given")
     prompts = tokenizer.encode_batch([prompt_text(tokenizer, example.prompt, format) for example in examples])
     was_training = model.training
     model.eval()
+    if progress is not None:
+        progress(f"scoring {len(examples)} held-out {task.name} prompts (greedy, up to {max_new_tokens} tokens)")
     try:
-        generated = greedy_generate(model, prompts, max_new_tokens, tokenizer.stop_ids, tokenizer.pad_id, batch_size)
+        generated = greedy_generate(
+            model, prompts, max_new_tokens, tokenizer.stop_ids, tokenizer.pad_id, batch_size, progress
+        )
     finally:
         model.train(was_training)
     completions = [tokenizer.decode(ids) for ids in generated]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from titanpod.data.config import closest
 from titanpod.data.images.config import ImageDataConfig
 from titanpod.data.images.transforms import check_image_file
-from titanpod.data.sources import DataError, _silenced, first_line, quiet_datasets
+from titanpod.data.sources import DataError, first_line, quiet_datasets, silenced
 
 if TYPE_CHECKING:
     from datasets import Features, IterableDataset
@@ -116,7 +116,7 @@ def read_image_folder(config: ImageDataConfig) -> tuple[list[Any], list[str]]:
     quiet_datasets()
     where = describe_images(config)
     try:
-        with _silenced():
+        with silenced():
             stream = datasets.load_dataset("imagefolder", data_dir=str(folder), split="train", streaming=True)
             columns = _columns(stream.features, None if stream.features is not None else next(iter(stream), None))
             check_columns(columns, config, where)
@@ -144,7 +144,7 @@ def open_hub(config: ImageDataConfig, split: str) -> IterableDataset:
 
     quiet_datasets()
     try:
-        with _silenced():
+        with silenced():
             stream = datasets.load_dataset(config.path, config.name, split=split, streaming=True)
             first = next(iter(stream), None)
     except Exception as error:

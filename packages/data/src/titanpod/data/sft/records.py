@@ -25,7 +25,7 @@ from typing import Any
 from titanpod.data.config import DataConfig
 from titanpod.data.sft.config import SFTDataConfig
 from titanpod.data.sft.tokenizer import NoChatTemplateError, SFTTokenizer
-from titanpod.data.sources import DataError, data_files, decode_error, quiet_datasets, read_error
+from titanpod.data.sources import DataError, data_files, decode_error, quiet_datasets, read_error, silenced
 from titanpod.data.tasks import Task
 from titanpod.models import IGNORE_INDEX
 
@@ -191,7 +191,8 @@ def read_jsonl_records(config: SFTDataConfig) -> tuple[list[Record], str]:
     where = files[0] if len(files) == 1 else f"{config.path} ({len(files)} files, in name order)"
     quiet_datasets()
     try:
-        table = datasets.load_dataset("json", data_files={"train": files}, split="train")
+        with silenced():
+            table = datasets.load_dataset("json", data_files={"train": files}, split="train")
     except Exception as error:  # the library raises many types (ArrowInvalid, DatasetGenerationError, ...)
         raise read_error(error, files, "jsonl") from error
     if not {"messages", "prompt", "response"} & set(table.column_names):

@@ -89,12 +89,14 @@ class HeldOut:
             recipe.eval.max_new_tokens,
             format=recipe.grpo.format,
             batch_size=recipe.eval.batch_size,
+            progress=self.say,
         )
         self.evaluations[label] = (step_number, evaluation)
         self.say(evaluation.accuracy_line(step_number, f"{label} GRPO", setup.eval_task.name))
         self.write_scalars(step_number, {"eval_accuracy": evaluation.accuracy})
         samples = recipe.grpo.eval_samples
         if samples:
+            self.say(f"sampling {samples} completion(s) of each of the {len(setup.test_examples)} held-out prompts")
             accuracy = sampled_accuracy(self.engine, setup.tokenizer, setup.eval_task, setup.test_examples, recipe)
             self.sampled[label] = {"sampled_accuracy": accuracy, "samples_per_prompt": samples}
             self.say(

@@ -56,6 +56,8 @@ class GRPOResult:
     """``<run>/model/model.safetensors``, if saved."""
     hf_path: Path | None = None
     """``<run>/hf``, if exported."""
+    run_seconds: float | None = None
+    """Wall time of the whole run: loading, held-out scoring, the steps and the saves."""
 
     @property
     def steps_done(self) -> int:
@@ -103,8 +105,11 @@ class GRPOResult:
             if sampled is not None:
                 rows.append((f"held-out accuracy {label}, sampled", f"{sampled:.1%}"))
         rows.append(("engine weights", f"version {self.weights_version}, checksum {self.checksum[:16]}"))
-        if self.summary is not None:
-            rows.append(("wall time (steps)", f"{self.summary.wall_seconds:.1f} s"))
+        steps = f"{self.summary.wall_seconds:.1f} s" if self.summary is not None else None
+        if self.run_seconds is not None:
+            rows.append(("wall time", f"{self.run_seconds:.1f} s" + (f" (the steps {steps})" if steps else "")))
+        elif steps is not None:
+            rows.append(("wall time (steps)", steps))
         rows.append(("run directory", str(self.run_dir)))
         rows.append(("weights", str(self.weights_path or "not saved")))
         if self.hf_path is not None:

@@ -19,8 +19,8 @@ trains on it, and the loss is the step-wide token mean whatever the split (see `
 The run directory (a ``titanpod.runs.session.RunSession``) holds recipe.json, tokenizer.json (+
 tokenizer_config.json), metrics.jsonl (one line per step), checkpoints/ (trainer state and the
 step reached, to resume exactly), eval.json (held-out accuracy before and after), rewards.png (reward and
-accuracy curves), model/ (titanpod weights with the tokenizer, loadable as the next run's ``--model.init-from``)
-and, with ``checkpoint.export_hf``, hf/.
+accuracy curves), loss.png, model/ (titanpod weights with the tokenizer, loadable as the next run's
+``--model.init-from``) and, with ``checkpoint.export_hf``, hf/.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
     (``grpo.reward_function``, else ``grpo.reward``). Everything is loaded and checked before the run directory
     is written.
     """
+    started = time.perf_counter()
     setup = prepare_grpo(recipe, reward)
     with RunSession(recipe, setup.backend, console) as session:
         if session.is_main:
@@ -79,9 +80,11 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
         # Every rank: the built-in engine is filled by a streamed sync from the (sharded) policy.
         engine = open_rollout(recipe.rollout, setup.model, rows, session.say, family=setup.family, device=setup.device)
         try:
-            return train_grpo(setup, session, engine, reference)
+            result = train_grpo(setup, session, engine, reference)
         finally:
             close_rollout(engine)
+    result.run_seconds = time.perf_counter() - started
+    return result
 
 
 def describe_rollout(engine: RolloutEngine, processes: int) -> str:
@@ -153,6 +156,7 @@ def train_grpo(
     if session.is_main:
         held_out.fill(result, session.run_dir)
         draw_reward_plot(session.run_dir, f"{session.run_dir.name}: GRPO on {setup.task.name}")
+    session.draw_loss_plot()
     result.weights_path = session.save_final_weights(summary, lambda: write_model(setup, placement, result, say))
     return result
 
