@@ -58,13 +58,13 @@ def test_selective_at_4_by_4096_is_refused_before_anything_is_built_naming_a_cha
 def test_a_chip_that_reports_no_use_is_checked_against_its_chips_memory():
     """torch_tpu on libtpu 0.0.42.1 reports no memory use; the chip's capacity is still its table's."""
     recipe = qwen3_06b("--data.batch-size", "4", "--train.memory-policy", "selective")
-    with pytest.raises(RecipeDoesNotFitDevice, match="this device holds 15.75 GiB"):
+    with pytest.raises(RecipeDoesNotFitDevice, match=r"this device holds 15\.75 GiB"):
         check_recipe_fits_device(recipe, OneChip(kind="unavailable"))  # type: ignore[arg-type]
 
 
 def test_the_host_is_checked_against_its_memory_shared_by_the_jobs_processes_on_it(monkeypatch):
     recipe = qwen3_06b("--data.batch-size", "4", "--train.memory-policy", "selective")
-    with pytest.raises(RecipeDoesNotFitDevice, match="this machine's memory holds 15.75 GiB"):
+    with pytest.raises(RecipeDoesNotFitDevice, match=r"this machine's memory holds 15\.75 GiB"):
         check_recipe_fits_device(recipe, OneChip(kind="host"))  # type: ignore[arg-type]
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     fits_alone = qwen3_06b("--data.batch-size", "1")

@@ -110,7 +110,8 @@ def print_summary(console: Console, result: PretrainResult) -> None:
     table.add_row("peak memory", "unavailable" if peak is None else f"{peak:.2f} GiB")
     table.add_row("wall time", f"{summary.wall_seconds:.1f} s")
     console.print(table)
-    console.print(f"run directory: {result.run_dir} (recipe.json, metrics.jsonl, tensorboard/)", soft_wrap=True)
+    held = [name for name in ("recipe.json", "metrics.jsonl", "tensorboard/") if (result.run_dir / name).exists()]
+    console.print(f"run directory: {result.run_dir} ({', '.join(held) or 'nothing written yet'})", soft_wrap=True)
     console.print(f"weights: {result.weights_path or 'not saved'}", soft_wrap=True)
     if summary.stopped_because:
         console.print(f"[bold red]stopped[/] at {summary.stopped_because}", soft_wrap=True)

@@ -21,6 +21,7 @@ from titanpod.data.sft.config import SFTDataConfig
 from titanpod.data.sft.records import (
     SHOWN_SKIPS,
     ExampleSet,
+    Record,
     SFTExample,
     check_covers,
     encode_records,
@@ -190,6 +191,18 @@ class SFTRecords:
     """The built-in task (``data.source task``), else ``None``."""
     where: str
     """Words naming the records."""
+    layout: str = ""
+    """How the records are laid out, in words: chats through the chat template, or prompt/response pairs in
+    ``data.format``."""
+
+
+def record_layout(records: list[Record], format: str) -> str:
+    """How ``records`` are laid out, in words (a record with ``messages`` is a chat, whatever ``data.format``)."""
+    chats = sum(record.get("messages") is not None for record in records)
+    pairs = f"prompt/response pairs, {format} format"
+    if chats == len(records):
+        return "chats through the chat template"
+    return pairs if chats == 0 else f"{chats:,} chats through the chat template, {len(records) - chats:,} {pairs}"
 
 
 def encode_sft_records(config: SFTDataConfig, tokenizer: SFTTokenizer, seed: int) -> SFTRecords:
@@ -202,7 +215,8 @@ def encode_sft_records(config: SFTDataConfig, tokenizer: SFTTokenizer, seed: int
         records, where = task_records(task, config.train_examples, seed), f"task {task.name} (train split)"
     else:
         records, where = read_jsonl_records(config)
-    return SFTRecords(encode_records(records, tokenizer, config, where), task, where)
+    encoded = encode_records(records, tokenizer, config, where)
+    return SFTRecords(encoded, task, where, record_layout(records, config.format))
 
 
 def pack_sft_data(
@@ -219,7 +233,8 @@ def pack_sft_data(
         more = f" and {len(encoded.skipped) - SHOWN_SKIPS} more" if len(encoded.skipped) > SHOWN_SKIPS else ""
         skipped = f"; [bold yellow]skipped {len(encoded.skipped)} bad records[/]: {shown}{more}"
     description = (
-        f"data: {escape(where)}, {len(encoded.examples):,} examples ({config.format} format, "
+        f"data: {escape(where)}, {len(encoded.examples):,} examples "
+        f"({records.layout or config.format + ' format'}, "
         f"{tokenizer.vocab_size:,}-token tokenizer {tokenizer.spec}) -> {rows:,} rows of {config.seq_len} "
         f"({fill:.0%} filled, "
         f"{batches.trained_tokens():,} response tokens), {batches.batches_per_epoch:,} batches of {config.batch_size} "
