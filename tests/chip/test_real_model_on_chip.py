@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -35,11 +36,12 @@ GGUF_ENV, RUNS_ENV = "TITANPOD_CHIP_GGUF", "TITANPOD_CHIP_RUNS"
 TRAINED = bool(os.environ.get(GGUF_ENV))
 """Whether the real model is under test (else the CPU check's tiny random one)."""
 SIGTERM_EXIT = 143
-TEXT = str(REPO_ROOT / "docs" / "*.md")
-"""Real text: this repository's own documentation, about 107,000 tokens of English for SmolLM2's tokenizer."""
+TEXT = "{corpus}/*.md"
+"""Real text: this repository's own documentation (about 107,000 tokens of English for SmolLM2's tokenizer), copied
+once beside the runs, so every run of a kept folder reads the same."""
 CPT = ["--train.steps", "30", "--train.warmup-steps", "3", "--train.lr", "3e-5", "--train.log-every", "1",
        "--data.source", "text", "--data.path", TEXT, "--data.validation-fraction", "0.1",
-       "--data.validation-every", "10", "--data.validation-batches", "4",
+       "--data.validation-every", "10", "--data.validation-batches", "4", "--data.document-masking",
        "--data.seq-len", "256" if ON_CPU else "1024", "--data.batch-size", "2" if ON_CPU else "8",
        "--checkpoint.every", "10", "--checkpoint.no-async-save", "--checkpoint.export-hf",
        "--kernels.attention", "splash", "--kernels.head-loss", "pallas", "--train.precision", "bf16",
@@ -152,13 +154,18 @@ def resumed_run(runs: Path, app: str, name: str, lane: str, flags: list[str], st
 # ---------------------------------------------------------------- continued pretraining, xla lane
 
 
-def cpt_flags(gguf: Path) -> list[str]:
-    return ["--model.init-from", str(gguf), *CPT]
+def cpt_flags(gguf: Path, runs: Path) -> list[str]:
+    corpus = runs / "corpus"
+    if not corpus.is_dir():
+        corpus.mkdir()
+        for page in (REPO_ROOT / "docs").glob("*.md"):
+            shutil.copy(page, corpus / page.name)
+    return ["--model.init-from", str(gguf), *(flag.format(corpus=corpus) for flag in CPT)]
 
 
 @pytest.fixture(scope="module")
 def pretrained(runs: Path, gguf: Path) -> Path:
-    return whole_run(runs, "pretrain", "cpt", "xla", cpt_flags(gguf))
+    return whole_run(runs, "pretrain", "cpt", "xla", cpt_flags(gguf, runs))
 
 
 def test_xla_continued_pretraining_on_real_text_lowers_the_validation_loss(pretrained, runs):
@@ -193,7 +200,7 @@ def test_xla_continued_pretrainings_export_reloads_in_transformers_to_titanpods_
 
 
 def test_xla_continued_pretraining_stopped_by_sigterm_ends_where_the_unstopped_run_ends(pretrained, runs, gguf):
-    resumed = resumed_run(runs, "pretrain", "cpt", "xla", cpt_flags(gguf), stop_after=15)
+    resumed = resumed_run(runs, "pretrain", "cpt", "xla", cpt_flags(gguf, runs), stop_after=15)
     assert losses(resumed) == losses(pretrained)
     assert validation(resumed) == validation(pretrained)
     assert same_weights(resumed, pretrained)
