@@ -123,7 +123,7 @@ def test_a_file_that_is_not_gguf_or_is_cut_short_is_named(tmp_path, capsys):
 def test_an_architecture_without_a_family_is_named(tmp_path, capsys):
     path = write_gguf(tmp_path / "phi.gguf", "llama3", architecture="phi2")
     message = refusal(tmp_path, path, capsys)
-    assert "'phi2'" in message and "llama, qwen3, qwen3moe" in message
+    assert "'phi2'" in message and "llama, qwen3 (Llama 3, Qwen 3)" in message
 
 
 def test_a_quantization_gguf_cannot_dequantize_is_named(tmp_path, capsys):

@@ -36,9 +36,8 @@ GGUF_SUFFIX = ".gguf"
 """The suffix of a GGUF file."""
 GGUF_MAGIC = b"GGUF"
 """The four bytes every GGUF file starts with."""
-ARCHITECTURES = {"llama": "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
-"""GGUF ``general.architecture`` -> the transformers ``model_type`` a titanpod family reads (Llama 3, Qwen 3,
-Qwen 3 MoE)."""
+ARCHITECTURES = {"llama": "llama", "qwen3": "qwen3"}
+"""GGUF ``general.architecture`` -> the transformers ``model_type`` a titanpod family reads (Llama 3, Qwen 3)."""
 INSTALL_HINT = "pip install 'titanpod-checkpoint[gguf]' (gguf, transformers and accelerate)"
 """What to install when reading GGUF files finds a library missing."""
 
@@ -71,7 +70,7 @@ class GgufModel:
     """A GGUF file read into a titanpod model, with what travels beside the weights."""
 
     family: str
-    """The titanpod family (``llama3``, ``qwen3``, ``qwen3_moe``)."""
+    """The titanpod family (``llama3``, ``qwen3``)."""
     adapter: DecoderAdapter
     """How the family's tensors are named in Hugging Face form."""
     model: Transformer
@@ -138,7 +137,7 @@ def check_gguf(path: Path | str) -> GgufSummary:
     if architecture not in ARCHITECTURES:
         raise GgufError(
             f"{path} holds a {architecture!r} model; titanpod starts from GGUF files of the architectures "
-            f"{', '.join(sorted(ARCHITECTURES))} (Llama 3, Qwen 3, Qwen 3 MoE)."
+            f"{', '.join(sorted(ARCHITECTURES))} (Llama 3, Qwen 3)."
         )
     types = Counter(tensor.tensor_type.name for tensor in reader.tensors)
     refused: dict[str, str] = {}
