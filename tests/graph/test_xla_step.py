@@ -116,8 +116,9 @@ def test_xla_step_trains_like_the_cpu_eager_step(runs):
     assert runs["param_rel_l2"] < 1e-3
     assert runs["param_frac_1e-5"] < 1e-3
     # Element by element, AdamW moves a weight whose gradient is rounding noise by up to the learning rate
-    # (3e-3) a step in either direction, so the bound is the learning rate; the two checks above are the parity.
-    assert runs["param_max_abs"] < 3e-3
+    # (3e-3) a step in either direction, so two runs can part by twice it where the noise's sign differs (seen:
+    # 3.96e-3 on a 2-core AMD host); the two checks above are the parity.
+    assert runs["param_max_abs"] < 2 * 3e-3
     assert runs["wq_spec"] == "P('tp', 'fsdp')"  # still sharded by the plan after 5 donated updates
     assert runs["save_compiles"] == 1  # a new learning rate each step, one compilation
 
