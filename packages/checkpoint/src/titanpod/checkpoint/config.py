@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from titanpod.models.field_checks import check_field_types, whole_number
+from titanpod.models.field_checks import check_field_types, real_number, whole_number
 
 
 @dataclass(frozen=True)
@@ -14,6 +14,10 @@ class CheckpointConfig:
 
     every: int = 0
     """Save the trainer state every this many steps (0: only at the end, if ``at_end``)."""
+    every_seconds: float = 0.0
+    """Also save the trainer state once this many seconds have passed since the first step or the last save
+    (0: off), checked after each step: a run killed without notice (``kill -9``, a lost VM) then loses at most
+    about this much work. Every process saves after the same step."""
     at_end: bool = True
     """Save the trainer state after the last step (and when the run is interrupted)."""
     keep_last: int = 2
@@ -40,5 +44,6 @@ class CheckpointConfig:
         check_field_types(self, "checkpoint")
         whole_number("checkpoint.every", self.every, at_least=0)
         whole_number("checkpoint.keep_last", self.keep_last, at_least=0)
+        real_number("checkpoint.every_seconds", self.every_seconds, at_least=0)
         names = tuple(name.strip() for entry in self.allow_changes for name in entry.split(",") if name.strip())
         object.__setattr__(self, "allow_changes", names)  # a recipe file's list, or "a,b", as a tuple of names

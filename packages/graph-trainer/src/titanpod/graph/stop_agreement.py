@@ -26,8 +26,12 @@ class StopAgreement:
 
     def signal(self, stop: StopRequest) -> int | None:
         """The signal the job stops for after this step, or ``None``; every process must call this each step."""
+        return self.largest(stop.signum or 0) or None
+
+    def largest(self, value: int) -> int:
+        """The largest ``value`` any process offers; every process must call this at the same point."""
         if self.group is None:
-            return stop.signum
-        offered = torch.tensor([stop.signum or 0], dtype=torch.int64)
+            return value
+        offered = torch.tensor([value], dtype=torch.int64)
         dist.all_reduce(offered, op=dist.ReduceOp.MAX, group=self.group)
-        return int(offered.item()) or None
+        return int(offered.item())

@@ -36,6 +36,7 @@ from titanpod.recipes.recipe import RunRecipe
 from titanpod.runs.folder_locks import FolderLocks
 from titanpod.runs.peer_loss import report_lost_peer, say_anywhere
 from titanpod.runs.run_folder import as_recorded
+from titanpod.runs.save_clock import SaveClock
 from titanpod.runs.session_dir import HeldRunDir, run_dir_of
 from titanpod.runs.session_saves import ResumableData, RunSaves, Written
 from titanpod.runs.session_writers import RunWriters
@@ -103,6 +104,8 @@ class RunSession:
         self.checkpointer.remove_partial()
         self.saves = RunSaves(recipe, self.checkpointer, self.run_dir, self.info, self.say, self._report_lost_peer)
         """The checkpoints, resuming from one, and the final weights."""
+        self.save_clock = SaveClock(recipe.checkpoint.every_seconds, backend)
+        """When a save is due by time (``checkpoint.every_seconds``)."""
         self._reported_error: Exception | None = None
 
     @property
@@ -201,6 +204,14 @@ class RunSession:
         """Save the trainer state after ``step_number`` steps (every rank; in the background with
         ``checkpoint.async_save``). A second save of the same step does nothing."""
         self.saves.save_checkpoint(step_number)
+        self.save_clock.saved()
+
+    def save_due(self, step_number: int) -> bool:
+        """Whether a checkpoint is due after ``step_number``: every ``checkpoint.every`` steps, or once
+        ``checkpoint.every_seconds`` have passed since the last save (every process must ask after each step)."""
+        every = self.recipe.checkpoint.every
+        by_time = self.save_clock.due()
+        return by_time or bool(every and step_number % every == 0)
 
     def train(
         self,
@@ -225,13 +236,12 @@ class RunSession:
         the session's. A background save in flight is completed before this returns or raises.
         """
         model, step = self.saves.registered()
-        every = self.recipe.checkpoint.every
         profiler = self.profiler
 
         def after_each(step_number: int) -> None:
             if after_step is not None:
                 after_step(step_number)
-            if every and step_number % every == 0:
+            if self.save_due(step_number):
                 self.save_checkpoint(step_number)
             self.checkpointer.poll()
 

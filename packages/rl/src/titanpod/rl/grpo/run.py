@@ -203,7 +203,7 @@ def run_steps(
         return lambda: StepCheck(not metrics.skipped_updates, metrics.loss, metrics.grad_norm)
 
     def after_step(step_number: int) -> None:
-        if recipe.checkpoint.every and step_number % recipe.checkpoint.every == 0:
+        if session.save_due(step_number):
             session.save_checkpoint(step_number)
         session.checkpointer.poll()
 
