@@ -197,6 +197,7 @@ def run(args: Command, console: Console) -> None:
             overwrite=args.overwrite,
             special_tokens=found.special_tokens,
             extra_files={**found.files, CARD_FILE: found.card.render()},
+            attention_window=found.attention_window,
         )
         count = parameter_count(found.model)
         say(f"exported {found.family} ({count:,} parameters) from {found.read_from} to {args.out}")

@@ -46,6 +46,11 @@ class ExportSource:
     read_from: Path
     """The folder the weights were read from."""
 
+    @property
+    def attention_window(self) -> int | None:
+        """The attention window the model was trained with: its recipe's ``kernels.window``."""
+        return ((self.card.recipe or {}).get("kernels") or {}).get("window")
+
 
 def open_export_source(path: Path) -> ExportSource:
     """The model folder, trainer checkpoint or run directory at ``path``, read (see the module docstring)."""

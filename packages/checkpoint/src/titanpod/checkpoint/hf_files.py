@@ -94,12 +94,14 @@ def save_hf_checkpoint(
     overwrite: bool = True,
     special_tokens: SpecialTokens | None = None,
     extra_files: Files | None = None,
+    attention_window: int | None = None,
 ) -> Path:
     """Write ``model`` as a Hugging Face checkpoint of ``adapter``'s class: config.json and safetensors shards.
 
     ``special_tokens`` go into config.json and, unless ``extra_files`` brings its own, into a
     generation_config.json; ``extra_files`` (name -> text or bytes: tokenizer files, a model card) are
-    written beside the weights, in the same atomic write.
+    written beside the weights, in the same atomic write. ``attention_window`` is the run's ``kernels.window``:
+    config.json states it, or a class without a sliding window is refused before anything is written.
 
     Shards are ``model-0000k-of-0000n.safetensors`` with ``model.safetensors.index.json``
     when more than one is needed (``max_shard_size``, e.g. ``5GB``), else one
@@ -109,6 +111,7 @@ def save_hf_checkpoint(
     at a time and written by one process: every process of its mesh must call this (see
     ``hf_folder.save_adapted``).
     """
+    window = adapter.window_config(attention_window)  # refused before any file is written
     dtype = dtype or model.tok_embeddings.weight.dtype
     special_tokens = special_tokens or SpecialTokens()
     files = dict(extra_files or {})
@@ -123,7 +126,7 @@ def save_hf_checkpoint(
         dtype,
         progress,
         overwrite,
-        config_extra=special_tokens.as_config(),
+        config_extra={**special_tokens.as_config(), **window},
         extra_files=files,
     )
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from titanpod.checkpoint import save_hf_checkpoint, save_model
 from titanpod.graph import TrainSummary
+from titanpod.kernels import KernelConfig
 from titanpod.recipes.families import hf_adapter
 from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.recipes.recipe import Recipe
@@ -40,9 +41,11 @@ def write_final_weights(
     extras: HFExtras,
     export_hf: bool,
     say: Callable[[str], None],
+    attention_window: int | None = None,
 ) -> FinalWeights:
     """Write the placed model's weights to ``<run>/model`` with the recipe, the tokenizer and the card's facts;
-    with ``export_hf`` also as a Hugging Face checkpoint in ``<run>/hf``.
+    with ``export_hf`` also as a Hugging Face checkpoint in ``<run>/hf`` whose config.json states
+    ``attention_window`` (the run's ``kernels.window``).
 
     Every rank calls it: a sharded model is gathered one tensor at a time and rank 0 writes; pipeline stages
     send their tensors to rank 0 in turn, which also gathers the whole model in its host memory for the Hugging
@@ -71,10 +74,18 @@ def write_final_weights(
                 run_dir / HF_FOLDER,
                 special_tokens=extras.special_tokens,
                 extra_files=extras.hf_files(),
+                attention_window=attention_window,
             )
             with_tokenizer = " with its tokenizer" if extras.tokenizer_files else ""
             say(f"exported the model{with_tokenizer} as a Hugging Face checkpoint: {hf_path}")
     return FinalWeights(weights, hf_path)
+
+
+def check_export(family: str, kernels: KernelConfig, export_hf: bool) -> None:
+    """Before any work: ``UnsupportedConfigError`` when ``export_hf`` would have to write a model whose attention
+    ``family``'s Hugging Face class cannot express (``kernels.window`` where it has no sliding window)."""
+    if export_hf:
+        hf_adapter(family).window_config(kernels.window)
 
 
 def write_trained_weights(
@@ -98,4 +109,5 @@ def write_trained_weights(
         extras_at(loss),
         recipe.checkpoint.export_hf,
         session.say,
+        recipe.kernels.window,
     )

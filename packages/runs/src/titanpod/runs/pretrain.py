@@ -21,7 +21,7 @@ from titanpod.recipes.families import build_model
 from titanpod.recipes.recipe import Recipe
 from titanpod.runs.checkpoint_tokenizer import check_text_tokenizer
 from titanpod.runs.device_fit import check_recipe_fits_device
-from titanpod.runs.final_weights import write_trained_weights
+from titanpod.runs.final_weights import check_export, write_trained_weights
 from titanpod.runs.hf_export import HFExtras, training_extras
 from titanpod.runs.init_from import build_pretrained_model, following, model_args, pretrained_for
 from titanpod.runs.pipelined import with_pipeline_microbatches
@@ -96,6 +96,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     torch.manual_seed(recipe.train.seed)
     pretrained = pretrained_for(recipe, console)  # a folder that does not fit fails before anything is built
     recipe = following(recipe, pretrained, BUILTIN)  # its family and tokenizer, as recipe.json records them
+    check_export(recipe.model.family, recipe.kernels, recipe.checkpoint.export_hf)
     tokenizer_note = check_text_tokenizer(recipe.data, model_args(recipe, pretrained).vocab_size, pretrained)
     check_recipe_fits_device(recipe, backend, model_args(recipe, pretrained))  # its plan against the device
     if pretrained is None:

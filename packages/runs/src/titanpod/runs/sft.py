@@ -33,7 +33,7 @@ from titanpod.recipes.posttrain.sft_recipe import SFTRecipe
 from titanpod.runs.checkpoint_tokenizer import check_run_tokenizer
 from titanpod.runs.device_fit import check_sft_fits_device
 from titanpod.runs.evaluation import Evaluation, evaluate
-from titanpod.runs.final_weights import write_trained_weights
+from titanpod.runs.final_weights import check_export, write_trained_weights
 from titanpod.runs.hf_export import HFExtras, post_training_tokenizer, training_extras
 from titanpod.runs.init_from import following, opened_init_from, place_from_folder
 from titanpod.runs.placement import start_placement
@@ -186,6 +186,7 @@ def run_sft(recipe: SFTRecipe, console: Console | None = None) -> SFTResult:
     torch.manual_seed(recipe.train.seed)
     folder = None if recipe.model.init_from is None else opened_init_from(recipe.model.init_from, console)
     recipe = following(recipe, folder, CHARS)  # its family and tokenizer (chat template too), as recipe.json records
+    check_export(recipe.model.family, recipe.kernels, recipe.checkpoint.export_hf)
     tokenizer = load_sft_tokenizer(recipe.data.tokenizer)
     check_sft_fits_device(recipe, backend, recipe.model.args() if folder is None else folder.args)  # before building
     model, started_from, pretrained, seeded = build_sft_model(recipe, backend, folder)

@@ -19,6 +19,7 @@ from titanpod.models.adapters.decoder_config import (
     args_from_hf_config,
     family_of_hf_config,
     hf_config_from_args,
+    sliding_window_config,
 )
 from titanpod.models.common.args import DecoderArgs
 
@@ -122,6 +123,10 @@ class DecoderAdapter(StateDictAdapter[DecoderArgs]):
     def hf_config_from_args(self, args: DecoderArgs, dtype: torch.dtype) -> dict[str, Any]:
         """config.json in the published checkpoints' style, its ``dtype`` field set to ``dtype``."""
         return hf_config_from_args(self.form, args, str(dtype).removeprefix("torch."))
+
+    def window_config(self, window: int | None) -> dict[str, Any]:
+        """config.json's fields for ``kernels.window``; see ``sliding_window_config``."""
+        return sliding_window_config(self.form, window)
 
     def hf_layout(self, args: DecoderArgs) -> Mapping[str, HFSlot]:
         """See ``decoder_hf_layout``."""

@@ -26,6 +26,8 @@ class DecoderHFForm:
     """The class has routed experts in every layer (Qwen 3 MoE): config.json's expert fields are read."""
     extra_config: tuple[tuple[str, Any], ...] = ()
     """Fixed (key, value) pairs the published checkpoints' config.json carries, written as they are."""
+    sliding_window: bool = False
+    """The class can attend through a sliding window in every layer (config.json's ``use_sliding_window``)."""
 
     def describes(self, config: Mapping[str, Any]) -> bool:
         """Whether ``config`` is this class's: its ``architectures`` name it, or (none listed) its ``model_type``."""
@@ -117,6 +119,23 @@ def args_from_hf_config(config: Mapping[str, Any], form: DecoderHFForm) -> Decod
         moe=_moe(config) if form.moe else None,
     )
     return args
+
+
+def sliding_window_config(form: DecoderHFForm, window: int | None) -> dict[str, Any]:
+    """config.json's fields for attention that sees ``window`` keys before each query (``kernels.window``) in
+    every layer; none for ``None``. ``UnsupportedConfigError`` where ``form``'s class has no sliding window, as
+    transformers would then attend to every earlier key and compute another model."""
+    if window is None:
+        return {}
+    if not form.sliding_window:
+        raise UnsupportedConfigError(
+            f"kernels.window {window}: transformers' {form.architecture} has no sliding window, so its export would "
+            "attend to every earlier key and give other logits than the trained model. Leave out the Hugging Face "
+            "export (titanpod's own model/ folder keeps the window), train without --kernels.window, or train a "
+            "family whose class has one (qwen3, qwen3_moe)."
+        )
+    # transformers' window counts the query's own key: query i sees keys i - sliding_window + 1 .. i.
+    return {"use_sliding_window": True, "sliding_window": window + 1, "max_window_layers": 0}
 
 
 def hf_config_from_args(form: DecoderHFForm, args: DecoderArgs, dtype: str = "float32") -> dict[str, Any]:

@@ -9,7 +9,7 @@ from titanpod.recipes.families.spec import ModelClass, ModelSpec
 from titanpod.recipes.recipe import Recipe, TargetConfig
 from titanpod.recipes.recipe_templates import ONE_CHIP_KERNELS, debug_recipe, pod_recipe
 
-HF_FORM = DecoderHFForm("Qwen3ForCausalLM", "qwen3", qk_norm=True)
+HF_FORM = DecoderHFForm("Qwen3ForCausalLM", "qwen3", qk_norm=True, sliding_window=True)
 """Qwen 3's Hugging Face class: per-head query and key norms."""
 
 

@@ -9,7 +9,7 @@ from titanpod.recipes.families.spec import ModelClass, ModelSpec
 from titanpod.recipes.recipe import Recipe, TargetConfig
 from titanpod.recipes.recipe_templates import debug_recipe, pod_recipe
 
-HF_FORM = DecoderHFForm("Qwen3MoeForCausalLM", "qwen3_moe", qk_norm=True, moe=True)
+HF_FORM = DecoderHFForm("Qwen3MoeForCausalLM", "qwen3_moe", qk_norm=True, moe=True, sliding_window=True)
 """Qwen 3 MoE's Hugging Face class: per-head query and key norms, routed experts in every layer."""
 
 

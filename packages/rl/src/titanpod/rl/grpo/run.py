@@ -257,7 +257,15 @@ def write_model(setup: GRPOSetup, placement: Placement, result: GRPOResult, say:
         accuracy_task=result.eval_task,
     )
     written = write_final_weights(
-        placement, setup.family, result.run_dir, steps, recipe.to_json(), extras, recipe.checkpoint.export_hf, say
+        placement,
+        setup.family,
+        result.run_dir,
+        steps,
+        recipe.to_json(),
+        extras,
+        recipe.checkpoint.export_hf,
+        say,
+        recipe.kernels.window,
     )
     result.hf_path = written.hf
     return written.weights

@@ -28,6 +28,7 @@ from titanpod.rl.grpo.prompts import PromptPlan, PromptShare, prompt_share
 from titanpod.rl.grpo.reward_import import check_reward, import_reward
 from titanpod.rl.grpo.rewards import AnyReward, Reward
 from titanpod.runs.device_fit import check_grpo_fits_device
+from titanpod.runs.final_weights import check_export
 from titanpod.runs.init_from import place_from_folder
 from titanpod.runs.placement import LayoutStart, Placement, start_placement
 
@@ -222,6 +223,7 @@ def prepare_grpo(recipe: GRPORecipe, reward: Reward | None = None) -> GRPOSetup:
     check_covers(tokenizer, eval_task)
     test_examples = eval_task.examples("test", recipe.eval.examples, recipe.eval.seed) if recipe.eval.enabled else []
     check_grpo_fits_device(recipe, folder.family, folder.args, backend, plan.sequence_length)  # before the read
+    check_export(folder.family, recipe.kernels, recipe.checkpoint.export_hf)
     model, placement = place_policy(folder, layout, recipe.kernels)  # last: the only large read, after every check
     return GRPOSetup(
         recipe,
