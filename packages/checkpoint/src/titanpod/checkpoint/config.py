@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from titanpod.models.field_checks import check_field_types, real_number, whole_number
+from titanpod.models.field_checks import check_field_types, expand_home, real_number, whole_number
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         check_field_types(self, "checkpoint")
+        expand_home(self, "dir")
         whole_number("checkpoint.every", self.every, at_least=0)
         whole_number("checkpoint.keep_last", self.keep_last, at_least=0)
         real_number("checkpoint.every_seconds", self.every_seconds, at_least=0)

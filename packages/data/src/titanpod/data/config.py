@@ -6,7 +6,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from titanpod.models.field_checks import check_field_types, real_number, whole_number
+from titanpod.models.field_checks import check_field_types, expand_home, real_number, whole_number
 
 TextSource = Literal["builtin", "synthetic", "json", "jsonl", "parquet", "text", "hub"]
 """What ``DataConfig.source`` accepts."""
@@ -77,6 +77,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_field_types(self, "data")
+        expand_home(self, "path", "tokenizer")
         if self.source not in SOURCES:
             choices = ", ".join(SOURCES)
             raise ValueError(

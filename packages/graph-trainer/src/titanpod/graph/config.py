@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from titanpod.models.field_checks import check_field_types, real_number, whole_number
+from titanpod.models.field_checks import check_field_types, expand_home, real_number, whole_number
 
 StepMode = Literal["eager", "per_block", "whole_step"]
 """What ``TrainConfig.step_mode`` accepts."""
@@ -135,6 +135,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_field_types(self, "train")
+        expand_home(self, "compile_cache_dir")
         whole_number("train.steps", self.steps, at_least=1)
         real_number("train.lr", self.lr, at_least=0)
         real_number("train.min_lr_ratio", self.min_lr_ratio, at_least=0, at_most=1)

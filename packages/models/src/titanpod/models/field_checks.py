@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import sys
 import types
 import typing
@@ -56,6 +57,15 @@ def real_number(
     if too_low or too_high:
         raise ValueError(f"{field} must be {_range_words(at_least, above, below, at_most)}, got {value}.")
     return value
+
+
+def expand_home(config: object, *fields: str) -> None:
+    """Replace a leading ``~`` in each of ``config``'s path ``fields`` by the home folder, as a shell would: a recipe
+    file's path, or a flag written ``--x=~/y``, reaches the config unexpanded. Frozen dataclasses too."""
+    for name in fields:
+        value = getattr(config, name)
+        if isinstance(value, str) and value.startswith("~"):
+            object.__setattr__(config, name, os.path.expanduser(value))
 
 
 def check_value(field: str, value: object, hint: Any) -> None:

@@ -17,7 +17,7 @@ from titanpod.device import DeviceConfig
 from titanpod.graph import ProfileConfig, TrainConfig
 from titanpod.kernels import KernelConfig
 from titanpod.models.common.args import DecoderArgs
-from titanpod.models.field_checks import check_field_types, check_value, real_number, whole_number
+from titanpod.models.field_checks import check_field_types, check_value, expand_home, real_number, whole_number
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.model_shape import ModelShape
 
@@ -50,6 +50,9 @@ class ModelConfig:
     model's family and whole shape (sizes, head width, RoPE and its scaling, tied embeddings, norms, vocabulary)
     are the folder's; under torchrun each rank reads only the slices of the tensors it holds. ``None``:
     initialise from ``train.seed``."""
+
+    def __post_init__(self) -> None:
+        expand_home(self, "init_from")
 
     def args(self) -> DecoderArgs:
         """The decoder's shape: the flavor's with ``shape`` and ``capacity_factor`` applied; ``KeyError`` names an
@@ -127,6 +130,7 @@ class OutputConfig:
     model's license."""
 
     def __post_init__(self) -> None:
+        expand_home(self, "runs_dir")
         if self.run_name:  # None and "" take the recipe's name and the time
             check_folder_name("output.run_name", self.run_name, "Choose another with --output.run-name NAME.")
 

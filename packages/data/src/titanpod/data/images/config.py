@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from titanpod.data.config import closest
+from titanpod.models.field_checks import expand_home
 
 ImageSource = Literal["shapes", "imagefolder", "hub"]
 """What ``ImageDataConfig.source`` accepts."""
@@ -59,6 +60,7 @@ class ImageDataConfig:
         return self.validation_split is not None or self.validation_fraction > 0
 
     def __post_init__(self) -> None:
+        expand_home(self, "path")
         if self.source not in IMAGE_SOURCES:
             raise ValueError(
                 f"Unknown data.source {self.source!r} for images; choose one of {', '.join(IMAGE_SOURCES)}."

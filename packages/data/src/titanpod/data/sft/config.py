@@ -7,6 +7,7 @@ from typing import Literal, get_args
 
 from titanpod.data.config import closest
 from titanpod.data.tasks import TASKS
+from titanpod.models.field_checks import expand_home
 
 SFTSource = Literal["task", "jsonl"]
 """What ``SFTDataConfig.source`` accepts."""
@@ -59,6 +60,7 @@ class SFTDataConfig:
     report the skips at the start of the run)."""
 
     def __post_init__(self) -> None:
+        expand_home(self, "path", "tokenizer")
         choice("data.source", self.source, SFT_SOURCES)
         choice("data.format", self.format, FORMATS)
         choice("data.bad_examples", self.bad_examples, BAD_EXAMPLES)

@@ -9,6 +9,7 @@ from titanpod.data.sft.config import FORMATS, PromptFormat, TaskName, choice
 from titanpod.data.tasks import TASKS
 from titanpod.graph import TrainConfig
 from titanpod.kernels import KernelConfig
+from titanpod.models.field_checks import expand_home
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.posttrain.rollout_config import RolloutConfig
 from titanpod.recipes.posttrain.sft_recipe import EvalConfig
@@ -37,6 +38,9 @@ class GRPOModelConfig:
     and the run's tokenizer.json). The family and shape come from the folder."""
     tokenizer: str | None = None
     """``None``: the tokenizer saved in ``init_from``; else ``chars``, a ``tokenizer.json`` path or its folder."""
+
+    def __post_init__(self) -> None:
+        expand_home(self, "init_from", "tokenizer")
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ class GRPOConfig:
     after) for the sampled accuracy reported beside the greedy one; 0 reports greedy accuracy only."""
 
     def __post_init__(self) -> None:
+        expand_home(self, "data_path", "eval_path")
         choice("grpo.task", self.task, tuple(TASKS))
         choice("grpo.format", self.format, FORMATS)
         choice("grpo.reward", self.reward, REWARDS)

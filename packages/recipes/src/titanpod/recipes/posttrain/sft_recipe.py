@@ -8,6 +8,7 @@ from titanpod.data.sft.config import SFTDataConfig, TaskName, choice
 from titanpod.data.tasks import TASKS
 from titanpod.kernels import KernelConfig
 from titanpod.models.common.args import DecoderArgs
+from titanpod.models.field_checks import expand_home
 from titanpod.parallel import ParallelConfig
 from titanpod.recipes.families import get_flavor
 from titanpod.recipes.recipe import RunRecipe
@@ -28,6 +29,9 @@ class SFTModelConfig:
     def args(self) -> DecoderArgs:
         """The flavor's shape, which a run started from the seed builds; ``KeyError`` names an unknown one."""
         return get_flavor(self.family, self.flavor)
+
+    def __post_init__(self) -> None:
+        expand_home(self, "init_from")
 
 
 @dataclass(frozen=True)
