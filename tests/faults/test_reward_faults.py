@@ -1,5 +1,6 @@
-"""A reward function that hangs or calls sys.exit: the run stops with the function named and the fix, exits
-non-zero, and keeps what a stopped run keeps (the checkpoint and weights of the steps it trained)."""
+"""A reward function that hangs, calls sys.exit or raises on a whole step: the run stops with the function named
+and the fix, exits non-zero, and keeps what a stopped run keeps (the checkpoint and weights of the steps it
+trained); one that raises on a few samples only has them skipped, and each such step says how many."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import textwrap
 import threading
 
 import pytest
+from rich.console import Console
 
 from tests.rl.tiny_policy import write_tiny_policy
 from titanpod.checkpoint import CheckpointConfig, load_model
@@ -97,6 +99,31 @@ def test_a_reward_that_calls_sys_exit_stops_the_run_non_zero_keeping_the_steps_b
     assert "exits_in_step_2 called sys.exit(0) on prompt 0, completion 0 of the step" in result.stopped_because
     assert repr(calls[-1][:20])[1:-1] in result.stopped_because  # the start of the prompt
     assert "Return a number" in result.stopped_because
+
+
+def test_a_reward_raising_on_some_samples_is_counted_each_step_and_on_a_whole_step_stops_the_run(tmp_path, sft_folder):
+    calls = []
+
+    def judge_goes_down(prompt, completion, answer):
+        calls.append(prompt)
+        if len(calls) % 3 == 0 or len(calls) > 2 * STEP:  # a few samples of steps 1 and 2, then every one
+            raise ConnectionError("judge unreachable")
+        return float(len(calls) % 2)
+
+    console = Console(record=True, width=400)
+    result = run_grpo(recipe(tmp_path, sft_folder, "down", steps=4), console=console, reward=judge_goes_down)
+    said = console.export_text()
+    counted = [line for line in said.splitlines() if "judge_goes_down raised on 2 of the step's 6 completions" in line]
+    assert [line.split(":")[0] for line in counted] == ["step 1", "step 2"]  # one line for each step
+    assert all("they were left out of the update (not scored 0)" in line for line in counted)
+    assert [row.skipped for row in result.history] == [2, 2, 6]
+    assert result.exit_code == 1 and result.steps_done == 3 and result.skipped_samples == 10
+    assert result.stopped_because.startswith("step 3: the reward function ")
+    assert "judge_goes_down raised on every one of the step's 6 completions" in result.stopped_because
+    assert "raised on 6 of" not in said  # a whole step is said once, by the stop
+    assert "ConnectionError: judge unreachable" in result.stopped_because
+    assert steps_written(result.run_dir) == [1, 2, 3]  # no step 4
+    assert (result.run_dir / "checkpoints" / "step-000003").is_dir()
 
 
 HANGING_REWARD = textwrap.dedent(

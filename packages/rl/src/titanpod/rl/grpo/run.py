@@ -5,7 +5,7 @@ Each step: take the step's ``prompts_per_step`` prompts (drawn with the step's s
 ``group_size`` completions of each (completions stop at the end token; seeds depend only on the step,
 prompt and sample, so every engine and every split of the prompts draws the same completions), score
 them with the task's reward, each call within ``grpo.reward_timeout_s`` (a reward that raises is logged and the
-sample skipped and counted, never scored 0; a first step with no usable reward stops the run after it, see
+sample skipped and counted, never scored 0; a step where every sample raised stops the run after it, see
 ``titanpod.rl.grpo.reward_stop``; a call past its time limit, a ``sys.exit``, or a reward that is NaN, infinite or
 absurdly large stops the run within the step, untrained, see ``titanpod.rl.grpo.rewards``), turn rewards into
 group-relative advantages, and train
@@ -89,6 +89,15 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
             close_rollout(engine)
     result.run_seconds = time.perf_counter() - started
     return result
+
+
+def skipped_line(metrics: GRPOStepMetrics, reward: str) -> str:
+    """The line a step whose reward raised on some samples prints: how many, and what became of them."""
+    return (
+        f"the reward function {reward} raised on {metrics.skipped} of the step's {metrics.samples} completions; "
+        "they were left out of the update (not scored 0); the step's first messages are in metrics.jsonl's "
+        "reward_errors"
+    )
 
 
 def describe_rollout(engine: RolloutEngine, processes: int) -> str:
@@ -198,8 +207,10 @@ def run_steps(
             if shown_errors < PRINTED_REWARD_ERRORS:
                 shown_errors += 1
                 say(f"[yellow]step {step_number}: {escape(message)}; sample skipped[/]")
+        if 0 < metrics.skipped < metrics.samples:  # a whole step is the stop's to say
+            say(f"[yellow]step {step_number}: {escape(skipped_line(metrics, reward_name(setup.reward)))}[/]")
         result.history.append(metrics)
-        reward_stops[step_number] = no_reward_stop(metrics, start + 1, reward_name(setup.reward))
+        reward_stops[step_number] = no_reward_stop(metrics, reward_name(setup.reward))
         result.skipped_samples += metrics.skipped
         result.weights_version, result.checksum = metrics.weights_version, metrics.checksum
         losses.append(math.nan if metrics.loss is None else metrics.loss)
@@ -225,7 +236,7 @@ def run_steps(
         skip_nonfinite=train.skip_nonfinite,
         after_step=after_step,
         profiler=session.profiler,  # profile.steps: traced from rollouts to update
-        stop_reason=reward_stops.get,  # a reward the run cannot go on after, or a first step without one usable
+        stop_reason=reward_stops.get,  # a reward the run cannot go on after, or a step where every reward raised
     )
     end = time.perf_counter()
     if outcome.stopped_because is not None:
