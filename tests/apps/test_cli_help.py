@@ -51,7 +51,7 @@ def test_posttrain_and_diffusion_help_list_their_flags_and_choices(capsys, monke
     for flag in ("--recipe", "--list-recipes", "--print-recipe", "--resume", "--rollout.mode {local,ray,vllm}",
                  "--grpo.reward {exact,partial,number}", "--grpo.task {reverse,add,arith}", "--grpo.data-path",
                  "--grpo.eval-path", "--grpo.prompt-column", "--grpo.answer-column", "--grpo.reward-function",
-                 "--grpo.data-split", "--grpo.eval-split"):  # fmt: skip
+                 "--grpo.data-split", "--grpo.eval-split", "--grpo.reward-timeout-s"):  # fmt: skip
         assert flag in posttrain, flag
     assert "module:function" in posttrain and "hub:owner/name" in posttrain  # the new fields' docstrings
     diffusion = help_text(diffusion_main, [], capsys, monkeypatch)

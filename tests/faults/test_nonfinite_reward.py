@@ -1,6 +1,6 @@
-"""A reward function that returns NaN: refused before any work when it does so on the first training prompt's
-answer, and otherwise stopped at the first step with the function named and the fix, exiting non-zero with the
-policy unchanged; each skipped sample's message says the reward returned NaN, not that it raised."""
+"""A reward function that returns NaN or an absurd number: refused before any work when it does so on the first
+training prompt's answer, and otherwise stopped at whichever step it first does, with the step, the sample, the
+value, the function and the fix named, exiting non-zero with that step untrained and the steps before it kept."""
 
 from __future__ import annotations
 
@@ -48,33 +48,40 @@ def test_a_reward_returning_nan_on_the_answer_is_refused_before_any_work(tmp_pat
     assert not (tmp_path / "runs" / "nan").exists()  # refused before the run directory is written
 
 
-def test_a_reward_returning_nan_on_every_completion_stops_the_run_at_step_1(tmp_path, sft_folder):
-    def nan_for_completions(prompt, completion, answer):
-        return math.nan  # the answer-only start-up check cannot see this one: it is given as a function
-
-    result = run_grpo(recipe(tmp_path, sft_folder, "nan"), reward=nan_for_completions)
-    assert result.exit_code == 1 and result.steps_done == 1  # stopped, not finished with nothing learned
-    assert result.stopped_because.startswith("step 1: the reward function ")
-    assert "nan_for_completions gave none of the step's 6 completions a finite reward" in result.stopped_because
-    assert "return a finite float for every completion" in result.stopped_because
-    row = result.history[0]
-    assert row.skipped == 6 and row.loss is None
-    assert all("returned nan (not a finite number)" in message for message in row.reward_errors)
-    assert not any("raised" in message for message in row.reward_errors)
-    _, start = load_model(sft_folder)
-    assert result.checksum == weights_checksum(trainer_state(start))  # nothing was updated
-    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows if "samples" in row] == [1]  # no step after the first
-
-
-def test_a_reward_returning_nan_on_some_completions_skips_only_those(tmp_path, sft_folder):
+def test_a_reward_that_turns_nan_after_step_1_stops_the_run_in_step_2(tmp_path, sft_folder):
     calls = []
 
-    def sometimes_nan(prompt, completion, answer):
-        calls.append(completion)
-        return math.nan if len(calls) % 3 == 0 else float(len(calls) % 2)
+    def nan_after_step_1(prompt, completion, answer):
+        calls.append((prompt, completion))
+        return math.nan if len(calls) > 6 else float(len(calls) % 2)  # six completions a step
 
-    result = run_grpo(recipe(tmp_path, sft_folder, "some"), reward=sometimes_nan)
-    assert result.exit_code == 0 and result.steps_done == 3 and result.stopped_because is None
-    assert result.skipped_samples == 6  # 2 of each step's 6
-    assert all(row.loss is not None for row in result.history)
+    result = run_grpo(recipe(tmp_path, sft_folder, "nan"), reward=nan_after_step_1)
+    assert result.exit_code == 1 and result.steps_done == 1  # stopped, not finished with nothing learned
+    message = result.stopped_because
+    assert message.startswith("step 2 (not trained on; the run stopped): the reward function ")
+    assert "nan_after_step_1 returned nan on prompt 0, completion 0 of the step" in message
+    prompt, completion = calls[-1]
+    assert repr(prompt[:20])[1:-1] in message and repr(completion[:20])[1:-1] in message
+    assert "return a finite float for every completion" in message
+    assert len(calls) == 7  # nothing scored after the NaN
+    assert [row.step for row in result.history] == [1]
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "samples" in row] == [1]
+    assert (result.run_dir / "checkpoints" / "step-000001").is_dir()
+    _, saved = load_model(result.weights_path.parent)
+    assert weights_checksum(trainer_state(saved)) == result.history[0].checksum  # the weights after step 1
+
+
+def test_an_absurd_reward_stops_the_run_in_step_1_with_the_policy_unchanged(tmp_path, sft_folder):
+    value = 1e308  # finite, but a group's mean and spread overflow to NaN (each limit: test_reward_import)
+
+    def huge(prompt, completion, answer):
+        return value
+
+    result = run_grpo(recipe(tmp_path, sft_folder, "huge"), reward=huge)
+    assert result.exit_code == 1 and result.steps_done == 0 and result.history == []
+    assert f"huge returned {value} on prompt 0, completion 0 of the step" in result.stopped_because
+    assert "no larger than 1e+06 in size" in result.stopped_because
+    assert result.weights_path is None  # nothing was trained, so nothing is written as the result
+    _, start = load_model(sft_folder)
+    assert result.checksum == weights_checksum(trainer_state(start))

@@ -74,6 +74,10 @@ class GRPOConfig:
     PYTHONPATH) or ``file.py:function``, called as ``function(prompt, completion, row)`` with the prompt's whole
     row (a dict of its columns) and returning a number. Replaces ``reward`` for training; accuracy still uses
     ``reward``'s check."""
+    reward_timeout_s: float = 30.0
+    """How long one call of the reward function may take, in seconds. A call cannot be stopped once started, so
+    past this the run stops with an error, keeping what a stopped run keeps, rather than wait for it forever.
+    Raise it for a slow remote judge."""
     format: PromptFormat = "plain"
     """How a prompt is laid out (``plain`` or ``chat``), as the SFT run that made the model laid it out."""
     group_size: int = 8
@@ -112,6 +116,8 @@ class GRPOConfig:
             problems.append("eval_path holds held-out rows of a data_path task: set data_path too, or drop eval_path")
         if self.group_size < 1 or self.prompts_per_step < 1 or self.max_new_tokens < 1 or self.updates_per_step < 1:
             problems.append("group_size, prompts_per_step, max_new_tokens and updates_per_step must be at least 1")
+        if not 0 < self.reward_timeout_s < float("inf"):
+            problems.append(f"reward_timeout_s must be a number of seconds above 0, got {self.reward_timeout_s}")
         if self.eval_samples < 0:
             problems.append(f"eval_samples must be >= 0, got {self.eval_samples}")
         if self.temperature <= 0:

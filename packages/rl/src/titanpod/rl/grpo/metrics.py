@@ -24,6 +24,8 @@ class RolloutTotals:
     """Completion tokens of the kept completions."""
     zero_signal_groups: int
     """Prompts whose kept samples all earned the same reward."""
+    stopped: int = 0
+    """Processes whose scoring ended in a ``RewardStop`` (the step is then not trained on, and the run stops)."""
 
     @property
     def kept(self) -> int:
@@ -41,6 +43,7 @@ class RolloutTotals:
             exact=sum(r == 1.0 for r in kept),
             completion_tokens=scored.completion_tokens,
             zero_signal_groups=scored.zero_signal_groups,
+            stopped=int(scored.stop is not None),
         )
 
     def as_list(self) -> list[float]:

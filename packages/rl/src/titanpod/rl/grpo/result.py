@@ -45,7 +45,7 @@ class GRPOResult:
     sampled_after: float | None = None
     """The same after GRPO (same prompts, same seeds)."""
     skipped_samples: int = 0
-    """Completions whose reward function raised or returned a non-finite value (left out of the update)."""
+    """Completions whose reward function raised (left out of the update)."""
     weights_version: int = 0
     """The engine's weights version at the end (the last synced step)."""
     checksum: str = ""
@@ -97,7 +97,7 @@ class GRPOResult:
             steps = "step" if rewards.size == 1 else f"{rewards.size} steps"
             rows.append((f"mean reward, first {steps}", f"{rewards.first:.3f}"))
             rows.append((f"mean reward, last {steps}", f"{rewards.last:.3f}"))
-        rows.append(("samples skipped (reward raised or not finite)", str(self.skipped_samples)))
+        rows.append(("samples skipped (reward raised)", str(self.skipped_samples)))
         for label, score in (("before", self.before), ("after", self.after)):
             if score is not None:
                 rows.append(score.summary_row(label, self.eval_examples, self.eval_task))

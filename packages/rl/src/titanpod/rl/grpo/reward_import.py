@@ -16,16 +16,22 @@ import numbers
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from titanpod.data.tasks import Example
+from titanpod.rl.grpo.reward_call import RewardExit, RewardTimeout, call_with_timeout, failure_message
 
 FINITE_FIX = (
     "Fix the function to return a finite float for every completion (e.g. 0.0 for a wrong one, 1.0 for a right "
-    "one), never NaN or infinity."
+    "one), never NaN or infinity, and scale large scores down."
 )
-"""What to do about a reward function that returns NaN or infinity."""
+"""What to do about a reward function that returns NaN, infinity or a number beyond ``REWARD_LIMIT``."""
+REWARD_LIMIT = 1e6
+"""The largest reward size a run accepts. Rewards are scores, most often between 0 and 1: one far beyond this is
+a bug (a sentinel value, a count, an overflow), and sizes near the float limit overflow a group's mean and spread
+into NaN, so every update would be skipped while the run went on."""
 FIX = "write it as module:function (a module importable from the current directory or PYTHONPATH) or file.py:function"
 
 
@@ -54,6 +60,20 @@ def reward_number(value: Any, name: str) -> float:
             "(e.g. 1.0 for a right completion, 0.0 for a wrong one)"
         )
     return float(value)
+
+
+def usable_reward(value: float) -> bool:
+    """Whether a run can train on the reward ``value``: finite and no larger than ``REWARD_LIMIT`` in size."""
+    return math.isfinite(value) and abs(value) <= REWARD_LIMIT
+
+
+def unusable_reward_message(value: float, name: str, where: str) -> str:
+    """Why the reward ``value`` that the function ``name`` returned on the sample ``where`` describes cannot be
+    trained on, with the fix."""
+    return (
+        f"the reward function {name} returned {value} {where}: a reward must be a finite number no larger than "
+        f"{REWARD_LIMIT:g} in size, and a run does not train on one that is not. {FINITE_FIX}"
+    )
 
 
 def load_module(module_name: str, spec: str) -> Any:
@@ -109,22 +129,22 @@ def import_reward(spec: str) -> RowReward:
     return RowReward(function, spec)
 
 
-def check_reward(reward: RowReward, example: Example) -> None:
-    """Call ``reward`` on ``example`` with its reference answer as the completion; ``ValueError`` saying what
-    went wrong when it raises, returns something that is not a number or returns a number that is not finite
-    (NaN or infinity: every such sample would be left out and the run could learn nothing), before any
-    training work."""
+def check_reward(reward: RowReward, example: Example, timeout_s: float | None = None) -> None:
+    """Call ``reward`` on ``example`` with its reference answer as the completion, waiting at most ``timeout_s``
+    seconds; ``ValueError`` saying what went wrong when it raises, calls ``sys.exit``, does not return in time,
+    returns something that is not a number, or returns one a run cannot train on (NaN, infinity, beyond
+    ``REWARD_LIMIT``), before any training work."""
+    where = f"on the first training prompt {example.prompt!r} (with its answer {example.answer!r} as the completion)"
     try:
-        value = reward.score(example, example.answer)
+        value = call_with_timeout(partial(reward.score, example, example.answer), timeout_s, reward.name)
+    except (RewardTimeout, RewardExit) as error:
+        message = failure_message(error, reward.name, where)
+        raise ValueError(message[0].upper() + message[1:]) from error
     except Exception as error:  # the user's code may raise anything: say so with the row it raised on
         raise ValueError(
-            f"The reward function {reward.name} failed on the first training prompt {example.prompt!r} (with its "
-            f"answer {example.answer!r} as the completion): {type(error).__name__}: {error}. Fix the function; it "
-            "is called as function(prompt, completion, row)."
+            f"The reward function {reward.name} failed {where}: {type(error).__name__}: {error}. Fix the function; "
+            "it is called as function(prompt, completion, row)."
         ) from error
-    if not math.isfinite(value):
-        raise ValueError(
-            f"The reward function {reward.name} returned {value} on the first training prompt {example.prompt!r} "
-            f"(with its answer {example.answer!r} as the completion): a reward must be a finite number, and a "
-            f"sample whose reward is not is left out of the update. {FINITE_FIX}"
-        )
+    if not usable_reward(value):
+        message = unusable_reward_message(value, reward.name, where)
+        raise ValueError(message[0].upper() + message[1:])

@@ -4,9 +4,11 @@ clipped group-relative objective trained by the graph's step, and a verified wei
 Each step: take the step's ``prompts_per_step`` prompts (drawn with the step's seed), sample
 ``group_size`` completions of each (completions stop at the end token; seeds depend only on the step,
 prompt and sample, so every engine and every split of the prompts draws the same completions), score
-them with the task's reward (a reward that raises or is not finite is logged and the sample skipped and
-counted, never scored 0; a first step with no usable reward stops the run, see
-``titanpod.rl.grpo.reward_stop``), turn rewards into group-relative advantages, and train
+them with the task's reward, each call within ``grpo.reward_timeout_s`` (a reward that raises is logged and the
+sample skipped and counted, never scored 0; a step where every sample raised stops the run after it, see
+``titanpod.rl.grpo.reward_stop``; a call past its time limit, a ``sys.exit``, or a reward that is NaN, infinite or
+absurdly large stops the run within the step, untrained, see ``titanpod.rl.grpo.rewards``), turn rewards into
+group-relative advantages, and train
 ``updates_per_step`` graph steps on the same rollouts (the functional AdamW, schedule, clipping, precision and
 step mode of ``train``).
 Then the weights stream into the engine as version ``step``, one gathered tensor at a time in the engine's
@@ -43,6 +45,7 @@ from titanpod.rl.grpo.held_out import HeldOut
 from titanpod.rl.grpo.metrics import GRPOStepMetrics
 from titanpod.rl.grpo.objective import GRPOObjective
 from titanpod.rl.grpo.result import GRPOResult
+from titanpod.rl.grpo.reward_call import PeerRewardStop, RewardStop
 from titanpod.rl.grpo.reward_plot import draw_reward_plot
 from titanpod.rl.grpo.reward_stop import no_reward_stop
 from titanpod.rl.grpo.rewards import Reward, reward_name
@@ -55,6 +58,7 @@ from titanpod.rl.rollout.engines import close_rollout, open_rollout
 from titanpod.rl.rollout.streamed import sync_engine
 from titanpod.runs.final_weights import write_final_weights
 from titanpod.runs.hf_export import post_training_tokenizer, training_extras
+from titanpod.runs.peer_loss import say_anywhere
 from titanpod.runs.placement import Placement
 from titanpod.runs.pretrain import describe_step
 from titanpod.runs.session import RunSession
@@ -85,6 +89,15 @@ def run_grpo(recipe: GRPORecipe, console: Console | None = None, *, reward: Rewa
             close_rollout(engine)
     result.run_seconds = time.perf_counter() - started
     return result
+
+
+def skipped_line(metrics: GRPOStepMetrics, reward: str) -> str:
+    """The line a step whose reward raised on some samples prints: how many, and what became of them."""
+    return (
+        f"the reward function {reward} raised on {metrics.skipped} of the step's {metrics.samples} completions; "
+        "they were left out of the update (not scored 0); the step's first messages are in metrics.jsonl's "
+        "reward_errors"
+    )
 
 
 def describe_rollout(engine: RolloutEngine, processes: int) -> str:
@@ -181,15 +194,23 @@ def run_steps(
 
     def run_step(step_number: int) -> Callable[[], StepCheck]:
         nonlocal shown_errors
-        metrics = trainer(step_number)
+        try:
+            metrics = trainer(step_number)
+        except RewardStop as stop:  # nothing of the step was trained: it does not count, and the run stops
+            reward_stops[step_number] = f"step {step_number} (not trained on; the run stopped): {stop}"
+            if not session.is_main and not isinstance(stop, PeerRewardStop):  # rank 0 cannot name this rank's sample
+                say_anywhere(f"rank {session.info.rank}: {reward_stops[step_number]}")
+            return lambda: StepCheck(True, None, None)
         setup.plan.steps_done = step_number
         meter.step_done(tokens_per_step, first=step_number == start + 1)
         for message in metrics.reward_errors:
             if shown_errors < PRINTED_REWARD_ERRORS:
                 shown_errors += 1
                 say(f"[yellow]step {step_number}: {escape(message)}; sample skipped[/]")
+        if 0 < metrics.skipped < metrics.samples:  # a whole step is the stop's to say
+            say(f"[yellow]step {step_number}: {escape(skipped_line(metrics, reward_name(setup.reward)))}[/]")
         result.history.append(metrics)
-        reward_stops[step_number] = no_reward_stop(metrics, start + 1, reward_name(setup.reward))
+        reward_stops[step_number] = no_reward_stop(metrics, reward_name(setup.reward))
         result.skipped_samples += metrics.skipped
         result.weights_version, result.checksum = metrics.weights_version, metrics.checksum
         losses.append(math.nan if metrics.loss is None else metrics.loss)
@@ -215,7 +236,7 @@ def run_steps(
         skip_nonfinite=train.skip_nonfinite,
         after_step=after_step,
         profiler=session.profiler,  # profile.steps: traced from rollouts to update
-        stop_reason=reward_stops.get,  # a first step without one usable reward: the run cannot learn
+        stop_reason=reward_stops.get,  # a reward the run cannot go on after, or a step where every reward raised
     )
     end = time.perf_counter()
     if outcome.stopped_because is not None:

@@ -96,11 +96,11 @@ def load_task(config: GRPOConfig) -> Task:
 
 
 def choose_reward(config: GRPOConfig, task: Task) -> AnyReward:
-    """The reward rollouts are scored with: ``reward_function`` (imported and tried on the first training prompt),
-    else the built-in ``reward``."""
+    """The reward rollouts are scored with: ``reward_function`` (imported and tried on the first training prompt,
+    within ``reward_timeout_s``), else the built-in ``reward``."""
     if config.reward_function is not None:
         reward = import_reward(config.reward_function)
-        check_reward(reward, task.examples("train", 1, 0)[0])
+        check_reward(reward, task.examples("train", 1, 0)[0], config.reward_timeout_s)
         return reward
     if config.reward == "number":
         return number_reward

@@ -14,7 +14,8 @@ from titanpod.rl.grpo.cpu_time import process_cpu_seconds
 from titanpod.rl.grpo.metrics import GRPOStepMetrics, RolloutTotals, UpdateFigures
 from titanpod.rl.grpo.objective import CLIP_FRACTION, KL, token_logprobs
 from titanpod.rl.grpo.prompts import PromptShare
-from titanpod.rl.grpo.rewards import ScoredRollouts, score_rollouts
+from titanpod.rl.grpo.reward_call import PeerRewardStop, RewardStop
+from titanpod.rl.grpo.rewards import ScoredRollouts, reward_name, score_rollouts
 from titanpod.rl.grpo.setup import GRPOSetup
 from titanpod.rl.grpo.sharding import TrainerSharding
 from titanpod.rl.rollout import BuiltinEngine, Completion, RolloutEngine, SamplingParams
@@ -65,7 +66,8 @@ class GRPOTrainer:
         else:
             completions = self.engine.generate(mine, params)
         texts = [self.setup.tokenizer.decode(c.token_ids) for c in completions]
-        return score_rollouts(prompts.examples, completions, texts, self.setup.reward)
+        timeout_s = self.setup.recipe.grpo.reward_timeout_s
+        return score_rollouts(prompts.examples, completions, texts, self.setup.reward, timeout_s=timeout_s)
 
     def update(self, scored: ScoredRollouts, step_tokens: int, lr: float) -> UpdateFigures:
         """``grpo.updates_per_step`` training steps on ``scored`` (``step_tokens``: kept completion tokens of the
@@ -107,12 +109,24 @@ class GRPOTrainer:
         )
 
     def __call__(self, step_number: int) -> GRPOStepMetrics:
-        """Run GRPO step ``step_number`` (1-based) and sync the engine to it as weights version ``step_number``."""
+        """Run GRPO step ``step_number`` (1-based) and sync the engine to it as weights version ``step_number``.
+
+        ``RewardStop`` on every process, before any update, when the reward failed past recovery on any of them
+        (``titanpod.rl.grpo.rewards``): the step is not trained on.
+        """
         started, cpu_started = time.perf_counter(), process_cpu_seconds()
         train = self.setup.recipe.train
         scored = self.rollouts(step_number)
         sampled = time.perf_counter()
         totals = self.sharding.sum_totals(RolloutTotals.of(scored))
+        if scored.stop is not None:
+            raise RewardStop(scored.stop)
+        if totals.stopped:
+            raise PeerRewardStop(
+                f"the reward function {reward_name(self.setup.reward)} failed past recovery in {totals.stopped} "
+                "other process(es) of the run (a hung call, a sys.exit, or a NaN or absurd reward); their output "
+                "names the sample and the fix"
+            )
         lr = train.lr * lr_multiplier(step_number, train)
         update_started = time.perf_counter()
         updates = self.update(scored, totals.completion_tokens, lr)
