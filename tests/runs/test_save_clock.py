@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 from tests.apps.test_pretrain_cli import SHORT_RUN, pretrain
 from titanpod.checkpoint import CheckpointConfig
 from titanpod.device import get_backend
+from titanpod.graph.stop_agreement import StopAgreement
 from titanpod.runs.save_clock import SaveClock
 
 
@@ -25,7 +26,7 @@ class FakeClock:
 
 def test_a_save_is_due_once_the_seconds_have_passed_since_the_first_step_or_the_last_save():
     clock = FakeClock()
-    saves = SaveClock(60.0, get_backend("cpu"), clock)
+    saves = SaveClock(60.0, StopAgreement(get_backend("cpu")), clock)
     assert not saves.due()  # after the first step: the clock starts here
     clock.now += 59.0
     assert not saves.due()
@@ -38,11 +39,16 @@ def test_a_save_is_due_once_the_seconds_have_passed_since_the_first_step_or_the_
     assert saves.due()
 
 
-def test_at_zero_no_save_is_ever_due_and_no_process_group_is_made():
+class NoAgreement(StopAgreement):
+    def largest(self, value: int) -> int:
+        raise AssertionError("a clock that is off agrees nothing with the other processes")
+
+
+def test_at_zero_no_save_is_ever_due_and_nothing_is_agreed():
     clock = FakeClock()
-    saves = SaveClock(0.0, get_backend("cpu"), clock)
+    saves = SaveClock(0.0, NoAgreement(get_backend("cpu")), clock)
     clock.now += 1e9
-    assert not saves.due() and saves.agreement is None
+    assert not saves.due()
 
 
 @pytest.mark.parametrize(
@@ -60,7 +66,7 @@ LATE_RANK, LATE_AT = 1, 3
 def rank_main(rank: int, store_path: str, results) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
     clock = FakeClock()
-    saves = SaveClock(10.0, get_backend("cpu"), clock)
+    saves = SaveClock(10.0, StopAgreement(get_backend("cpu")), clock)
     saved_after = []
     for step in range(1, 6):
         clock.now += 20.0 if (rank == LATE_RANK and step == LATE_AT) else 1.0  # one process's step ran long

@@ -18,6 +18,11 @@ class CheckpointConfig:
     """Also save the trainer state once this many seconds have passed since the first step or the last save
     (0: off), checked after each step: a run killed without notice (``kill -9``, a lost VM) then loses at most
     about this much work. Every process saves after the same step."""
+    notice_seconds: float = 30.0
+    """How long a stop signal (SIGTERM) leaves before the machine goes, as a preemptible Cloud TPU VM's 30 s:
+    after one the trainer state is saved first, and the final weights (and Hugging Face export) only while the
+    time left still covers a save as long as that checkpoint's; else the resumed run that finishes writes them.
+    0: always write them."""
     at_end: bool = True
     """Save the trainer state after the last step (and when the run is interrupted)."""
     keep_last: int = 2
@@ -46,5 +51,6 @@ class CheckpointConfig:
         whole_number("checkpoint.every", self.every, at_least=0)
         whole_number("checkpoint.keep_last", self.keep_last, at_least=0)
         real_number("checkpoint.every_seconds", self.every_seconds, at_least=0)
+        real_number("checkpoint.notice_seconds", self.notice_seconds, at_least=0)
         names = tuple(name.strip() for entry in self.allow_changes for name in entry.split(",") if name.strip())
         object.__setattr__(self, "allow_changes", names)  # a recipe file's list, or "a,b", as a tuple of names

@@ -65,6 +65,9 @@ class TrainSummary:
     stopped_at_once: bool = False
     """True when the run stopped at once (a second signal, or a ``KeyboardInterrupt``), possibly inside a step:
     the weights may be half-updated and the data read ahead of ``steps_done``, so nothing may be saved from them."""
+    stop_received_at: float | None = None
+    """When the signal behind ``interrupted`` reached this process (``time.monotonic()``): a preempted machine's
+    notice runs from then."""
     reports: list[StepMetrics] = field(default_factory=list)
     """Every metrics report written."""
     skipped_steps: list[int] = field(default_factory=list)
@@ -262,6 +265,7 @@ def train(
         interrupted=outcome.interrupted,
         stop_signal=outcome.stop_signal,
         stopped_at_once=outcome.stopped_at_once,
+        stop_received_at=outcome.stop_received_at,
         reports=reports,
         skipped_steps=skipped,
         stopped_because=outcome.stopped_because,

@@ -10,6 +10,7 @@ validation, checkpoints). What a step is, and what it reports, is the caller's.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,6 +47,9 @@ class DriveOutcome:
     """The signal that stopped it: the first after a stop at a step's end, the second after a stop at once."""
     stopped_at_once: bool = False
     """The run stopped at once (a second signal, or a ``KeyboardInterrupt``), possibly inside a step."""
+    stop_received_at: float | None = None
+    """When the signal that stopped the run reached this process (``time.monotonic()``; the time of the
+    agreement where another process received it)."""
     stopped_because: str | None = None
     """Why the run stopped on its own: a non-finite loss or gradient norm with ``skip_nonfinite`` off, or the
     caller's ``stop_reason``."""
@@ -108,6 +112,7 @@ def drive_steps(
                 signum = agreement.signal(stop)  # every process stops after the same step
                 if signum is not None and step_number < last:
                     outcome.interrupted, outcome.stop_signal = True, signum
+                    outcome.stop_received_at = stop.received_at if stop.requested else time.monotonic()
                     break
         except KeyboardInterrupt:  # a second signal, Ctrl-C outside the main thread: maybe inside a step
             outcome.interrupted, outcome.stop_signal, outcome.stopped_at_once = True, stop.signal_at_once(), True

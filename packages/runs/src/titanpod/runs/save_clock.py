@@ -11,22 +11,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from titanpod.device import Backend
 from titanpod.graph.stop_agreement import StopAgreement
 
 
 class SaveClock:
-    """Says after each step whether ``seconds`` have passed since the last save; off at 0 (no clock, no agreement)."""
+    """Says after each step whether ``seconds`` have passed since the last save, agreed through ``agreement``."""
 
-    def __init__(self, seconds: float, backend: Backend, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, seconds: float, agreement: StopAgreement, clock: Callable[[], float] = time.monotonic) -> None:
         self.seconds = seconds
         self.clock = clock
         self.last_save: float | None = None
-        self.agreement = StopAgreement(backend) if seconds > 0 else None
+        self.agreement = agreement
 
     def due(self) -> bool:
-        """Whether a save is due now on any process; every process calls this after the same steps."""
-        if self.agreement is None:
+        """Whether a save is due now on any process; every process calls this after the same steps (off at 0:
+        no clock read, nothing agreed)."""
+        if not self.seconds:
             return False
         if self.last_save is None:
             self.last_save = self.clock()

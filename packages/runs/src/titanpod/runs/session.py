@@ -31,6 +31,7 @@ from titanpod.checkpoint import Checkpointer
 from titanpod.device import Backend, ensure_process_group, process_info
 from titanpod.graph import JsonlWriter, StepMetrics, StepProfiler, TensorBoardWriter, TrainStep, TrainSummary, train
 from titanpod.graph.steps import Batch
+from titanpod.graph.stop_agreement import StopAgreement
 from titanpod.graph.tracking import WandbWriter
 from titanpod.recipes.recipe import RunRecipe
 from titanpod.runs.folder_locks import FolderLocks
@@ -102,9 +103,13 @@ class RunSession:
             folder = self.run_dir / PROFILE_FOLDER
             self.profiler = StepProfiler(recipe.profile, folder, backend.lane, self.info.rank, self.say)
         self.checkpointer.remove_partial()
-        self.saves = RunSaves(recipe, self.checkpointer, self.run_dir, self.info, self.say, self._report_lost_peer)
+        self.agreement = StopAgreement(backend)
+        """Agrees with the job's other processes (a gloo group of its own under torchrun)."""
+        self.saves = RunSaves(
+            recipe, self.checkpointer, self.run_dir, self.info, self.say, self._report_lost_peer, self.agreement.largest
+        )
         """The checkpoints, resuming from one, and the final weights."""
-        self.save_clock = SaveClock(recipe.checkpoint.every_seconds, backend)
+        self.save_clock = SaveClock(recipe.checkpoint.every_seconds, self.agreement)
         """When a save is due by time (``checkpoint.every_seconds``)."""
         self._reported_error: Exception | None = None
 

@@ -13,6 +13,7 @@ that comes during a save waits for it to complete.
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +30,7 @@ from titanpod.graph.interrupt import exit_status, signal_name, stop_after_step
 from titanpod.recipes.recipe import RunRecipe
 from titanpod.runs.every_rank import raise_on_every_rank
 from titanpod.runs.space_check import NotEnoughSpaceError, check_space, save_needs
+from titanpod.runs.stop_notice import weights_left_out
 
 Written = TypeVar("Written")
 """What a trainer's final-weights writer returns (a path, a folder)."""
@@ -57,18 +59,23 @@ class RunSaves:
         info: ProcessInfo,
         say: Callable[[str], None],
         report_error: Callable[[Exception], None] = lambda error: None,
+        agree: Callable[[int], int] = lambda value: value,
     ) -> None:
         """Nothing registered yet: ``resume`` registers the model, the step and the data position.
 
         ``report_error`` is called with an error a save raises, while the save's hold on SIGINT and SIGTERM is
         still on (``saving_through_a_signal``): a save's collective fails when another rank is lost, and
-        torchrun's agent stops the survivors with SIGTERM moments later, which must not cut the report short."""
+        torchrun's agent stops the survivors with SIGTERM moments later, which must not cut the report short.
+        ``agree`` gives the largest value any process of the job offers (``StopAgreement.largest``)."""
         self.recipe = recipe
         self.checkpointer = checkpointer
         self.run_dir = run_dir
         self.info = info
         self.say = say
         self.report_error = report_error
+        self.agree = agree
+        self.stop_save_seconds = 0.0
+        """How long the checkpoint after a stop signal took to complete (0 before one)."""
         self.start_step = 0
         """Steps done before this run started (set by ``resume``)."""
         self.model: nn.Module | None = None
@@ -141,11 +148,13 @@ class RunSaves:
             )
             return
         saving = self.recipe.checkpoint.at_end and summary.steps_done > self.start_step
+        started = time.monotonic()
         if saving:
             self.save_checkpoint(summary.steps_done)
         if not summary.interrupted:
             return
         self.checkpointer.wait()  # the checkpoint named below is complete
+        self.stop_save_seconds = time.monotonic() - started
         newest = self.newest_checkpoint()
         saved = f"saved checkpoint {newest}" if saving else f"checkpoint.at_end is off; newest checkpoint {newest}"
         name = signal_name(summary.stop_signal or signal.SIGINT)
@@ -156,6 +165,10 @@ class RunSaves:
         ``RunSession.save_final_weights`` says). Returns what it returns on rank 0; ``None`` elsewhere."""
         self.registered()
         if not self.recipe.output.save_weights or summary.steps_done == 0 or summary.stopped_at_once:
+            return None
+        notice = self.recipe.checkpoint.notice_seconds
+        if (left_out := weights_left_out(summary, notice, self.stop_save_seconds, self.agree)) is not None:
+            self.say(f"[yellow]{left_out}[/]")
             return None
         with self.saving_through_a_signal("the final weights"):
             written = write()

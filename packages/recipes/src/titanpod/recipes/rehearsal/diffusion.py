@@ -84,7 +84,7 @@ KEPT = frozenset({
     "train.optimizer_offload", "train.optimizer_offload_overlap", "train.whole_step_update",
     "train.sum_gradients_in_loop",
     "checkpoint.at_end", "checkpoint.keep_last", "checkpoint.async_save", "checkpoint.resume",
-    "checkpoint.export_hf", "checkpoint.allow_changes", "checkpoint.every_seconds",
+    "checkpoint.export_hf", "checkpoint.allow_changes", "checkpoint.every_seconds", "checkpoint.notice_seconds",
     "samples.prompts", "samples.cfg_scale", "samples.cfg_stop", "samples.seed",
     "target.chip", "target.chips", "target.mfu",
 })  # fmt: skip

@@ -256,6 +256,7 @@ def run_steps(
         interrupted=outcome.interrupted,
         stop_signal=outcome.stop_signal,
         stopped_at_once=outcome.stopped_at_once,
+        stop_received_at=outcome.stop_received_at,
         skipped_steps=skipped_steps,
         stopped_because=outcome.stopped_because,
         start_step=start,
