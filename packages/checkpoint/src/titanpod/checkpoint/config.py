@@ -23,6 +23,9 @@ class CheckpointConfig:
     after one the trainer state is saved first, and the final weights (and Hugging Face export) only while the
     time left still covers a save as long as that checkpoint's; else the resumed run that finishes writes them.
     0: always write them."""
+    watch_preemption: bool = True
+    """Stop as for SIGTERM when the metadata server of a Compute Engine or Cloud TPU VM says the VM is being
+    preempted (``titanpod.runs.preemption_watch``); off a cloud VM it finds no server and does nothing."""
     at_end: bool = True
     """Save the trainer state after the last step (and when the run is interrupted)."""
     keep_last: int = 2

@@ -36,6 +36,7 @@ from titanpod.graph.tracking import WandbWriter
 from titanpod.recipes.recipe import RunRecipe
 from titanpod.runs.folder_locks import FolderLocks
 from titanpod.runs.peer_loss import report_lost_peer, say_anywhere
+from titanpod.runs.preemption_watch import PreemptionWatch
 from titanpod.runs.run_folder import as_recorded
 from titanpod.runs.save_clock import SaveClock
 from titanpod.runs.session_dir import HeldRunDir, run_dir_of
@@ -111,6 +112,8 @@ class RunSession:
         """The checkpoints, resuming from one, and the final weights."""
         self.save_clock = SaveClock(recipe.checkpoint.every_seconds, self.agreement)
         """When a save is due by time (``checkpoint.every_seconds``)."""
+        self.preemption = PreemptionWatch(say=self.say).start() if recipe.checkpoint.watch_preemption else None
+        """Turns the cloud's preemption notice into SIGTERM (``checkpoint.watch_preemption``)."""
         self._reported_error: Exception | None = None
 
     @property
@@ -321,6 +324,8 @@ class RunSession:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
+        if self.preemption is not None:
+            self.preemption.stop()
         try:
             if isinstance(error, Exception):
                 self._report_lost_peer(error)

@@ -85,6 +85,7 @@ KEPT = frozenset({
     "train.sum_gradients_in_loop",
     "checkpoint.at_end", "checkpoint.keep_last", "checkpoint.async_save", "checkpoint.resume",
     "checkpoint.export_hf", "checkpoint.allow_changes", "checkpoint.every_seconds", "checkpoint.notice_seconds",
+    "checkpoint.watch_preemption",
     "samples.prompts", "samples.cfg_scale", "samples.cfg_stop", "samples.seed",
     "target.chip", "target.chips", "target.mfu",
 })  # fmt: skip
