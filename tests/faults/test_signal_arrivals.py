@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -50,3 +52,45 @@ def test_a_second_signal_after_the_window_stops_at_once():
             sender.wait()
             time.sleep(1.0)
     assert request.second_signum == signal.SIGTERM
+
+
+def test_copies_that_each_follow_the_last_within_the_window_are_one_request():
+    # Two SIGINTs 0.1 s apart under `uv run`, not on a terminal: uv re-sends each about 0.2 s later, so they
+    # arrive at +0, +0.1, +0.2 and +0.4 s; the last is past the window from the first, not from the one before.
+    script = f"kill -INT {os.getpid()}; sleep 0.1; kill -INT {os.getpid()}; sleep 0.1; kill -INT {os.getpid()}; "
+    script += f"sleep 0.2; kill -INT {os.getpid()}"
+    with stop_after_step() as request:
+        sender = subprocess.Popen(["sh", "-c", script])
+        wait_for_request(request)
+        sender.wait()
+        time.sleep(0.3)  # every handler has run
+    assert request.signum == signal.SIGINT and request.second_signum is None
+
+
+UV_CHILD = """
+import sys, time
+from titanpod.graph.interrupt import stop_after_step
+with stop_after_step() as request:
+    print("ready", flush=True)
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:
+        time.sleep(0.01)
+print("second" if request.second_signum else "one", request.signum, flush=True)
+"""
+
+
+def test_two_sigints_to_uv_runs_process_group_are_one_request(tmp_path):
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not installed here; CI installs it")
+    (tmp_path / "child.py").write_text(UV_CHILD)
+    env = {**os.environ, "UV_NO_SYNC": "1"}
+    command = [uv, "run", "--no-project", "--python", sys.executable, "python", str(tmp_path / "child.py")]
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)  # fmt: skip
+    assert child.stdout.readline().strip() == "ready"
+    os.killpg(child.pid, signal.SIGINT)  # to uv and python alike, as a terminal or a scheduler sends it
+    time.sleep(0.1)
+    os.killpg(child.pid, signal.SIGINT)
+    out, _ = child.communicate(timeout=60)
+    assert out.split() == ["one", str(int(signal.SIGINT))]

@@ -3,10 +3,12 @@
 The first signal asks the run to stop after the step in flight; a second one (of either kind) raises
 ``KeyboardInterrupt`` at once, wherever the run is, so what the run holds then may be mid-step.
 
-The same signal arriving again within ``DUPLICATE_WINDOW_S`` is one delivery, not a second request: a
-signal sent to a process group (Ctrl-C in a terminal, a scheduler's or a VM shutdown's SIGTERM) reaches
-the run directly and again through a wrapper that forwards it (``uv run`` does), microseconds apart, and a
-shell or a scheduler may send it twice about 0.1 s apart. The window is timed from when each signal arrived
+The same signal arriving again within ``DUPLICATE_WINDOW_S`` of its last arrival is one delivery, not a second
+request: a signal sent to a process group (Ctrl-C in a terminal, a scheduler's or a VM shutdown's SIGTERM)
+reaches the run directly and again through a wrapper that forwards it (``uv run``, not on a terminal, re-sends
+each about 0.2 s later), and a shell or a scheduler may send it twice about 0.1 s apart: two sent 0.1 s apart
+under ``uv run`` arrive at +0, +0.1, +0.2 and +0.4 s, one chain of copies. The window is timed from when each
+signal arrived
 (``titanpod.graph.signal_arrivals``), not from when its handler ran, which on a loaded machine may be seconds
 later, after the step in flight.
 """
@@ -22,7 +24,8 @@ from dataclasses import dataclass
 from titanpod.graph.signal_arrivals import ArrivalClock
 
 DUPLICATE_WINDOW_S = 0.25
-"""A repeat of the first signal within this many seconds is the same delivery forwarded, not a second request."""
+"""A repeat of the first signal within this many seconds of its last arrival is the same delivery forwarded, not a
+second request."""
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """The signals that stop a run: Ctrl-C, and what schedulers and preemptible VMs send."""
@@ -38,6 +41,8 @@ class StopRequest:
     """The signal that stopped the run at once (the second one); ``None`` while none came."""
     received_at: float = 0.0
     """When the first signal arrived (``time.monotonic()``)."""
+    last_arrival: float = 0.0
+    """When the first signal, or its latest copy, arrived (``time.monotonic()``)."""
 
     @property
     def requested(self) -> bool:
@@ -78,9 +83,10 @@ def stop_after_step() -> Iterator[StopRequest]:
         def handle(signum: int, frame: object) -> None:
             for arrived in clock.arrivals(signum):  # one handler call may stand for several arrivals
                 if not request.requested:
-                    request.signum, request.received_at = signum, arrived
+                    request.signum, request.received_at, request.last_arrival = signum, arrived, arrived
                     continue
-                if signum == request.signum and arrived - request.received_at < DUPLICATE_WINDOW_S:
+                if signum == request.signum and arrived - request.last_arrival < DUPLICATE_WINDOW_S:
+                    request.last_arrival = arrived
                     continue  # the first signal again: forwarded by a wrapper, or sent twice
                 request.second_signum = signum
                 raise KeyboardInterrupt(f"a second signal ({signal_name(signum)}): stopping at once")
