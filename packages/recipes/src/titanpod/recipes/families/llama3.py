@@ -22,8 +22,8 @@ def llama3_debug() -> Recipe:
 
 def llama3_8b() -> Recipe:
     """Llama 3.1 8B on a TPU v6e-256: FSDP, recomputed blocks, 8K sequences, Pallas kernels; on the xla lane its
-    32 blocks run as one loop (``train.scan_layers``), so ``--compile-for target`` compiles the full depth: 9.3 GiB
-    a chip of a v6e's 32 (the planner: 8.8)."""
+    32 blocks run as one loop (``train.scan_layers``), so ``--compile-for target`` compiles the full depth
+    (its memory and estimated step: docs/recipes.md)."""
     return pod_recipe(
         "llama3_8b", "llama3", "8B", TargetConfig(chip="v6e", chips=256),
         tokenizer="meta-llama/Llama-3.1-8B", seq_len=8192, batch_size=2, lr=3e-4, steps=10_000, warmup_steps=500,
@@ -35,11 +35,7 @@ def llama32_1b() -> Recipe:
     """Llama 3.2 1B on one TPU v5e chip (16 GiB; a v5litepod-1, or a v6e-1): 2 x 4,096 tokens a step, recomputed
     blocks run as one loop, Pallas kernels, AdamW's moments in host memory (``train.optimizer_offload``: with them
     on the chip the step does not fit), on the xla lane, which alone keeps them there. On more chips the same recipe
-    shards by FSDP over them all.
-
-    On a v5e with libtpu 0.0.42.1 it trained (on synthetic data) at 4,986 tokens/s, 22.8% MFU, holding 13.12 GiB
-    of the chip's 15.75 (tools/bench/chip_step.py, 2026-12-07; docs/tpu-chip.md): the moments' trip to the chip
-    and back, about 0.77 s, takes nearly half of each step."""
+    shards by FSDP over them all. Measured on the chip: docs/tpu-chip.md."""
     recipe = pod_recipe(
         "llama32_1b", "llama3", "1B", TargetConfig(chip="v5e", chips=1),
         tokenizer="meta-llama/Llama-3.2-1B", seq_len=4096, batch_size=2, lr=3e-4, steps=2_000,

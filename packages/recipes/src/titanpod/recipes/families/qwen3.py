@@ -20,11 +20,8 @@ def qwen3_debug() -> Recipe:
 
 def qwen3_8b() -> Recipe:
     """Qwen 3 8B on a TPU v6e-64: FSDP, recomputed blocks, 4K sequences, Pallas kernels; on the xla lane its 36
-    blocks run as one loop (``train.scan_layers``).
-
-    Recomputed, libtpu's full-depth compile of the step needs 7.3 GiB a chip of a v6e's 32 (``--compile-for
-    target``; the planner: 6.8). Blocks were recomputed because a compile with the selective policy, extrapolated
-    from 2 and 4 layers, needed 36.7 GiB; at full depth it holds 25.9 GiB, which fits (see docs/recipes.md)."""
+    blocks run as one loop (``train.scan_layers``). Blocks are recomputed: the selective policy's compile needed
+    more of a chip's memory (docs/recipes.md)."""
     return pod_recipe(
         "qwen3_8b", "qwen3", "8B", TargetConfig(chip="v6e", chips=64),
         tokenizer="Qwen/Qwen3-8B", seq_len=4096, batch_size=2, lr=3e-4, steps=10_000, warmup_steps=500,
@@ -35,10 +32,7 @@ def qwen3_8b() -> Recipe:
 def qwen3_06b() -> Recipe:
     """Qwen 3 0.6B on one TPU v5e chip (16 GiB; a v5litepod-1, or a v6e-1): 4 x 4,096 tokens a step, recomputed
     blocks run as one loop, Pallas kernels with the tiles measured fastest on the chip. On more chips the same
-    recipe shards by FSDP over them all, 4 sequences a chip.
-
-    On a v5e with libtpu 0.0.42.1 its model, shape and kernels (on synthetic data) trained at 12,594 tokens/s,
-    40.9% MFU, holding 12.9 GiB of the chip's 15.75 (tools/bench/chip_step.py, 2026-12-05; docs/tpu-chip.md)."""
+    recipe shards by FSDP over them all, 4 sequences a chip. Measured on the chip: docs/tpu-chip.md."""
     return pod_recipe(
         "qwen3_06b", "qwen3", "0.6B", TargetConfig(chip="v5e", chips=1),
         tokenizer="Qwen/Qwen3-0.6B", seq_len=4096, batch_size=4, lr=3e-4, steps=2_000,
@@ -48,8 +42,7 @@ def qwen3_06b() -> Recipe:
 
 def qwen3_32b() -> Recipe:
     """Qwen 3 32B on a TPU v5p-256 (128 chips): FSDP, recomputed blocks, 4K sequences, Pallas kernels; on the
-    xla lane its 64 blocks run as one loop (``train.scan_layers``): 22.8 GiB a chip of a v5p's 95 by libtpu's
-    full-depth compile (``--compile-for target``; the planner: 22.0)."""
+    xla lane its 64 blocks run as one loop (``train.scan_layers``; its full-depth compile: docs/recipes.md)."""
     return pod_recipe(
         "qwen3_32b", "qwen3", "32B", TargetConfig(chip="v5p", chips=128),
         tokenizer="Qwen/Qwen3-32B", seq_len=4096, batch_size=4, lr=2e-4, steps=10_000, warmup_steps=1000,
