@@ -157,3 +157,17 @@ def test_distribution_declares_exactly_what_it_imports(dist: Distribution):
         f"{dist.name} requires {required_but_lazy} although it imports them only inside functions: "
         "make them an extra (e.g. [pallas], [ray], [vllm])"
     )
+
+
+def test_the_architecture_docs_layer_table_says_what_each_package_declares():
+    """docs/architecture.md's "declares" column: each layer's titanpod dependencies as its pyproject.toml lists
+    them (by layer name: ``titanpod-graph`` is ``graph``)."""
+    table = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `titanpod\.(\w+)` \| .*? \| .*? \| (.*?) \|$", table, re.MULTILINE)
+    documented = {layer: {name.strip() for name in declares.split(",")} - {"—"} for layer, declares in rows}
+    declared = {
+        dist.name.removeprefix("titanpod-"): {name.removeprefix("titanpod-") for name in dist.required
+                                              if name.startswith("titanpod-")}
+        for dist in DISTRIBUTIONS if dist.root.parent.name == "packages"
+    }  # fmt: skip
+    assert documented == declared
