@@ -19,6 +19,7 @@ from titanpod.checkpoint.recipe_changes import check_same_run
 from titanpod.checkpoint.step_folders import set_aside
 from titanpod.recipes import Recipe
 from titanpod.runs import run_pretraining
+from titanpod.runs.resume_check import RunFinished
 
 
 def recipe(tmp_path, steps: int, **checkpoint) -> Recipe:
@@ -107,15 +108,23 @@ def test_a_resume_that_changes_the_data_or_the_trajectory_is_refused_naming_each
 
 
 def test_allowed_changes_resume_and_are_said(tmp_path, trained, capsys):
-    other = changed(recipe(tmp_path, 1), allow=("data.*", "train.lr"), data={"seq_len": 64}, train={"lr": 1e-3})
-    result = run_pretraining(other, console=Console(width=400))  # resumes at its last step: nothing to train
+    other = changed(recipe(tmp_path, 2), allow=("data.*", "train.lr"), data={"seq_len": 64}, train={"lr": 1e-3})
+    result = run_pretraining(other, console=Console(width=400))  # one more step, under the changes
     out = capsys.readouterr().out
-    assert result.summary.start_step == 1 and result.summary.steps_done == 1
+    assert result.summary.start_step == 1 and result.summary.steps_done == 2
     assert "allowed by --checkpoint.allow-changes): data.seq_len: 32 -> 64" in out
     assert "train.lr: 0.003 -> 0.001" in out
     (kept,) = (trained / "recipe-history").glob("recipe-*.json")  # the recipe the checkpoint was trained with
     assert json.loads(kept.read_text())["train"]["lr"] == 0.003
     assert json.loads((trained / "recipe.json").read_text())["train"]["lr"] == 1e-3
+
+
+def test_a_finished_run_is_not_trained_again_and_nothing_of_it_changes(tmp_path, trained):
+    before = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in trained.rglob("*") if path.is_file()}
+    with pytest.raises(RunFinished, match=r"Run run is finished: 1 of 1 steps done .* --train.steps N, with N above 1"):
+        run_pretraining(recipe(tmp_path, 1))
+    after = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in trained.rglob("*") if path.is_file()}
+    assert after == before
 
 
 def test_a_longer_run_resumes_silently_and_every_earlier_recipe_is_kept(tmp_path, trained, capsys):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
@@ -143,14 +144,21 @@ def act(command: Command, console: Console) -> int | None:
 
 
 def train(command: Command, console: Console) -> Finished:
-    """Train the recipe; the main process (rank 0 under torchrun) prints the header and the summary."""
+    """Train the recipe; the main process (rank 0 under torchrun) prints the header and the summary. A run resumed
+    with every step done says so and how to extend it, and ends with status 0 having written nothing."""
     from titanpod.device import process_info
     from titanpod.runs import run_pretraining
     from titanpod.runs.process_exit import run_exit_code
+    from titanpod.runs.resume_check import RunFinished
 
     info = process_info()
     speaking = console if info.is_main else None
-    result = run_pretraining(command.recipe, speaking)
+    try:
+        result = run_pretraining(command.recipe, speaking)
+    except RunFinished as finished:  # nothing to train: said, and the run's files left as they are
+        if speaking is not None:
+            speaking.print(escape(str(finished)), soft_wrap=True)
+        return Finished(0, None, False, info.is_main, info.world_size)
     if speaking is not None:
         print_summary(speaking, result)
     summary = result.summary

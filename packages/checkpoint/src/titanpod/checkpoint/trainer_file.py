@@ -80,14 +80,10 @@ def read_on_every_rank(folder: Location, verified: VerifiedHashes) -> dict[str, 
     return trainer
 
 
-def read_trainer_file(
-    folder: Location, share: tuple[int, int] = (0, 1), verified: VerifiedHashes | None = None
-) -> dict[str, Any]:
-    """``trainer.json`` of a checkpoint, after checking its commit marker (required at a URL), every field it holds
-    (``titanpod.checkpoint.trainer_file_schema``), and that every file it lists is there, whole, with the content
-    hash it records (format 2). ``share=(rank, world)`` hashes only every ``world``-th file from the ``rank``-th
-    (sizes are all checked); ``verified`` reuses hashes its owner took of files unchanged since (default: every
-    file is read)."""
+def read_trainer_record(folder: Location) -> dict[str, Any]:
+    """``trainer.json`` of a checkpoint, after checking its commit marker (required at a URL) and every
+    field it holds (``titanpod.checkpoint.trainer_file_schema``), but not the files it lists: what to resume from, read
+    in moments (``read_trainer_file`` checks the files too)."""
     folder = as_location(folder)
     path = join(folder, TRAINER_FILE)
     try:
@@ -99,6 +95,19 @@ def read_trainer_file(
         ) from error
     check_marker(folder, trainer_bytes)
     check_trainer_file(trainer, folder, READABLE_FORMATS)
+    return trainer
+
+
+def read_trainer_file(
+    folder: Location, share: tuple[int, int] = (0, 1), verified: VerifiedHashes | None = None
+) -> dict[str, Any]:
+    """``trainer.json`` of a checkpoint, after checking its commit marker (required at a URL), every field it holds
+    (``titanpod.checkpoint.trainer_file_schema``), and that every file it lists is there, whole, with the content
+    hash it records (format 2). ``share=(rank, world)`` hashes only every ``world``-th file from the ``rank``-th
+    (sizes are all checked); ``verified`` reuses hashes its owner took of files unchanged since (default: every
+    file is read)."""
+    folder = as_location(folder)
+    trainer = read_trainer_record(folder)
     rank, world = share
     mine = [name for number, name in enumerate(trainer["files"]) if number % world == rank]
     problem = damage(folder, trainer["files"], file_sizes(folder), mine, verified)

@@ -26,6 +26,7 @@ from titanpod.runs.hf_export import HFExtras, training_extras
 from titanpod.runs.init_from import build_pretrained_model, following, model_args, pretrained_for
 from titanpod.runs.pipelined import with_pipeline_microbatches
 from titanpod.runs.placement import ENTRY_MODULES, start_placement
+from titanpod.runs.resume_check import check_continuation
 from titanpod.runs.run_lookup import with_resume as with_resume  # re-exported: the apps import it from here
 from titanpod.runs.session import RunSession
 from titanpod.runs.session_dir import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
@@ -85,6 +86,8 @@ def build_seeded_model(recipe: Recipe, backend: Backend) -> tuple[Transformer, R
 def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainResult:
     """Train the recipe's model on its data and write metrics and weights to a new run directory.
 
+    A run that resumes is checked against its checkpoint first (``titanpod.runs.resume_check``): one that changes
+    the model, or asks for fewer steps than are done, is refused before anything is built or written.
     The model is placed by ``titanpod.runs.placement``: under torchrun sharded by its family's plan and
     ``recipe.parallel`` (with pp > 1, cut into pipeline stages first); on the xla lane partitioned by the
     compiler over every device. Only rank 0 prints and writes.
@@ -96,6 +99,10 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     torch.manual_seed(recipe.train.seed)
     pretrained = pretrained_for(recipe, console)  # a folder that does not fit fails before anything is built
     recipe = following(recipe, pretrained, BUILTIN)  # its family and tokenizer, as recipe.json records them
+    continuation = check_continuation(recipe)  # refused now, before anything is built
+    if console is not None and continuation is not None:
+        for line in continuation.lines():
+            console.print(escape(line), soft_wrap=True)
     tokenizer_note = check_text_tokenizer(recipe.data, model_args(recipe, pretrained).vocab_size, pretrained)
     check_recipe_fits_device(recipe, backend, model_args(recipe, pretrained))  # its plan against the device
     if pretrained is None:

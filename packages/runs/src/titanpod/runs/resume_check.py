@@ -1,0 +1,101 @@
+"""Before a run builds anything: whether the checkpoint it would continue can be continued under its recipe.
+
+A run continues the checkpoint ``checkpoint.resume`` names (for ``auto``, the newest complete one in the run's
+checkpoint folder). Its ``trainer.json`` is read without hashing the state files (loading does that), and the run is
+refused, each time naming what and how to go on, when its recipe changes a field the checkpoint must keep
+(``titanpod.checkpoint.recipe_changes``: the model, the attention, the data, the trajectory; unless
+``checkpoint.allow_changes`` names it), or when ``train.steps`` is fewer than the steps done. A run whose steps are
+all done is stopped the same way (``RunFinished``; the command says so and exits 0), unless torchrun restarted it: a
+restart after the last checkpoint finishes what the first attempt left, such as the final weights. These checks come
+before the model, the data or the run directory is touched, so a refused run leaves every file as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from titanpod.checkpoint.errors import CheckpointError
+from titanpod.checkpoint.locations import Location, as_location
+from titanpod.checkpoint.recipe_changes import change_text, check_same_run, is_harmless, recipe_changes
+from titanpod.checkpoint.resume_choice import resume_folder
+from titanpod.checkpoint.trainer_file import read_trainer_record
+from titanpod.recipes.recipe import RunRecipe
+from titanpod.runs.run_folder import restarted
+
+
+class RunFinished(CheckpointError):
+    """The run has done every step its recipe asks for: nothing to train, nothing written. Says how to go on."""
+
+
+ALLOW = "checkpoint.allow_changes"
+"""The field that lets changes through: not itself shown as one."""
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """The checkpoint a run continues, and what the run changes of the recipe it was written with."""
+
+    run: str
+    """The run, as a command names it (``--resume NAME``), or its checkpoint folder when it has no name."""
+    folder: Location
+    """The checkpoint folder."""
+    step: int
+    """Steps done."""
+    changes: tuple[str, ...]
+    """Each harmless field this run changes, ``name: old -> new`` (fields ``checkpoint.allow_changes`` lets through
+    are said by the load)."""
+
+    def lines(self) -> list[str]:
+        """What the run says of the changes as it starts (nothing when it changes nothing)."""
+        return [f"resuming run {self.run} with settings changed: {'; '.join(self.changes)}"] if self.changes else []
+
+
+def _quiet(line: str) -> None:
+    """Say nothing: the session names the folders resume skips."""
+
+
+def checkpoint_to_continue(recipe: RunRecipe) -> Location | None:
+    """The checkpoint folder the run of ``recipe`` would continue; ``None`` when it starts fresh (``resume never``,
+    no checkpoint yet, or a new run directory). ``CheckpointError`` for a ``checkpoint.resume`` path that is no
+    complete checkpoint."""
+    config, output = recipe.checkpoint, recipe.output
+    if config.resume not in ("auto", "never"):
+        return resume_folder(as_location(config.resume), config.resume, _quiet)  # a checkpoint path, checked
+    if config.resume == "never":
+        return None
+    if config.dir:
+        return resume_folder(as_location(config.dir), "auto", _quiet)
+    if not output.run_name:
+        return None  # a new run directory named by its start time: nothing in it yet
+    return resume_folder(Path(output.runs_dir) / output.run_name / "checkpoints", "auto", _quiet)
+
+
+def check_continuation(recipe: RunRecipe) -> Continuation | None:
+    """Refuse, before anything is built or written, a run that cannot continue the checkpoint it would resume
+    (``CheckpointError`` naming each reason and the fix) and one with no step left to train (``RunFinished``);
+    ``None`` when the run starts fresh.
+    """
+    folder = checkpoint_to_continue(recipe)
+    if folder is None:
+        return None
+    trainer = read_trainer_record(folder)
+    saved, step, allowed = trainer["recipe"], trainer["step"], recipe.checkpoint.allow_changes
+    current = recipe.to_dict()
+    check_same_run(saved, current, folder, allowed)
+    run = recipe.output.run_name or str(folder)
+    steps = recipe.train.steps
+    if steps < step:
+        raise CheckpointError(
+            f"Run {run} has done {step} steps (checkpoint {folder}), and --train.steps {steps} is fewer: a run is "
+            f"never cut back below what it has trained. To continue it, give a larger total: --train.steps N, with N "
+            f"above {step}; to train {steps} steps, start a new run (--output.run-name NEW)."
+        )
+    if steps == step and not restarted():
+        resume = f"--resume {run} " if recipe.output.run_name else ""
+        raise RunFinished(
+            f"Run {run} is finished: {step} of {steps} steps done (checkpoint {folder}); nothing was trained or "
+            f"written. To train it further, give the new total: {resume}--train.steps N, with N above {step}."
+        )
+    shown = [change for change in recipe_changes(saved, current) if is_harmless(change[0]) and change[0] != ALLOW]
+    return Continuation(run, folder, step, tuple(change_text(*change) for change in shown))

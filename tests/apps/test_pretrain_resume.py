@@ -1,0 +1,85 @@
+"""``titanpod-pretrain --resume NAME`` refuses, before it builds anything and leaving every file of the run as it
+was, what it cannot continue: fewer steps than are done, a changed model or attention (unless
+``--checkpoint.allow-changes`` names it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from titanpod.pretrain.cli import main
+from titanpod.runs import pretrain as pretrain_runner
+
+TINY = [
+    "--train.log-every", "1", "--data.source", "synthetic", "--data.seq-len", "16", "--data.batch-size", "2",
+]  # fmt: skip
+"""A recipe small enough to train a step in moments (the rest is llama3_debug's)."""
+
+
+def folder_digest(folder: Path) -> str:
+    """Every entry under ``folder``: its path, its kind, its modification time and (a file's) bytes, hashed."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(folder)}|{path.is_dir()}|{stat.st_mtime_ns}|".encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def pretrain(runs: Path, *args: str) -> int:
+    """``titanpod-pretrain *args --output.runs-dir runs`` in this process; its exit status."""
+    return main([*args, "--output.runs-dir", str(runs)])
+
+
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+    """The runs folder of a finished 2-step run named ``pt`` (trained once per module)."""
+    runs = tmp_path_factory.mktemp("resume") / "runs"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COLUMNS", "300")
+        assert pretrain(runs, *TINY, "--train.steps", "2", "--output.run-name", "pt") == 0
+    return runs
+
+
+@pytest.fixture
+def runs(tmp_path, two_steps, monkeypatch):
+    """A copy of ``two_steps`` of this test's own, read at a wide console."""
+    monkeypatch.setenv("COLUMNS", "300")
+    shutil.copytree(two_steps, tmp_path / "runs", symlinks=True)
+    return tmp_path / "runs"
+
+
+def test_fewer_steps_than_the_run_has_done_are_refused_and_nothing_changes(runs, capsys):
+    before = folder_digest(runs)
+    assert pretrain(runs, "--resume", "pt", *TINY, "--train.steps", "1") != 0
+    out, err = capsys.readouterr()
+    said = " ".join((out + err).split())
+    assert "has done 2 steps" in said and "--train.steps 1 is fewer" in said
+    assert "--train.steps N" in said  # how to continue it
+    assert "steps done" not in said  # nothing was resumed
+    assert folder_digest(runs) == before
+
+
+def test_a_changed_attention_window_is_refused_before_anything_is_built(runs, capsys, monkeypatch):
+    def built(*args, **kwargs):
+        raise AssertionError("the model was built before the change was refused")
+
+    monkeypatch.setattr(pretrain_runner, "build_seeded_model", built)
+    before = folder_digest(runs)
+    assert pretrain(runs, "--resume", "pt", *TINY, "--train.steps", "3", "--kernels.window", "4") != 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert "kernels.window: None -> 4" in said and "--checkpoint.allow-changes kernels.window" in said
+    assert folder_digest(runs) == before
+
+
+def test_a_change_allowed_by_name_resumes_and_is_said(runs, capsys):
+    allowed = ["--kernels.window", "4", "--checkpoint.allow-changes", "kernels.window"]
+    assert pretrain(runs, "--resume", "pt", *TINY, "--train.steps", "3", *allowed) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "kernels.window: None -> 4" in said and "2 of 3 steps done" in said
+    assert json.loads((runs / "pt" / "recipe.json").read_text())["kernels"]["window"] == 4
