@@ -1,6 +1,6 @@
-"""``titanpod-pretrain --resume NAME`` refuses, before it builds anything and leaving every file of the run as it
-was, what it cannot continue: fewer steps than are done, a changed model or attention (unless
-``--checkpoint.allow-changes`` names it)."""
+"""``titanpod-pretrain --resume NAME`` continues a run as its own recipe.json says, and refuses, before it builds
+anything and leaving every file of the run as it was, what it cannot continue: fewer steps than are done, a
+changed model or attention (unless ``--checkpoint.allow-changes`` names it)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,27 @@ def test_fewer_steps_than_the_run_has_done_are_refused_and_nothing_changes(runs,
     assert folder_digest(runs) == before
 
 
+def test_a_finished_run_resumed_as_it_is_says_so_and_changes_nothing(runs, capsys):
+    before = folder_digest(runs)
+    assert pretrain(runs, "--resume", "pt") == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "Run pt is finished: 2 of 2 steps done" in said and "--train.steps N" in said
+    assert folder_digest(runs) == before
+
+
+def test_a_resume_continues_the_runs_own_recipe_and_shows_what_a_flag_changes(runs, capsys):
+    assert pretrain(runs, "--resume", "pt", "--train.steps", "3") == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "train.steps: 2 -> 3" in said and "2 of 3 steps done" in said
+    recipe = json.loads((runs / "pt" / "recipe.json").read_text())
+    (kept,) = (runs / "pt" / "recipe-history").glob("recipe-*.json")
+    earlier = json.loads(kept.read_text())
+    assert recipe["train"]["steps"] == 3 and earlier["train"]["steps"] == 2
+    recipe["train"]["steps"] = earlier["train"]["steps"]
+    recipe["output"]["runs_dir"] = earlier["output"]["runs_dir"]  # this test's copy of the run is elsewhere
+    assert recipe == earlier  # the saved recipe was the base: nothing but the flag given changed
+
+
 def test_a_changed_attention_window_is_refused_before_anything_is_built(runs, capsys, monkeypatch):
     def built(*args, **kwargs):
         raise AssertionError("the model was built before the change was refused")
@@ -77,9 +98,26 @@ def test_a_changed_attention_window_is_refused_before_anything_is_built(runs, ca
     assert folder_digest(runs) == before
 
 
+def test_a_larger_model_is_refused_before_it_is_built_naming_each_field(runs, capsys, monkeypatch):
+    def built(*args, **kwargs):
+        raise AssertionError("the model was built before the change was refused")
+
+    monkeypatch.setattr(pretrain_runner, "build_seeded_model", built)
+    monkeypatch.setattr(pretrain_runner, "check_recipe_fits_device", built)
+    before = folder_digest(runs)
+    flags = ["--model.flavor", "1B", "--model.shape.n-layers", "3", "--train.steps", "3"]
+    assert pretrain(runs, "--resume", "pt", *flags) != 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert "model.flavor: 'debug' -> '1B'" in said and "model.shape.n_layers: None -> 3" in said
+    assert "--checkpoint.allow-changes model.flavor,model.shape.n_layers" in said
+    assert folder_digest(runs) == before
+
+
 def test_a_change_allowed_by_name_resumes_and_is_said(runs, capsys):
     allowed = ["--kernels.window", "4", "--checkpoint.allow-changes", "kernels.window"]
     assert pretrain(runs, "--resume", "pt", *TINY, "--train.steps", "3", *allowed) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "kernels.window: None -> 4" in said and "2 of 3 steps done" in said
     assert json.loads((runs / "pt" / "recipe.json").read_text())["kernels"]["window"] == 4
+    assert pretrain(runs, "--resume", "pt", "--train.steps", "4", "--kernels.window", "8") != 0  # allowed once only
+    assert "kernels.window: 4 -> 8" in " ".join(capsys.readouterr().err.split())
