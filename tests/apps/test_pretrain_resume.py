@@ -1,6 +1,6 @@
 """``titanpod-pretrain --resume NAME`` continues a run as its own recipe.json says, and refuses, before it builds
 anything and leaving every file of the run as it was, what it cannot continue: fewer steps than are done, a
-changed model or attention (unless ``--checkpoint.allow-changes`` names it)."""
+changed model or attention (unless ``--checkpoint.allow-changes`` names it) and data rewritten in place."""
 
 from __future__ import annotations
 
@@ -121,3 +121,23 @@ def test_a_change_allowed_by_name_resumes_and_is_said(runs, capsys):
     assert json.loads((runs / "pt" / "recipe.json").read_text())["kernels"]["window"] == 4
     assert pretrain(runs, "--resume", "pt", "--train.steps", "4", "--kernels.window", "8") != 0  # allowed once only
     assert "kernels.window: 4 -> 8" in " ".join(capsys.readouterr().err.split())
+
+
+def test_data_rewritten_in_place_is_refused_naming_the_file_unless_allowed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "300")
+    corpus, runs = tmp_path / "corpus.txt", tmp_path / "runs"
+    corpus.write_text("\n".join(f"line {number} of a small corpus to train on" for number in range(200)))
+    data = ["--data.source", "text", "--data.path", str(corpus), *TINY[4:]]
+    assert pretrain(runs, *TINY[:2], *data, "--train.steps", "2", "--output.run-name", "tf") == 0
+    corpus.write_text(corpus.read_text().replace("small", "other"))  # the same size, other words
+    capsys.readouterr()
+    before = folder_digest(runs)
+    resume = ["--resume", "tf", *TINY[:2], *data, "--train.steps", "3"]  # the run's own flags, and one more step
+    assert pretrain(runs, *resume) != 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"{corpus} changed (its first" in said and "--checkpoint.allow-changes data.path" in said
+    assert folder_digest(runs) == before
+    assert pretrain(runs, *resume, "--checkpoint.allow-changes", "data.path") == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"on changed data files (allowed by --checkpoint.allow-changes data.path): {corpus} changed" in said
+    assert "2 of 3 steps done" in said

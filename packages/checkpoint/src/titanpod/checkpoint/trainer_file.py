@@ -4,7 +4,7 @@ its checks (the commit marker, every field, and every file's size and content ha
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.distributed as dist
@@ -23,9 +23,16 @@ STATE_FOLDER = "state"
 ORBAX_FOLDER = "orbax"
 
 
-def trainer_file_bytes(step_number: int, data_state: dict[str, Any], recipe_json: str, manifest: Any) -> bytes:
-    """The ``trainer.json`` of a checkpoint after ``step_number`` steps: the data loader's position, the recipe
-    and ``manifest`` (every other file's size and content hash)."""
+def trainer_file_bytes(
+    step_number: int,
+    data_state: dict[str, Any],
+    recipe_json: str,
+    manifest: Any,
+    data_files: Mapping[str, Any] | None = None,
+) -> bytes:
+    """The ``trainer.json`` of a checkpoint after ``step_number`` steps: the data loader's position, the recipe,
+    ``manifest`` (every other file's size and content hash) and, when given, ``data_files``: the fingerprint of the
+    data files the run reads (``titanpod.data.fingerprint``), which a resume compares."""
     trainer = {
         "format": FORMAT_VERSION,
         "step": step_number,
@@ -33,6 +40,8 @@ def trainer_file_bytes(step_number: int, data_state: dict[str, Any], recipe_json
         "recipe": json.loads(recipe_json),
         "files": manifest,
     }
+    if data_files is not None:
+        trainer["data_files"] = dict(data_files)
     return (json.dumps(trainer, indent=2) + "\n").encode()
 
 

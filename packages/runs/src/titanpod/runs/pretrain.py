@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from titanpod.data import TrainData, build_data, gather_data_state
+from titanpod.data.fingerprint import data_fingerprint
 from titanpod.data.tokenizer import BUILTIN
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainConfig, TrainSummary, build_step
@@ -87,7 +88,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     """Train the recipe's model on its data and write metrics and weights to a new run directory.
 
     A run that resumes is checked against its checkpoint first (``titanpod.runs.resume_check``): one that changes
-    the model, or asks for fewer steps than are done, is refused before anything is built or written.
+    the model or the data, or asks for fewer steps than are done, is refused before anything is built or written.
     The model is placed by ``titanpod.runs.placement``: under torchrun sharded by its family's plan and
     ``recipe.parallel`` (with pp > 1, cut into pipeline stages first); on the xla lane partitioned by the
     compiler over every device. Only rank 0 prints and writes.
@@ -99,7 +100,8 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     torch.manual_seed(recipe.train.seed)
     pretrained = pretrained_for(recipe, console)  # a folder that does not fit fails before anything is built
     recipe = following(recipe, pretrained, BUILTIN)  # its family and tokenizer, as recipe.json records them
-    continuation = check_continuation(recipe)  # refused now, before anything is built
+    data_files = data_fingerprint(recipe.data)
+    continuation = check_continuation(recipe, lambda: data_files)  # refused now, before anything is built
     if console is not None and continuation is not None:
         for line in continuation.lines():
             console.print(escape(line), soft_wrap=True)
@@ -116,7 +118,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     batches = data.train
     info = process_info()
     model_device = backend.parameter_device(info.local_rank)
-    with RunSession(recipe, backend, console) as session:
+    with RunSession(recipe, backend, console, data_files) as session:
         step = build_step(placement.model, recipe.train, backend, **placement.step_options(recipe.parallel))
         start_step = session.resume(placement.model, step, batches, data_state=lambda: gather_data_state(batches))
         validated_at: list[int] = []

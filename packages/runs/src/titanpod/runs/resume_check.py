@@ -1,25 +1,30 @@
 """Before a run builds anything: whether the checkpoint it would continue can be continued under its recipe.
 
 A run continues the checkpoint ``checkpoint.resume`` names (for ``auto``, the newest complete one in the run's
-checkpoint folder). Its ``trainer.json`` is read without hashing the state files (loading does that), and the run is
-refused, each time naming what and how to go on, when its recipe changes a field the checkpoint must keep
+checkpoint folder). Its ``trainer.json`` is read without hashing the state files (loading does that), and the run
+is refused, each time naming what and how to go on, when its recipe changes a field the checkpoint must keep
 (``titanpod.checkpoint.recipe_changes``: the model, the attention, the data, the trajectory; unless
-``checkpoint.allow_changes`` names it), or when ``train.steps`` is fewer than the steps done. A run whose steps are
-all done is stopped the same way (``RunFinished``; the command says so and exits 0), unless torchrun restarted it: a
-restart after the last checkpoint finishes what the first attempt left, such as the final weights. These checks come
-before the model, the data or the run directory is touched, so a refused run leaves every file as it was.
+``checkpoint.allow_changes`` names it), when ``train.steps`` is fewer than the steps done, or when a data file was
+rewritten since the checkpoint was written (``titanpod.data.fingerprint``; unless ``checkpoint.allow_changes``
+names ``data.path``). A run whose steps are all done is stopped the same way (``RunFinished``; the command says
+so and exits 0), unless torchrun restarted it: a restart after the last checkpoint finishes what the first attempt
+left, such as the final weights. These checks come before the model, the data or the run directory is touched, so
+a refused run leaves every file as it was.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from titanpod.checkpoint.errors import CheckpointError
 from titanpod.checkpoint.locations import Location, as_location
-from titanpod.checkpoint.recipe_changes import change_text, check_same_run, is_harmless, recipe_changes
+from titanpod.checkpoint.recipe_changes import change_text, check_same_run, is_allowed, is_harmless, recipe_changes
 from titanpod.checkpoint.resume_choice import resume_folder
 from titanpod.checkpoint.trainer_file import read_trainer_record
+from titanpod.data.fingerprint import fingerprint_changes
 from titanpod.recipes.recipe import RunRecipe
 from titanpod.runs.run_folder import restarted
 
@@ -28,13 +33,15 @@ class RunFinished(CheckpointError):
     """The run has done every step its recipe asks for: nothing to train, nothing written. Says how to go on."""
 
 
+DATA_FILES_FIELD = "data.path"
+"""The recipe field ``checkpoint.allow_changes`` names to accept data files that changed since the checkpoint."""
 ALLOW = "checkpoint.allow_changes"
 """The field that lets changes through: not itself shown as one."""
 
 
 @dataclass(frozen=True)
 class Continuation:
-    """The checkpoint a run continues, and what the run changes of the recipe it was written with."""
+    """The checkpoint a run continues, and what the run changes of the recipe and data it was written with."""
 
     run: str
     """The run, as a command names it (``--resume NAME``), or its checkpoint folder when it has no name."""
@@ -45,10 +52,18 @@ class Continuation:
     changes: tuple[str, ...]
     """Each harmless field this run changes, ``name: old -> new`` (fields ``checkpoint.allow_changes`` lets through
     are said by the load)."""
+    data_changes: tuple[str, ...] = ()
+    """Each data file changed since the checkpoint, which ``--checkpoint.allow-changes data.path`` accepted."""
 
     def lines(self) -> list[str]:
         """What the run says of the changes as it starts (nothing when it changes nothing)."""
-        return [f"resuming run {self.run} with settings changed: {'; '.join(self.changes)}"] if self.changes else []
+        said = [f"resuming run {self.run} with settings changed: {'; '.join(self.changes)}"] if self.changes else []
+        if self.data_changes:
+            said.append(
+                f"resuming run {self.run} on changed data files (allowed by --checkpoint.allow-changes "
+                f"{DATA_FILES_FIELD}): {'; '.join(self.data_changes)}"
+            )
+        return said
 
 
 def _quiet(line: str) -> None:
@@ -71,10 +86,15 @@ def checkpoint_to_continue(recipe: RunRecipe) -> Location | None:
     return resume_folder(Path(output.runs_dir) / output.run_name / "checkpoints", "auto", _quiet)
 
 
-def check_continuation(recipe: RunRecipe) -> Continuation | None:
+def check_continuation(
+    recipe: RunRecipe, data_files: Callable[[], Mapping[str, Any]] | None = None
+) -> Continuation | None:
     """Refuse, before anything is built or written, a run that cannot continue the checkpoint it would resume
     (``CheckpointError`` naming each reason and the fix) and one with no step left to train (``RunFinished``);
     ``None`` when the run starts fresh.
+
+    ``data_files()`` gives the fingerprint of the run's data files as they are now, compared with the one the
+    checkpoint recorded (a checkpoint from before fingerprints is not compared).
     """
     folder = checkpoint_to_continue(recipe)
     if folder is None:
@@ -91,6 +111,15 @@ def check_continuation(recipe: RunRecipe) -> Continuation | None:
             f"never cut back below what it has trained. To continue it, give a larger total: --train.steps N, with N "
             f"above {step}; to train {steps} steps, start a new run (--output.run-name NEW)."
         )
+    recorded = trainer.get("data_files")
+    data_changes = fingerprint_changes(recorded, data_files()) if recorded is not None and data_files else []
+    if data_changes and not is_allowed(DATA_FILES_FIELD, allowed):
+        raise CheckpointError(
+            f"The data files of run {run} are not those its checkpoint {folder} was trained on: "
+            f"{'; '.join(data_changes)}. Resuming would read on from the old position in other data. Restore the "
+            f"files, start a new run (--output.run-name NEW), or accept the change with "
+            f"--checkpoint.allow-changes {DATA_FILES_FIELD}."
+        )
     if steps == step and not restarted():
         resume = f"--resume {run} " if recipe.output.run_name else ""
         raise RunFinished(
@@ -98,4 +127,4 @@ def check_continuation(recipe: RunRecipe) -> Continuation | None:
             f"written. To train it further, give the new total: {resume}--train.steps N, with N above {step}."
         )
     shown = [change for change in recipe_changes(saved, current) if is_harmless(change[0]) and change[0] != ALLOW]
-    return Continuation(run, folder, step, tuple(change_text(*change) for change in shown))
+    return Continuation(run, folder, step, tuple(change_text(*change) for change in shown), tuple(data_changes))
