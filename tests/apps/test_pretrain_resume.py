@@ -86,6 +86,15 @@ def test_a_resume_continues_the_runs_own_recipe_and_shows_what_a_flag_changes(ru
     assert recipe == earlier  # the saved recipe was the base: nothing but the flag given changed
 
 
+def test_a_resume_does_not_stop_again_where_an_earlier_part_of_the_run_stopped(runs, capsys):
+    assert pretrain(runs, "--resume", "pt", "--train.steps", "4", "--train.stop-at-step", "3") == 0
+    assert pretrain(runs, "--resume", "pt") == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "train.stop_at_step: 3 -> 0" in said and "3 of 4 steps done" in said
+    rows = [json.loads(line) for line in (runs / "pt" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+
+
 def test_a_changed_attention_window_is_refused_before_anything_is_built(runs, capsys, monkeypatch):
     def built(*args, **kwargs):
         raise AssertionError("the model was built before the change was refused")

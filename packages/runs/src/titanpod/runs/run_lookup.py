@@ -135,9 +135,14 @@ def recorded_recipe_file(recipe: NamedRun) -> Path | None:
 
 
 def resume_base(recorded: ResumableRun) -> ResumableRun:
-    """A run's own recipe (its ``recipe.json``) as the base a command continuing it applies its flags to: without
-    ``checkpoint.allow_changes``, which lets a change through for the run that makes it, not for every later one."""
-    return dataclasses.replace(recorded, checkpoint=dataclasses.replace(recorded.checkpoint, allow_changes=()))
+    """A run's own recipe (its ``recipe.json``) as the base a command continuing it applies its flags to, without the
+    settings that were for one part of the run: ``checkpoint.allow_changes`` (an allowance is for the run that makes
+    the change) and ``train.stop_at_step`` (where that part stopped; kept, the run would stop there again)."""
+    base = dataclasses.replace(recorded, checkpoint=dataclasses.replace(recorded.checkpoint, allow_changes=()))
+    train = getattr(recorded, "train", None)
+    if getattr(train, "stop_at_step", 0):
+        base = dataclasses.replace(base, train=dataclasses.replace(train, stop_at_step=0))
+    return base
 
 
 def with_recorded_run(recorded: ResumableRun, resumed: NamedRun) -> ResumableRun:
