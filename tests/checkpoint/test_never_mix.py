@@ -17,6 +17,7 @@ from tests.checkpoint import test_trainer_state
 from titanpod.checkpoint import CheckpointConfig, Checkpointer, CheckpointError, complete_checkpoints
 from titanpod.checkpoint.recipe_changes import check_same_run
 from titanpod.checkpoint.step_folders import set_aside
+from titanpod.models.field_checks import same_maths_fields
 from titanpod.recipes import Recipe
 from titanpod.runs import run_pretraining
 from titanpod.runs.resume_check import RunFinished
@@ -167,8 +168,9 @@ def test_kernel_settings_are_compared_when_they_change_the_maths_and_free_when_t
         splash=dataclasses.replace(kernels.splash, block_q=256, fused_backward=True),
         pallas_loss=dataclasses.replace(kernels.pallas_loss, keep_logits=True),
     )
-    assert check_same_run(saved, dataclasses.replace(base, kernels=same).to_dict(), "here") == []
+    free = same_maths_fields(Recipe)  # as a run passes them
+    assert check_same_run(saved, dataclasses.replace(base, kernels=same).to_dict(), "here", (), free) == []
     other = dataclasses.replace(kernels, window=4, splash=dataclasses.replace(kernels.splash, causal=False))
     with pytest.raises(CheckpointError) as refused:
-        check_same_run(saved, dataclasses.replace(base, kernels=other).to_dict(), "here")
+        check_same_run(saved, dataclasses.replace(base, kernels=other).to_dict(), "here", (), free)
     assert "kernels.splash.causal: True -> False; kernels.window: None -> 4" in str(refused.value)

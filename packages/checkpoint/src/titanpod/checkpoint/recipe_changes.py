@@ -2,9 +2,10 @@
 
 Every recipe field is compared, flattened to dotted names (``data.seq_len``, ``model.shape.dim``),
 except those in ``HARMLESS_CHANGES``: fields that say how long, where, how often or how fast a run
-goes, never what it trains or on what. The kernels' harmless fields are those their config marks as the
-same maths (``titanpod.models.field_checks.SAME_MATHS``: which implementation, its tiles), so a kernel
-setting that changes what the model computes, such as ``kernels.window``, is compared. A field outside
+goes, never what it trains or on what, and those the recipe's classes declare the same maths
+(``titanpod.models.field_checks.SAME_MATHS``: which kernel implements an op, its tiles), which the caller
+passes as ``same_maths``; so a kernel setting that changes what the model computes, such as
+``kernels.window``, is compared. A field outside
 that list that differs (the model, the attention, the data stream, the optimizer, the schedule, the
 precision) is refused, each named with both values (``old -> new``), unless ``checkpoint.allow_changes``
 lists it. Patterns use ``fnmatch``: ``*`` matches any part of a name. A field one recipe lacks (added to
@@ -21,8 +22,6 @@ from typing import Any
 
 from titanpod.checkpoint.errors import CheckpointError
 from titanpod.checkpoint.locations import Location
-from titanpod.kernels.config import KernelConfig
-from titanpod.models.field_checks import same_maths_fields
 
 HARMLESS_CHANGES: tuple[str, ...] = (
     "train.steps",  # extends (or shortens) the run, never below the steps done; the schedule is stretched over it
@@ -44,7 +43,6 @@ HARMLESS_CHANGES: tuple[str, ...] = (
     "profile.*",  # which steps are traced
     "device.*",
     "target.*",  # read by --dry-run only
-    *same_maths_fields(KernelConfig, "kernels"),  # implementations of the same ops, as KernelConfig marks them
     "parallel.tp",  # how the model is laid out over processes; the data-parallel degree (dp_replicate,
     "parallel.ep",  # fsdp) is compared, as it sets the global batch
     "parallel.sequence_parallel",
@@ -83,9 +81,10 @@ def change_text(name: str, before: Any, after: Any) -> str:
     return f"{name}: {_shown(before)} -> {_shown(after)}"
 
 
-def is_harmless(name: str) -> bool:
-    """Whether a resumed run may change the field ``name`` without a word (``HARMLESS_CHANGES``)."""
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in HARMLESS_CHANGES)
+def is_harmless(name: str, same_maths: Sequence[str] = ()) -> bool:
+    """Whether a resumed run may change the field ``name`` without a word: ``HARMLESS_CHANGES``, or a field of
+    ``same_maths`` (``titanpod.models.field_checks.same_maths_fields`` of the recipe's class)."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in (*HARMLESS_CHANGES, *same_maths))
 
 
 def is_allowed(name: str, allowed: Sequence[str]) -> bool:
@@ -94,11 +93,16 @@ def is_allowed(name: str, allowed: Sequence[str]) -> bool:
 
 
 def check_same_run(
-    saved: dict[str, Any], current: dict[str, Any], folder: Location, allowed: Sequence[str] = ()
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    folder: Location,
+    allowed: Sequence[str] = (),
+    same_maths: Sequence[str] = (),
 ) -> list[str]:
     """Refuse to continue the checkpoint in ``folder`` (written with recipe ``saved``) under the recipe ``current``
-    when a field outside ``HARMLESS_CHANGES`` and ``allowed`` differs; ``CheckpointError`` names each such field
-    with both values, and an ``allowed`` pattern that names no field of either recipe.
+    when a field outside ``HARMLESS_CHANGES``, ``same_maths`` (the fields ``current``'s classes declare the same
+    maths) and ``allowed`` differs; ``CheckpointError`` names each such field with both values, and an
+    ``allowed`` pattern that names no field of either recipe.
 
     Returns the differences ``allowed`` let through (``"data.seq_len: 32 -> 64"``), to report.
     """
@@ -111,7 +115,7 @@ def check_same_run(
         )
     refused, let_through = [], []
     for name, before, after in recipe_changes(saved, current):
-        if is_harmless(name):
+        if is_harmless(name, same_maths):
             continue
         (let_through if is_allowed(name, allowed) else refused).append((name, change_text(name, before, after)))
     if refused:

@@ -47,7 +47,7 @@ for ``async_save``); choosing one to resume is ``resume_choice``'s, and loading 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -190,11 +190,20 @@ class Checkpointer:
             manifest = pending.manifest.result()
             self._finish(pending.target, pending.step_number, pending.data_state, manifest if self.is_main else None)
 
-    def load(self, folder: Location, model: nn.Module, step: TrainStep, recipe: dict[str, Any]) -> ResumePoint:
+    def load(
+        self,
+        folder: Location,
+        model: nn.Module,
+        step: TrainStep,
+        recipe: dict[str, Any],
+        same_maths: Sequence[str] = (),
+    ) -> ResumePoint:
         """Load a checkpoint into ``model`` and ``step`` in place (any mesh), after checking it fits: its recipe
-        may differ from ``recipe`` only in harmless fields and ``checkpoint.allow_changes`` (those are said)."""
+        may differ from ``recipe`` only in harmless fields, ``same_maths`` (the fields the recipe's classes declare
+        the same maths: ``titanpod.models.field_checks.same_maths_fields``) and ``checkpoint.allow_changes``
+        (those are said)."""
         return load_trainer_state(
-            folder, model, step, recipe, self.config.allow_changes, self.verified_hashes, self.say
+            folder, model, step, recipe, self.config.allow_changes, self.verified_hashes, self.say, same_maths
         )
 
     def _disk_full_named(self, target: Location, needed_bytes: int) -> AbstractContextManager[None]:

@@ -6,7 +6,8 @@ Each refusal is a ``ValueError`` naming the field as a recipe spells it (``train
 what it takes. Every layer's configs use these (this is the lowest layer their packages all import).
 
 A field declared with ``metadata=SAME_MATHS`` picks how a result is computed (a kernel, its tiles), never the
-result: a resumed run may change it (``titanpod.checkpoint.recipe_changes`` reads ``same_maths_fields``).
+result: a resumed run may change it (``same_maths_fields`` of the recipe's class, which
+``titanpod.checkpoint.recipe_changes`` lets through).
 """
 
 from __future__ import annotations
@@ -98,12 +99,13 @@ def check_field_types(config: object, section: str) -> None:
             check_value(field, value, hint)
 
 
-def same_maths_fields(kind: type, section: str) -> tuple[str, ...]:
+def same_maths_fields(kind: type, section: str = "") -> tuple[str, ...]:
     """``fnmatch`` patterns of the dotted names (``kernels.attention``, ``kernels.pallas_loss.*``) of the fields of
-    dataclass ``kind`` (named ``section``) marked ``SAME_MATHS``; an unmarked section is looked into."""
+    dataclass ``kind`` (a recipe class; named ``section`` when it is itself a section) and of its sections, marked
+    ``SAME_MATHS``; an unmarked section is looked into."""
     names: list[str] = []
     for field in dataclasses.fields(kind):
-        name, hint = f"{section}.{field.name}", _field_hints(kind)[field.name]
+        name, hint = f"{section}.{field.name}" if section else field.name, _field_hints(kind)[field.name]
         if field.metadata.get(SAME_MATHS_KEY):
             names.append(f"{name}.*" if dataclasses.is_dataclass(hint) else name)
         elif dataclasses.is_dataclass(hint):

@@ -25,6 +25,7 @@ from titanpod.checkpoint.recipe_changes import change_text, check_same_run, is_a
 from titanpod.checkpoint.resume_choice import resume_folder
 from titanpod.checkpoint.trainer_file import read_trainer_record
 from titanpod.data.fingerprint import fingerprint_changes
+from titanpod.models.field_checks import same_maths_fields
 from titanpod.recipes.recipe import RunRecipe
 from titanpod.runs.run_folder import restarted
 
@@ -101,8 +102,8 @@ def check_continuation(
         return None
     trainer = read_trainer_record(folder)
     saved, step, allowed = trainer["recipe"], trainer["step"], recipe.checkpoint.allow_changes
-    current = recipe.to_dict()
-    check_same_run(saved, current, folder, allowed)
+    current, same_maths = recipe.to_dict(), same_maths_fields(type(recipe))
+    check_same_run(saved, current, folder, allowed, same_maths)
     run = recipe.output.run_name or str(folder)
     steps = recipe.train.steps
     if steps < step:
@@ -126,5 +127,7 @@ def check_continuation(
             f"Run {run} is finished: {step} of {steps} steps done (checkpoint {folder}); nothing was trained or "
             f"written. To train it further, give the new total: {resume}--train.steps N, with N above {step}."
         )
-    shown = [change for change in recipe_changes(saved, current) if is_harmless(change[0]) and change[0] != ALLOW]
+    shown = [
+        change for change in recipe_changes(saved, current) if is_harmless(change[0], same_maths) and change[0] != ALLOW
+    ]
     return Continuation(run, folder, step, tuple(change_text(*change) for change in shown), tuple(data_changes))
