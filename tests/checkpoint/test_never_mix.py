@@ -17,8 +17,10 @@ from tests.checkpoint import test_trainer_state
 from titanpod.checkpoint import CheckpointConfig, Checkpointer, CheckpointError, complete_checkpoints
 from titanpod.checkpoint.recipe_changes import check_same_run
 from titanpod.checkpoint.step_folders import set_aside
+from titanpod.models.field_checks import same_maths_fields
 from titanpod.recipes import Recipe
 from titanpod.runs import run_pretraining
+from titanpod.runs.resume_check import RunFinished
 
 
 def recipe(tmp_path, steps: int, **checkpoint) -> Recipe:
@@ -99,23 +101,31 @@ def test_a_resume_that_changes_the_data_or_the_trajectory_is_refused_naming_each
     with pytest.raises(CheckpointError) as refused:
         run_pretraining(other)
     message = str(refused.value)
-    assert "data.seq_len: checkpoint 32, this run 64" in message
-    assert "train.lr: checkpoint 0.003, this run 0.001" in message
+    assert "data.seq_len: 32 -> 64" in message
+    assert "train.lr: 0.003 -> 0.001" in message
     assert message.endswith("--checkpoint.allow-changes data.seq_len,train.lr.")
     assert "train.steps" not in message  # extending the run is no difference
     assert json.loads((trained / "recipe.json").read_text())["train"]["lr"] == 0.003  # the refused recipe not written
 
 
 def test_allowed_changes_resume_and_are_said(tmp_path, trained, capsys):
-    other = changed(recipe(tmp_path, 1), allow=("data.*", "train.lr"), data={"seq_len": 64}, train={"lr": 1e-3})
-    result = run_pretraining(other, console=Console(width=400))  # resumes at its last step: nothing to train
+    other = changed(recipe(tmp_path, 2), allow=("data.*", "train.lr"), data={"seq_len": 64}, train={"lr": 1e-3})
+    result = run_pretraining(other, console=Console(width=400))  # one more step, under the changes
     out = capsys.readouterr().out
-    assert result.summary.start_step == 1 and result.summary.steps_done == 1
-    assert "allowed by --checkpoint.allow-changes): data.seq_len: checkpoint 32, this run 64" in out
-    assert "train.lr: checkpoint 0.003, this run 0.001" in out
+    assert result.summary.start_step == 1 and result.summary.steps_done == 2
+    assert "allowed by --checkpoint.allow-changes): data.seq_len: 32 -> 64" in out
+    assert "train.lr: 0.003 -> 0.001" in out
     (kept,) = (trained / "recipe-history").glob("recipe-*.json")  # the recipe the checkpoint was trained with
     assert json.loads(kept.read_text())["train"]["lr"] == 0.003
     assert json.loads((trained / "recipe.json").read_text())["train"]["lr"] == 1e-3
+
+
+def test_a_finished_run_is_not_trained_again_and_nothing_of_it_changes(tmp_path, trained):
+    before = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in trained.rglob("*") if path.is_file()}
+    with pytest.raises(RunFinished, match=r"Run run is finished: 1 of 1 steps done .* --train.steps N, with N above 1"):
+        run_pretraining(recipe(tmp_path, 1))
+    after = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in trained.rglob("*") if path.is_file()}
+    assert after == before
 
 
 def test_a_longer_run_resumes_silently_and_every_earlier_recipe_is_kept(tmp_path, trained, capsys):
@@ -136,7 +146,7 @@ def test_allow_changes_must_name_recipe_fields_and_accepts_commas():
     with pytest.raises(CheckpointError, match=r"names 'data.seq_lem', which is no field of this recipe"):
         check_same_run(saved, saved, "here", ("data.seq_lem",))
     added = {**saved, "model": {"dim": 8}}
-    with pytest.raises(CheckpointError, match=r"model.dim: checkpoint '<absent>', this run 8"):
+    with pytest.raises(CheckpointError, match=r"model.dim: <absent> -> 8"):
         check_same_run(saved, added, "here")
 
 
@@ -146,3 +156,21 @@ def test_a_checkpoint_from_before_optimizer_offload_resumes_with_or_without_it(t
     for offload in (False, True):
         current = dataclasses.replace(Recipe(), train=dataclasses.replace(Recipe().train, optimizer_offload=offload))
         assert check_same_run(saved, current.to_dict(), str(tmp_path)) == []
+
+
+def test_kernel_settings_are_compared_when_they_change_the_maths_and_free_when_they_pick_an_implementation():
+    base = Recipe()
+    kernels, saved = base.kernels, base.to_dict()
+    same = dataclasses.replace(
+        kernels,
+        attention="math",
+        chunk_rows=64,
+        splash=dataclasses.replace(kernels.splash, block_q=256, fused_backward=True),
+        pallas_loss=dataclasses.replace(kernels.pallas_loss, keep_logits=True),
+    )
+    free = same_maths_fields(Recipe)  # as a run passes them
+    assert check_same_run(saved, dataclasses.replace(base, kernels=same).to_dict(), "here", (), free) == []
+    other = dataclasses.replace(kernels, window=4, splash=dataclasses.replace(kernels.splash, causal=False))
+    with pytest.raises(CheckpointError) as refused:
+        check_same_run(saved, dataclasses.replace(base, kernels=other).to_dict(), "here", (), free)
+    assert "kernels.splash.causal: True -> False; kernels.window: None -> 4" in str(refused.value)

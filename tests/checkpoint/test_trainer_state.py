@@ -83,7 +83,7 @@ def test_a_checkpoint_of_another_model_is_refused_with_the_difference(tmp_path):
     run_pretraining(recipe(tmp_path, 3))
     other = recipe(tmp_path, 4)
     other = dataclasses.replace(other, model=dataclasses.replace(other.model, family="qwen3"))
-    with pytest.raises(CheckpointError, match=r"model\.family: checkpoint 'llama3', this run 'qwen3'"):
+    with pytest.raises(CheckpointError, match=r"model\.family: 'llama3' -> 'qwen3'"):
         run_pretraining(other)
 
 

@@ -214,7 +214,7 @@ def test_code_written_into_trainer_json_stays_text(tmp_path):
     trainer["data"] = {"index": 1, "kind": pickle.dumps(CreatesMarker(marker)).hex(), "__reduce__": code}
     (folder / TRAINER_FILE).write_text(json.dumps(trainer))
     recommit(folder)
-    with pytest.raises(CheckpointError, match=r"from a different run: name: checkpoint \"__import__"):
+    with pytest.raises(CheckpointError, match=r"from a different run: name: \"__import__"):
         checkpointer.load(folder, model, step, RECIPE)
     assert not marker.exists()
     torch.testing.assert_close(dict(model.named_parameters())["first.weight"].detach(), torch.ones(64, 32))

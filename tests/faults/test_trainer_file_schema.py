@@ -93,6 +93,14 @@ BAD_VALUES: dict[str, tuple[Change, str]] = {
         lambda t: t["files"].update({"state/.metadata": "big"}),
         r"files\['state/\.metadata'\] is 'big'; it must be a size",
     ),
+    "data file fingerprint not hex": (
+        lambda t: t.update(data_files={"corpus.txt": {"size": 9, "head_bytes": 9, "head_sha256": "x"}}),
+        r"data_files\['corpus\.txt'\]\.head_sha256 is 'x'; it must be 64 lowercase hex digits",
+    ),
+    "data file size negative": (
+        lambda t: t.update(data_files={"corpus.txt": {"size": -9, "head_bytes": 9, "head_sha256": "0" * 64}}),
+        r"data_files\['corpus\.txt'\]\.size is -9; it must be a non-negative integer",
+    ),
     "format text": (lambda t: t.update(format="2"), r"trainer\.json has format '2'; this version reads \(1, 2\)"),
     "format newer": (lambda t: t.update(format=3), r"has format 3; this version reads \(1, 2\) \(a newer titanpod"),
     "whole file a list": (lambda t: [t], r"trainer\.json: the whole file is \[.*\]; it must be a JSON object"),

@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from titanpod.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
 from titanpod.recipes.app import Finished
 from titanpod.recipes.command_flags import RecipeCommand, ResumeFlag, SliceFlags
 from titanpod.recipes.command_line import (
+    flag_value,
     listing_line,
     optional_value,
     parse_args,
@@ -45,13 +47,41 @@ class Command(SliceFlags, ResumeFlag, RecipeCommand[Recipe]):
 def parse_command(argv: list[str]) -> Command | None:
     """The recipe named by ``--recipe`` with the remaining flags applied; ``None`` after ``--list-recipes``.
 
-    ``--chip`` and ``--chips`` are short for ``--target.chip`` and ``--target.chips``. A value tyro refuses (a
-    choice that does not exist, a number that is not one) raises ``SystemExit(2)`` after saying so on stderr.
+    ``--resume`` continues a run as its ``recipe.json`` says: that recipe, with the flags given applied, unless
+    ``--recipe`` names a recipe file (a ``--recipe NAME`` must be the run's own). ``--chip`` and ``--chips`` are
+    short for ``--target.chip`` and ``--target.chips``. A value tyro refuses (a choice that does not exist, a
+    number that is not one) raises ``SystemExit(2)`` after saying so on stderr.
     """
     name = recipe_argument(argv, DEFAULT_RECIPE)
     base = load_recipe_file(Path(name)) if is_recipe_file(name) else get_recipe(name)
-    base = with_steps_scaled(base, argv)
-    command = parse_args(
+    resuming = any(arg.partition("=")[0] == "--resume" for arg in optional_value(argv, "--resume"))
+    command = _parse(argv, base if resuming else with_steps_scaled(base, argv), name)
+    if command.list_recipes:
+        for recipe_name, build in RECIPES.items():
+            print(listing_line(recipe_name, build.__doc__, 24))
+        return None
+    recipe = command.recipe
+    if command.resume is not None:
+        from titanpod.runs.run_lookup import recorded_recipe_file, resume_base, with_recorded_run, with_resume
+
+        recipe = with_resume(recipe, command.resume)
+        recorded = recorded_recipe_file(recipe)
+        if recorded is not None and not is_recipe_file(name):  # the run's own recipe, the flags given on top
+            explicit = flag_value(argv, "--recipe")
+            saved = load_recipe_file(recorded)
+            if explicit is not None and explicit != saved.name:
+                raise ValueError(
+                    f"--recipe {explicit}, but the run {recipe.output.run_name} is a run of {saved.name} "
+                    f"({recorded}): leave --recipe out to continue it as it ran, or start a new run without --resume."
+                )
+            command = _parse(argv, resume_base(saved), name)
+            recipe = with_recorded_run(command.recipe, recipe)
+    return dataclasses.replace(command, recipe=command.with_target_chips(recipe))
+
+
+def _parse(argv: list[str], base: Recipe, name: str) -> Command:
+    """``argv`` parsed over the recipe ``base`` (named ``name`` in the help)."""
+    return parse_args(
         Command,
         Command(recipe=base, recipe_name=name),
         optional_value(split_lanes(argv), "--resume"),
@@ -63,16 +93,6 @@ def parse_command(argv: list[str]) -> Command | None:
         ),
         recipe_type=Recipe,
     )
-    if command.list_recipes:
-        for recipe_name, build in RECIPES.items():
-            print(listing_line(recipe_name, build.__doc__, 24))
-        return None
-    recipe = command.recipe
-    if command.resume is not None:
-        from titanpod.runs.run_lookup import with_resume
-
-        recipe = with_resume(recipe, command.resume)
-    return dataclasses.replace(command, recipe=command.with_target_chips(recipe))
 
 
 def load_recipe_file(path: Path) -> Recipe:
@@ -143,14 +163,21 @@ def act(command: Command, console: Console) -> int | None:
 
 
 def train(command: Command, console: Console) -> Finished:
-    """Train the recipe; the main process (rank 0 under torchrun) prints the header and the summary."""
+    """Train the recipe; the main process (rank 0 under torchrun) prints the header and the summary. A run resumed
+    with every step done says so and how to extend it, and ends with status 0 having written nothing."""
     from titanpod.device import process_info
     from titanpod.runs import run_pretraining
     from titanpod.runs.process_exit import run_exit_code
+    from titanpod.runs.resume_check import RunFinished
 
     info = process_info()
     speaking = console if info.is_main else None
-    result = run_pretraining(command.recipe, speaking)
+    try:
+        result = run_pretraining(command.recipe, speaking)
+    except RunFinished as finished:  # nothing to train: said, and the run's files left as they are
+        if speaking is not None:
+            speaking.print(escape(str(finished)), soft_wrap=True)
+        return Finished(0, None, False, info.is_main, info.world_size)
     if speaking is not None:
         print_summary(speaking, result)
     summary = result.summary

@@ -45,8 +45,9 @@ class CheckpointConfig:
     allow_changes: tuple[str, ...] = ()
     """Recipe fields this run may change from the checkpoint it resumes, beyond the harmless ones
     (``titanpod.checkpoint.recipe_changes.HARMLESS_CHANGES``): dotted names, each its own argument or
-    comma-separated, ``*`` matching any part (``--checkpoint.allow-changes data.seq_len,train.lr`` or
-    ``--checkpoint.allow-changes 'data.*' train.lr``). Needed only by the run that makes the change."""
+    comma-separated, ``*`` matching any part (``--checkpoint.allow-changes model.flavor,kernels.window`` or
+    ``--checkpoint.allow-changes 'data.*' train.lr``); ``data.path`` also accepts data files rewritten since the
+    checkpoint. Any other change is refused before the model is built. Needed only by the run that makes it."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "checkpoint")

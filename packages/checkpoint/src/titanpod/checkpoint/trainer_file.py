@@ -4,7 +4,7 @@ its checks (the commit marker, every field, and every file's size and content ha
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.distributed as dist
@@ -23,9 +23,16 @@ STATE_FOLDER = "state"
 ORBAX_FOLDER = "orbax"
 
 
-def trainer_file_bytes(step_number: int, data_state: dict[str, Any], recipe_json: str, manifest: Any) -> bytes:
-    """The ``trainer.json`` of a checkpoint after ``step_number`` steps: the data loader's position, the recipe
-    and ``manifest`` (every other file's size and content hash)."""
+def trainer_file_bytes(
+    step_number: int,
+    data_state: dict[str, Any],
+    recipe_json: str,
+    manifest: Any,
+    data_files: Mapping[str, Any] | None = None,
+) -> bytes:
+    """The ``trainer.json`` of a checkpoint after ``step_number`` steps: the data loader's position, the recipe,
+    ``manifest`` (every other file's size and content hash) and, when given, ``data_files``: the fingerprint of the
+    data files the run reads (``titanpod.data.fingerprint``), which a resume compares."""
     trainer = {
         "format": FORMAT_VERSION,
         "step": step_number,
@@ -33,6 +40,8 @@ def trainer_file_bytes(step_number: int, data_state: dict[str, Any], recipe_json
         "recipe": json.loads(recipe_json),
         "files": manifest,
     }
+    if data_files is not None:
+        trainer["data_files"] = dict(data_files)
     return (json.dumps(trainer, indent=2) + "\n").encode()
 
 
@@ -80,14 +89,10 @@ def read_on_every_rank(folder: Location, verified: VerifiedHashes) -> dict[str, 
     return trainer
 
 
-def read_trainer_file(
-    folder: Location, share: tuple[int, int] = (0, 1), verified: VerifiedHashes | None = None
-) -> dict[str, Any]:
-    """``trainer.json`` of a checkpoint, after checking its commit marker (required at a URL), every field it holds
-    (``titanpod.checkpoint.trainer_file_schema``), and that every file it lists is there, whole, with the content
-    hash it records (format 2). ``share=(rank, world)`` hashes only every ``world``-th file from the ``rank``-th
-    (sizes are all checked); ``verified`` reuses hashes its owner took of files unchanged since (default: every
-    file is read)."""
+def read_trainer_record(folder: Location) -> dict[str, Any]:
+    """``trainer.json`` of a checkpoint, after checking its commit marker (required at a URL) and every
+    field it holds (``titanpod.checkpoint.trainer_file_schema``), but not the files it lists: what to resume from, read
+    in moments (``read_trainer_file`` checks the files too)."""
     folder = as_location(folder)
     path = join(folder, TRAINER_FILE)
     try:
@@ -99,6 +104,19 @@ def read_trainer_file(
         ) from error
     check_marker(folder, trainer_bytes)
     check_trainer_file(trainer, folder, READABLE_FORMATS)
+    return trainer
+
+
+def read_trainer_file(
+    folder: Location, share: tuple[int, int] = (0, 1), verified: VerifiedHashes | None = None
+) -> dict[str, Any]:
+    """``trainer.json`` of a checkpoint, after checking its commit marker (required at a URL), every field it holds
+    (``titanpod.checkpoint.trainer_file_schema``), and that every file it lists is there, whole, with the content
+    hash it records (format 2). ``share=(rank, world)`` hashes only every ``world``-th file from the ``rank``-th
+    (sizes are all checked); ``verified`` reuses hashes its owner took of files unchanged since (default: every
+    file is read)."""
+    folder = as_location(folder)
+    trainer = read_trainer_record(folder)
     rank, world = share
     mine = [name for number, name in enumerate(trainer["files"]) if number % world == rank]
     problem = damage(folder, trainer["files"], file_sizes(folder), mine, verified)

@@ -13,7 +13,9 @@ what to do:
   state, as the datasets library gave it) is not looked into;
 - ``recipe``: an object (compared field by field with the run's recipe on resume);
 - ``files``: an object of path inside the folder (``/``-separated, no ``..``) -> ``{"size": n, "xxh3_128":
-  hex}`` (or ``"sha256"``), or the size alone (manifests from before hashes).
+  hex}`` (or ``"sha256"``), or the size alone (manifests from before hashes);
+- ``data_files`` (when the run recorded them): an object of data file name -> ``{"size": n, "head_bytes": n,
+  "head_sha256": hex}`` (``titanpod.data.fingerprint``).
 
 A field it does not name is left as it is: nothing reads it.
 """
@@ -65,6 +67,8 @@ def check_trainer_file(trainer: Any, folder: Location, formats: Sequence[int]) -
     if not isinstance(trainer["recipe"], dict):
         check.fail("recipe", trainer["recipe"], "an object (the recipe the checkpoint was written with)")
     check.files(trainer["files"])
+    if "data_files" in trainer:
+        check.data_files(trainer["data_files"])
 
 
 class _Checker:
@@ -138,3 +142,17 @@ class _Checker:
                 found = entry.get(hash_name)
                 if found is not None and not (isinstance(found, str) and re.fullmatch(f"[0-9a-f]{{{digits}}}", found)):
                     self.fail(f"{field}.{hash_name}", found, f"{digits} lowercase hex digits")
+
+    def data_files(self, value: Any) -> None:
+        """The data files' fingerprint: file name -> its size, how much of it was hashed, and that hash."""
+        if not isinstance(value, dict):
+            self.fail("data_files", value, 'an object of file name -> {"size": n, "head_bytes": n, "head_sha256": hex}')
+        for name, entry in value.items():
+            field = f"data_files[{name!r}]"
+            if not isinstance(entry, dict):
+                self.fail(field, entry, 'an object {"size": n, "head_bytes": n, "head_sha256": hex}')
+            self.count(f"{field}.size", entry.get("size"))
+            self.count(f"{field}.head_bytes", entry.get("head_bytes"))
+            found = entry.get("head_sha256")
+            if not (isinstance(found, str) and re.fullmatch("[0-9a-f]{64}", found)):
+                self.fail(f"{field}.head_sha256", found, "64 lowercase hex digits")

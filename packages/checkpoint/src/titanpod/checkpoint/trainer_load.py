@@ -50,13 +50,14 @@ def load_trainer_state(
     allow_changes: Sequence[str],
     verified: VerifiedHashes,
     say: Callable[[str], None],
+    same_maths: Sequence[str] = (),
 ) -> ResumePoint:
     """Load the checkpoint in ``folder`` into ``model`` and ``step`` in place (any mesh; every rank calls this),
     after checking its files (hashes reused from ``verified``) and that its recipe differs from ``recipe`` only
-    in harmless fields and ``allow_changes`` (those are said)."""
+    in harmless fields, ``same_maths`` and ``allow_changes`` (those are said; ``check_same_run``)."""
     folder = as_location(folder)
     trainer = read_on_every_rank(folder, verified)
-    for change in check_same_run(trainer["recipe"], recipe, folder, allow_changes):
+    for change in check_same_run(trainer["recipe"], recipe, folder, allow_changes, same_maths):
         say(f"resuming with a changed recipe field (allowed by --checkpoint.allow-changes): {change}")
     if check_format(step, "torch", "jax") == "jax":
         return _load_orbax(folder, step, trainer)

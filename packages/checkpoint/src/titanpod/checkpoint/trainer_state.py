@@ -6,10 +6,10 @@ A checkpoint is a folder ``<run>/checkpoints/step-NNNNNN/`` holding
   parameters, the AdamW moments and step count, and the random state (the CPU's, and the GPU's where the
   model trains on one: ``titanpod.checkpoint.rng_state``). Sharded
   parameters and moments are saved as DTensors, so a checkpoint loads under any mesh.
-- ``trainer.json``: the step, the data loader's position, the recipe, and the size and content hash (XXH3-128)
-  of every other file (a truncated or altered file is named before anything is read;
-  ``titanpod.checkpoint.checksums``). Under torchrun each rank hashes its share of the files, on
-  save (rank 0 gathers the manifest) and on load.
+- ``trainer.json``: the step, the data loader's position, the recipe, the fingerprint of the data files the run
+  reads (``titanpod.data.fingerprint``), and the size and content hash (XXH3-128) of every other file (a
+  truncated or altered file is named before anything is read; ``titanpod.checkpoint.checksums``). Under
+  torchrun each rank hashes its share of the files, on save (rank 0 gathers the manifest) and on load.
 
 Where the step's state goes is what the step declares (``TrainStep.state_format``): a torch
 step's ``state_dict()`` (its optimizer state) goes to ``state/`` beside the model's parameters;
@@ -47,7 +47,7 @@ for ``async_save``); choosing one to resume is ``resume_choice``'s, and loading 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -101,13 +101,22 @@ class Checkpointer:
     alone writes ``trainer.json`` and the commit marker, renames folders and deletes old checkpoints.
     """
 
-    def __init__(self, run_dir: Path, config: CheckpointConfig, recipe_json: str, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        config: CheckpointConfig,
+        recipe_json: str,
+        say: Callable[[str], None],
+        data_files: Mapping[str, Any] | None = None,
+    ) -> None:
         self.folder: Location = as_location(config.dir) if config.dir else Path(run_dir) / "checkpoints"
         """Where the step folders go: a local ``Path`` or a URL."""
         if is_url(self.folder):
             filesystem(str(self.folder))  # fail now, not at the first save, when the URL cannot be opened
         self.config = config
         self.recipe_json = recipe_json
+        self.data_files = data_files
+        """The fingerprint of the run's data files each ``trainer.json`` records (``None``: none recorded)."""
         self.say = say
         self.is_main = not dist.is_initialized() or dist.get_rank() == 0
         self._background = BackgroundSaves(self._manifest)
@@ -181,11 +190,20 @@ class Checkpointer:
             manifest = pending.manifest.result()
             self._finish(pending.target, pending.step_number, pending.data_state, manifest if self.is_main else None)
 
-    def load(self, folder: Location, model: nn.Module, step: TrainStep, recipe: dict[str, Any]) -> ResumePoint:
+    def load(
+        self,
+        folder: Location,
+        model: nn.Module,
+        step: TrainStep,
+        recipe: dict[str, Any],
+        same_maths: Sequence[str] = (),
+    ) -> ResumePoint:
         """Load a checkpoint into ``model`` and ``step`` in place (any mesh), after checking it fits: its recipe
-        may differ from ``recipe`` only in harmless fields and ``checkpoint.allow_changes`` (those are said)."""
+        may differ from ``recipe`` only in harmless fields, ``same_maths`` (the fields the recipe's classes declare
+        the same maths: ``titanpod.models.field_checks.same_maths_fields``) and ``checkpoint.allow_changes``
+        (those are said)."""
         return load_trainer_state(
-            folder, model, step, recipe, self.config.allow_changes, self.verified_hashes, self.say
+            folder, model, step, recipe, self.config.allow_changes, self.verified_hashes, self.say, same_maths
         )
 
     def _disk_full_named(self, target: Location, needed_bytes: int) -> AbstractContextManager[None]:
@@ -210,6 +228,6 @@ class Checkpointer:
             return
         if manifest is None:
             manifest = manifest_of(target, file_sizes(target), self.hash_files)
-        trainer_bytes = trainer_file_bytes(step_number, data_state, self.recipe_json, manifest)
+        trainer_bytes = trainer_file_bytes(step_number, data_state, self.recipe_json, manifest, self.data_files)
         commit(self.folder, target, step_number, trainer_bytes, self.say)
         prune(self.folder, self.config.keep_last)

@@ -4,6 +4,10 @@ A whole-number field holds an ``int`` (not a ``bool``, a ``float`` or a string) 
 real-number field an ``int`` or ``float`` that is finite (never NaN or Inf); a boolean field a ``bool``.
 Each refusal is a ``ValueError`` naming the field as a recipe spells it (``train.lr``), what it holds and
 what it takes. Every layer's configs use these (this is the lowest layer their packages all import).
+
+A field declared with ``metadata=SAME_MATHS`` picks how a result is computed (a kernel, its tiles), never the
+result: a resumed run may change it (``same_maths_fields`` of the recipe's class, which
+``titanpod.checkpoint.recipe_changes`` lets through).
 """
 
 from __future__ import annotations
@@ -15,10 +19,15 @@ import os
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 """The range every whole-number field must fit: the values reach tensors and generators as int64."""
+SAME_MATHS_KEY = "same_maths"
+"""The field-metadata key of ``SAME_MATHS`` (a module that imports nothing of titanpod writes it as it is)."""
+SAME_MATHS: Mapping[str, bool] = types.MappingProxyType({SAME_MATHS_KEY: True})
+"""Field metadata of a setting, or a whole section, that changes how a result is computed and never the result."""
 PAST_FLOAT_RANGE = " (a number past the float range, such as 1e999, reads as inf)"
 """What an infinity in a config most likely came from, added to the refusal."""
 
@@ -98,6 +107,20 @@ def check_field_types(config: object, section: str) -> None:
             check_field_types(value, field)
         else:
             check_value(field, value, hint)
+
+
+def same_maths_fields(kind: type, section: str = "") -> tuple[str, ...]:
+    """``fnmatch`` patterns of the dotted names (``kernels.attention``, ``kernels.pallas_loss.*``) of the fields of
+    dataclass ``kind`` (a recipe class; named ``section`` when it is itself a section) and of its sections, marked
+    ``SAME_MATHS``; an unmarked section is looked into."""
+    names: list[str] = []
+    for field in dataclasses.fields(kind):
+        name, hint = f"{section}.{field.name}" if section else field.name, _field_hints(kind)[field.name]
+        if field.metadata.get(SAME_MATHS_KEY):
+            names.append(f"{name}.*" if dataclasses.is_dataclass(hint) else name)
+        elif dataclasses.is_dataclass(hint):
+            names += same_maths_fields(hint, name)
+    return tuple(names)
 
 
 @functools.cache

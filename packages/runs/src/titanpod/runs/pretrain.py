@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from titanpod.data import TrainData, build_data, gather_data_state
+from titanpod.data.fingerprint import data_fingerprint
 from titanpod.data.tokenizer import BUILTIN
 from titanpod.device import Backend, get_backend, process_info
 from titanpod.graph import TrainConfig, TrainSummary, build_step
@@ -26,6 +27,7 @@ from titanpod.runs.hf_export import HFExtras, training_extras
 from titanpod.runs.init_from import build_pretrained_model, following, model_args, pretrained_for
 from titanpod.runs.pipelined import with_pipeline_microbatches
 from titanpod.runs.placement import ENTRY_MODULES, start_placement
+from titanpod.runs.resume_check import check_continuation
 from titanpod.runs.run_lookup import with_resume as with_resume  # re-exported: the apps import it from here
 from titanpod.runs.session import RunSession
 from titanpod.runs.session_dir import prepare_run_dir as prepare_run_dir  # re-exported: runners import it from here
@@ -85,6 +87,8 @@ def build_seeded_model(recipe: Recipe, backend: Backend) -> tuple[Transformer, R
 def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainResult:
     """Train the recipe's model on its data and write metrics and weights to a new run directory.
 
+    A run that resumes is checked against its checkpoint first (``titanpod.runs.resume_check``): one that changes
+    the model or the data, or asks for fewer steps than are done, is refused before anything is built or written.
     The model is placed by ``titanpod.runs.placement``: under torchrun sharded by its family's plan and
     ``recipe.parallel`` (with pp > 1, cut into pipeline stages first); on the xla lane partitioned by the
     compiler over every device. Only rank 0 prints and writes.
@@ -97,6 +101,11 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     pretrained = pretrained_for(recipe, console)  # a folder that does not fit fails before anything is built
     recipe = following(recipe, pretrained, BUILTIN)  # its family and tokenizer, as recipe.json records them
     check_export(recipe.model.family, recipe.kernels, recipe.checkpoint.export_hf)
+    data_files = data_fingerprint(recipe.data)
+    continuation = check_continuation(recipe, lambda: data_files)  # refused now, before anything is built
+    if console is not None and continuation is not None:
+        for line in continuation.lines():
+            console.print(escape(line), soft_wrap=True)
     tokenizer_note = check_text_tokenizer(recipe.data, model_args(recipe, pretrained).vocab_size, pretrained)
     check_recipe_fits_device(recipe, backend, model_args(recipe, pretrained))  # its plan against the device
     if pretrained is None:
@@ -110,7 +119,7 @@ def run_pretraining(recipe: Recipe, console: Console | None = None) -> PretrainR
     batches = data.train
     info = process_info()
     model_device = backend.parameter_device(info.local_rank)
-    with RunSession(recipe, backend, console) as session:
+    with RunSession(recipe, backend, console, data_files) as session:
         step = build_step(placement.model, recipe.train, backend, **placement.step_options(recipe.parallel))
         start_step = session.resume(placement.model, step, batches, data_state=lambda: gather_data_state(batches))
         validated_at: list[int] = []

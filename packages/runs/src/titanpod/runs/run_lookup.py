@@ -3,7 +3,9 @@
 ``--resume NAME`` takes the run directory named ``NAME``, else the one whose ``recipe.json`` was run as
 ``--output.run-name NAME``; none or several is an error listing the runs there. ``--resume`` alone takes
 ``--output.run-name``, else the newest run of the recipe (by its ``recipe.json``, or a ``<recipe>-<time>`` folder
-without one) holding a complete checkpoint.
+without one) holding a complete checkpoint. The command then continues the run as its ``recipe.json`` says
+(``recorded_recipe_file``, ``resume_base``, ``with_recorded_run``): that recipe is the base the flags given apply
+to, not the defaults of the recipe it was named after.
 """
 
 from __future__ import annotations
@@ -120,4 +122,34 @@ def with_resume(recipe: ResumableRun, name: str | None = None) -> ResumableRun:
         recipe,
         output=dataclasses.replace(output, run_name=run_name),
         checkpoint=dataclasses.replace(recipe.checkpoint, resume="auto"),
+    )
+
+
+def recorded_recipe_file(recipe: NamedRun) -> Path | None:
+    """The ``recipe.json`` of the run directory ``recipe`` continues (``<runs_dir>/<run_name>``); ``None`` when it
+    names no run directory or the directory holds none."""
+    if not recipe.output.run_name:
+        return None
+    path = Path(recipe.output.runs_dir) / recipe.output.run_name / RECIPE_FILE
+    return path if path.is_file() else None
+
+
+def resume_base(recorded: ResumableRun) -> ResumableRun:
+    """A run's own recipe (its ``recipe.json``) as the base a command continuing it applies its flags to, without the
+    settings that were for one part of the run: ``checkpoint.allow_changes`` (an allowance is for the run that makes
+    the change) and ``train.stop_at_step`` (where that part stopped; kept, the run would stop there again)."""
+    base = dataclasses.replace(recorded, checkpoint=dataclasses.replace(recorded.checkpoint, allow_changes=()))
+    train = getattr(recorded, "train", None)
+    if getattr(train, "stop_at_step", 0):
+        base = dataclasses.replace(base, train=dataclasses.replace(train, stop_at_step=0))
+    return base
+
+
+def with_recorded_run(recorded: ResumableRun, resumed: NamedRun) -> ResumableRun:
+    """``recorded`` (a run's own recipe, with the command line's flags applied) set to continue that run as
+    ``with_resume`` found it (``resumed``): its folder under the runs directory where it was found (a folder
+    renamed or moved since keeps its place), from its newest checkpoint."""
+    output = dataclasses.replace(recorded.output, runs_dir=resumed.output.runs_dir, run_name=resumed.output.run_name)
+    return dataclasses.replace(
+        recorded, output=output, checkpoint=dataclasses.replace(recorded.checkpoint, resume="auto")
     )

@@ -17,7 +17,7 @@ steps ``profile.steps`` names, and, on a clean exit, the process group's teardow
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -56,7 +56,13 @@ class RunSession:
     the process group.
     """
 
-    def __init__(self, recipe: RunRecipe, backend: Backend, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        recipe: RunRecipe,
+        backend: Backend,
+        console: Console | None = None,
+        data_files: Mapping[str, Any] | None = None,
+    ) -> None:
         """Join the process group under torchrun (single-controller lanes run one process), claim the run
         directory (``titanpod.runs.session_dir``: rank 0 holds its lock until the session ends, refuses an earlier run's
         files unless this run resumes or starts over), refuse ``checkpoint.resume never`` where checkpoints
@@ -65,7 +71,9 @@ class RunSession:
         no run directory it made; files are written at the first line of metrics, so a refused run in a folder
         that was there leaves no ``recipe.json``, ``metrics.jsonl`` or TensorBoard file either.
 
-        ``console`` is used on rank 0 only; pass the same on every rank or ``None`` for a quiet run.
+        ``console`` is used on rank 0 only; pass the same on every rank or ``None`` for a quiet run. ``data_files``
+        is the fingerprint of the data files the run reads (``titanpod.data.fingerprint``), which every checkpoint
+        records for a resume to compare.
         """
         asked = recipe
         self.recipe = recipe = as_recorded(recipe)
@@ -80,7 +88,7 @@ class RunSession:
         """The console on rank 0; ``None`` on other ranks and for a quiet run."""
         self.run_dir = run_dir_of(recipe)
         """The run directory (the same path on every rank)."""
-        self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
+        self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say, data_files)
         """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
         self.held_dir = HeldRunDir(asked, self.run_dir, self.checkpointer.folder, self.info.is_main, self.say)
         """The run directory while the session holds it (rank 0's lock, what a refused start removes)."""

@@ -27,6 +27,7 @@ from titanpod.checkpoint.locations import Location
 from titanpod.device import ProcessInfo
 from titanpod.graph import TrainStep, TrainSummary
 from titanpod.graph.interrupt import exit_status, signal_name, stop_after_step
+from titanpod.models.field_checks import same_maths_fields
 from titanpod.recipes.recipe import RunRecipe
 from titanpod.runs.every_rank import raise_on_every_rank
 from titanpod.runs.space_check import NotEnoughSpaceError, check_space, save_needs
@@ -102,7 +103,7 @@ class RunSaves:
         folder = self.checkpointer.resume_folder()
         if folder is None:
             return None
-        point = self.checkpointer.load(folder, model, step, self.recipe.to_dict())
+        point = self.checkpointer.load(folder, model, step, self.recipe.to_dict(), same_maths_fields(type(self.recipe)))
         data.load_state_dict(point.data_state)
         self.start_step = point.step
         return folder

@@ -11,7 +11,7 @@ is installed (``tools/bench/pallas_on_tpu.py`` on a TPU machine).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from titanpod.kernels.pallas_costs import with_cost_estimates
@@ -22,20 +22,25 @@ LANES = 128
 
 @dataclass(frozen=True)
 class SplashConfig:
-    """Splash attention's mask and tiles."""
+    """Splash attention's mask and tiles.
 
-    block_q: int = 512
+    The tiles, ``interpret`` and ``fused_backward`` compute the same attention however they are set (field metadata
+    ``same_maths``: a resumed run may change them; ``titanpod.models.field_checks``); the mask, ``window`` and
+    ``causal``, decides what it computes.
+    """
+
+    block_q: int = field(default=512, metadata={"same_maths": True})
     """Query rows per tile (capped at the sequence length)."""
-    block_kv: int = 512
+    block_kv: int = field(default=512, metadata={"same_maths": True})
     """Key/value rows per tile (capped at the sequence length)."""
     window: int | None = None
     """Local attention: each query sees itself and the ``window`` keys before it; ``None`` is plain causal."""
-    interpret: bool | None = None
+    interpret: bool | None = field(default=None, metadata={"same_maths": True})
     """Run Pallas in interpret mode; ``None`` does so unless the tensors are on a TPU (see ``pallas_interpret``)."""
     causal: bool = True
     """``False``: no mask, every query sees every key (FLUX's joint text-image attention). A length that is not
     a multiple of the tiles is then padded up to one, the padded keys masked out; no window or document ids."""
-    fused_backward: bool = False
+    fused_backward: bool = field(default=False, metadata={"same_maths": True})
     """One backward kernel for dq, dk and dv: 5 block matmuls a visited tile against the two kernels' 7 (each
     of those recomputes QK^T and dP), for a float32 dq per key tile held while it runs (B x H x S x D x 4 bytes
     x S / block_kv, one layer at a time)."""
