@@ -25,7 +25,7 @@ import re
 import time
 from collections.abc import Callable
 
-from titanpod.checkpoint.errors import CheckpointError
+from titanpod.checkpoint.errors import DamagedCheckpointError
 from titanpod.checkpoint.locations import (
     Location,
     base_name,
@@ -63,6 +63,15 @@ def unfinished_message(folder: Location) -> str:
     return f"{folder}: no {COMMIT_MARKER} marker (a save that did not finish)"
 
 
+def any_earlier_checkpoint(folder: Location) -> str:
+    """What to do about the damaged checkpoint ``folder`` where no scan for a good one was made: resume from an
+    earlier one, or start a new run. (A resume names the exact folder: ``titanpod.checkpoint.recovery``.)"""
+    return (
+        f"Resume from an earlier checkpoint (--checkpoint.resume {parent(folder)}/step-NNNNNN) or start a new run "
+        "(--output.run-name NEW)."
+    )
+
+
 def write_marker(folder: Location, step_number: int, trainer_bytes: bytes) -> None:
     """Write the commit marker of ``folder``: call it last, once every other file of the checkpoint is written."""
     marker = {"step": step_number, "trainer_sha256": hashlib.sha256(trainer_bytes).hexdigest()}
@@ -81,17 +90,17 @@ def check_marker(folder: Location, trainer_bytes: bytes) -> None:
     except FileNotFoundError as error:
         if not needs_marker(folder):
             return
-        raise CheckpointError(
-            f"{unfinished_message(folder)}; it is not a usable checkpoint. Resume from an earlier checkpoint "
-            "or start a new run (--output.run-name NEW)."
-        ) from error
+        problem = f"{unfinished_message(folder)}; it is not a usable checkpoint."
+        raise DamagedCheckpointError(problem, any_earlier_checkpoint(folder)) from error
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path} is unreadable ({error}); {folder} is not a usable checkpoint.") from error
+        problem = f"{path} is unreadable ({error}); {folder} is not a usable checkpoint."
+        raise DamagedCheckpointError(problem, any_earlier_checkpoint(folder)) from error
     if not isinstance(marker, dict) or marker.get("trainer_sha256") != hashlib.sha256(trainer_bytes).hexdigest():
-        raise CheckpointError(
+        problem = (
             f"The checkpoint {folder} is damaged: its {TRAINER_FILE} is not the one its {COMMIT_MARKER} marker "
-            "vouches for (overwritten after the save). Resume from an earlier checkpoint or start fresh."
+            "vouches for (overwritten after the save)."
         )
+        raise DamagedCheckpointError(problem, any_earlier_checkpoint(folder))
 
 
 def complete_checkpoints(folder: Location, say: Callable[[str], None] | None = None) -> list[tuple[int, Location]]:

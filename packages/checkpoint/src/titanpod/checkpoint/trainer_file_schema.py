@@ -25,9 +25,9 @@ import reprlib
 from collections.abc import Sequence
 from typing import Any
 
-from titanpod.checkpoint.errors import CheckpointError
-from titanpod.checkpoint.locations import Location, base_name, join, parent
-from titanpod.checkpoint.step_folders import STEP_FOLDER, TRAINER_FILE
+from titanpod.checkpoint.errors import CheckpointError, DamagedCheckpointError
+from titanpod.checkpoint.locations import Location, base_name, join
+from titanpod.checkpoint.step_folders import STEP_FOLDER, TRAINER_FILE, any_earlier_checkpoint
 
 POSITION_FIELDS = frozenset(
     {
@@ -76,11 +76,11 @@ class _Checker:
 
     def fail(self, field: str, value: Any, expected: str, shown: str | None = None) -> None:
         """Raise the error of ``field`` holding ``value`` where ``expected`` belongs."""
-        raise CheckpointError(
+        problem = (
             f"{self.path}: {field} is {shown or _SHORT.repr(value)}; it must be {expected}. The file was altered "
-            f"or damaged after the save: resume from another checkpoint (--checkpoint.resume "
-            f"{parent(self.folder)}/step-NNNNNN) or start a new run (--output.run-name NEW)."
+            "or damaged after the save."
         )
+        raise DamagedCheckpointError(problem, any_earlier_checkpoint(self.folder))
 
     def count(self, field: str, value: Any, what: str = "a non-negative integer") -> None:
         """``value`` is a non-negative integer (not a boolean)."""

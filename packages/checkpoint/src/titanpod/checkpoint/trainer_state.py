@@ -101,7 +101,16 @@ class Checkpointer:
     alone writes ``trainer.json`` and the commit marker, renames folders and deletes old checkpoints.
     """
 
-    def __init__(self, run_dir: Path, config: CheckpointConfig, recipe_json: str, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        config: CheckpointConfig,
+        recipe_json: str,
+        say: Callable[[str], None],
+        rerun: str = "",
+    ) -> None:
+        """``rerun``: the flags that name this run again on a command line, given with the folder to resume from
+        when a checkpoint is refused as damaged."""
         self.folder: Location = as_location(config.dir) if config.dir else Path(run_dir) / "checkpoints"
         """Where the step folders go: a local ``Path`` or a URL."""
         if is_url(self.folder):
@@ -117,6 +126,8 @@ class Checkpointer:
         """Record each file's content hash in ``trainer.json`` (off only to measure what hashing costs)."""
         self.verified_hashes = VerifiedHashes()
         """The hashes of checkpoint files this checkpointer has checked, kept while each file is unchanged."""
+        self.rerun = rerun
+        """The flags that name this run again (``--output.run-name NAME``), for the resume command of a refusal."""
 
     def check_step(self, step: TrainStep) -> None:
         """Refuse now, before training, a step whose state cannot be saved here (an unknown ``state_format``,
@@ -183,9 +194,10 @@ class Checkpointer:
 
     def load(self, folder: Location, model: nn.Module, step: TrainStep, recipe: dict[str, Any]) -> ResumePoint:
         """Load a checkpoint into ``model`` and ``step`` in place (any mesh), after checking it fits: its recipe
-        may differ from ``recipe`` only in harmless fields and ``checkpoint.allow_changes`` (those are said)."""
+        may differ from ``recipe`` only in harmless fields and ``checkpoint.allow_changes`` (those are said). A
+        damaged one is refused naming the newest earlier checkpoint that passes its checks."""
         return load_trainer_state(
-            folder, model, step, recipe, self.config.allow_changes, self.verified_hashes, self.say
+            folder, model, step, recipe, self.config.allow_changes, self.verified_hashes, self.say, self.rerun
         )
 
     def _disk_full_named(self, target: Location, needed_bytes: int) -> AbstractContextManager[None]:

@@ -17,6 +17,7 @@ steps ``profile.steps`` names, and, on a clean exit, the process group's teardow
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -80,7 +81,8 @@ class RunSession:
         """The console on rank 0; ``None`` on other ranks and for a quiet run."""
         self.run_dir = run_dir_of(recipe)
         """The run directory (the same path on every rank)."""
-        self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say)
+        rerun = f"--output.run-name {shlex.quote(self.run_dir.name)}"  # the same run, however it was named
+        self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say, rerun)
         """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
         self.held_dir = HeldRunDir(asked, self.run_dir, self.checkpointer.folder, self.info.is_main, self.say)
         """The run directory while the session holds it (rank 0's lock, what a refused start removes)."""
