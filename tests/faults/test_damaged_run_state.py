@@ -1,19 +1,32 @@
-"""A damaged checkpoint is refused with a message that gives the flags that resume from the newest earlier
-checkpoint that passes its checks.
+"""A damaged or hand-edited checkpoint is refused before anything of the run is written, naming what is wrong, and
+its message gives the flags that resume from the newest earlier checkpoint that passes its checks.
 
 The checkpoints are a real run's (three steps, one checkpoint a step); each test alters a copy the way a bad disk
-would.
+or a hand edit would, with ``trainer.json``'s manifest and ``COMMITTED`` recomputed where the test needs the
+integrity checks to pass (``recommit``), so the refusal is the check under test.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.checkpoint.test_trainer_state import recipe
+from tests.data.test_sft_data import _examples as sft_examples
+from tests.faults.crafted_checkpoints import recommit
 from titanpod.checkpoint import CheckpointError
+from titanpod.checkpoint.step_folders import TRAINER_FILE
+from titanpod.data import PackedBatches
+from titanpod.data.images import ImageBatches
+from titanpod.data.positions import DataPositionError
+from titanpod.data.sft.batches import SFTBatches
+from titanpod.graph.config import SEED_MAX
+from titanpod.models.field_checks import INT64_MAX
 from titanpod.runs import run_pretraining
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -41,6 +54,18 @@ def step_folder(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step-{step:06d}"
 
 
+def edit_trainer_file(folder: Path, field: str, value: object) -> None:
+    """Set ``field`` (``data.index``, ``step``) of ``folder``'s ``trainer.json`` to ``value``, hashes recomputed."""
+    trainer = json.loads((folder / TRAINER_FILE).read_text())
+    *path, last = field.split(".")
+    target = trainer
+    for name in path:
+        target = target[name]
+    target[last] = value
+    (folder / TRAINER_FILE).write_text(json.dumps(trainer, indent=2) + "\n")
+    recommit(folder)
+
+
 def flip_a_byte(folder: Path) -> None:
     """Flip one byte in the middle of the largest tensor file of ``folder``: its size stays, its hash does not."""
     data_file = max((folder / "state").glob("*.distcp"), key=lambda path: path.stat().st_size)
@@ -55,6 +80,47 @@ def files_in(folder: Path) -> dict[str, bytes]:
 
 def resume_flags(run_dir: Path, step: int) -> str:
     return f"--checkpoint.resume {step_folder(run_dir, step)} --output.run-name {run_dir.name}"
+
+
+OUT_OF_RANGE = {
+    "data.index 10**9": ("data.index", 10**9, r"it must be 0 to \d+ \(this run's data gives \d+ batches an epoch\)"),
+    "data.epoch beyond 64 bits": ("data.epoch", 10**30, rf"it must be at most {INT64_MAX} \(64 bits\)"),
+    "data.seed beyond train.seed's range": ("data.seed", 2**40, rf"it must be 0 to {SEED_MAX}, as train\.seed is"),
+}
+"""A field of ``trainer.json``, a value out of its range (hashes recomputed), and what the refusal says it must be."""
+
+
+@pytest.mark.parametrize("case", list(OUT_OF_RANGE))
+def test_an_out_of_range_trainer_file_is_refused_before_anything_is_written(saved_run, tmp_path, case):
+    field, value, expected = OUT_OF_RANGE[case]
+    run_dir = copy_of(saved_run, tmp_path)
+    newest = step_folder(run_dir, SAVED_STEPS)
+    edit_trainer_file(newest, field, value)
+    before = files_in(run_dir)
+    with pytest.raises(CheckpointError, match=rf"{re.escape(f'{field} is {value}')}; {expected}") as refused:
+        run_pretraining(recipe(tmp_path, SAVED_STEPS + 2, every=1, keep_last=0))
+    text = str(refused.value)
+    assert text.startswith(f"{newest / TRAINER_FILE}: {field} is {value}; it must be ")
+    assert f"run the same command with {resume_flags(run_dir, SAVED_STEPS - 1)} " in text
+    assert files_in(run_dir) == before  # recipe.json, metrics, checkpoints: nothing written or replaced
+
+
+MAP_STYLE_LOADERS = {
+    "packed tokens": lambda: PackedBatches(torch.arange(200), seq_len=8, batch_size=2),
+    "SFT examples": lambda: SFTBatches(sft_examples([3, 5, 2, 7] * 4), seq_len=12, batch_size=2, pad_id=0),
+    "images by index": lambda: ImageBatches(lambda index: (torch.zeros(3, 4, 4), ""), list(range(10)), batch_size=2),
+}
+"""Loaders whose epoch has a known number of batches, each built anew."""
+
+
+@pytest.mark.parametrize("kind", list(MAP_STYLE_LOADERS))
+def test_a_map_style_loader_refuses_a_batch_index_past_its_epoch(kind):
+    build = MAP_STYLE_LOADERS[kind]
+    state = build().state_dict()
+    per_epoch = build().batches_per_epoch
+    build().load_state_dict({**state, "index": per_epoch})  # an epoch just finished: the next batch starts another
+    with pytest.raises(DataPositionError, match=rf"^index is {per_epoch + 1}; it must be 0 to {per_epoch} "):
+        build().load_state_dict({**state, "index": per_epoch + 1})
 
 
 def test_a_damaged_newest_checkpoint_names_the_newest_good_one_to_resume_from(saved_run, tmp_path):

@@ -53,18 +53,20 @@ def load_trainer_state(
     allow_changes: Sequence[str],
     verified: VerifiedHashes,
     say: Callable[[str], None],
+    take_data: Callable[[dict[str, Any]], None] | None = None,
     rerun: str = "",
 ) -> ResumePoint:
     """Load the checkpoint in ``folder`` into ``model`` and ``step`` in place (any mesh; every rank calls this),
-    after checking its files (hashes reused from ``verified``) and that its recipe differs from ``recipe`` only
-    in harmless fields and ``allow_changes`` (those are said).
+    after checking its files (hashes reused from ``verified``), that its recipe differs from ``recipe`` only
+    in harmless fields and ``allow_changes`` (those are said), and, with ``take_data``, that the data takes its
+    position back (a ``DamagedCheckpointError`` there refuses it before any tensor loads).
 
     A damaged checkpoint is refused with a ``DamagedCheckpointError`` that names the newest earlier one passing its
     checks and the flags that resume from it, ``rerun`` (the flags naming this run again) among them (rank 0 looks
     for it; other ranks say to resume from an earlier one)."""
     folder = as_location(folder)
     try:
-        return _load(folder, model, step, recipe, allow_changes, verified, say)
+        return _load(folder, model, step, recipe, allow_changes, verified, say, take_data)
     except DamagedCheckpointError as error:
         if dist.is_initialized() and dist.get_rank() != 0:
             raise
@@ -79,10 +81,13 @@ def _load(
     allow_changes: Sequence[str],
     verified: VerifiedHashes,
     say: Callable[[str], None],
+    take_data: Callable[[dict[str, Any]], None] | None,
 ) -> ResumePoint:
     trainer = read_on_every_rank(folder, verified)
     for change in check_same_run(trainer["recipe"], recipe, folder, allow_changes):
         say(f"resuming with a changed recipe field (allowed by --checkpoint.allow-changes): {change}")
+    if take_data is not None:
+        take_data(trainer["data"])  # a position the data cannot reach is refused before the tensors load
     if check_format(step, "torch", "jax") == "jax":
         return _load_orbax(folder, step, trainer)
     if not is_dir(join(folder, STATE_FOLDER)):

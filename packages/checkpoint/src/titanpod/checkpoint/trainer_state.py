@@ -192,13 +192,22 @@ class Checkpointer:
             manifest = pending.manifest.result()
             self._finish(pending.target, pending.step_number, pending.data_state, manifest if self.is_main else None)
 
-    def load(self, folder: Location, model: nn.Module, step: TrainStep, recipe: dict[str, Any]) -> ResumePoint:
+    def load(
+        self,
+        folder: Location,
+        model: nn.Module,
+        step: TrainStep,
+        recipe: dict[str, Any],
+        take_data: Callable[[dict[str, Any]], None] | None = None,
+    ) -> ResumePoint:
         """Load a checkpoint into ``model`` and ``step`` in place (any mesh), after checking it fits: its recipe
-        may differ from ``recipe`` only in harmless fields and ``checkpoint.allow_changes`` (those are said). A
+        may differ from ``recipe`` only in harmless fields and ``checkpoint.allow_changes`` (those are said), and
+        ``take_data`` (the data taking its position back) accepts its data position, before any tensor loads. A
         damaged one is refused naming the newest earlier checkpoint that passes its checks."""
         return load_trainer_state(
-            folder, model, step, recipe, self.config.allow_changes, self.verified_hashes, self.say, self.rerun
-        )
+            folder, model, step, recipe, self.config.allow_changes, self.verified_hashes, self.say, take_data,
+            self.rerun,
+        )  # fmt: skip
 
     def _disk_full_named(self, target: Location, needed_bytes: int) -> AbstractContextManager[None]:
         return full_disk_named(target, needed_bytes, self.is_main)

@@ -23,12 +23,15 @@ from torch import nn
 
 from titanpod.checkpoint import Checkpointer, complete_checkpoints
 from titanpod.checkpoint.disk_space import state_bytes
-from titanpod.checkpoint.locations import Location
+from titanpod.checkpoint.errors import DamagedCheckpointError
+from titanpod.checkpoint.locations import Location, join
+from titanpod.checkpoint.step_folders import TRAINER_FILE, any_earlier_checkpoint
+from titanpod.data.positions import DataPositionError
 from titanpod.device import ProcessInfo
 from titanpod.graph import TrainStep, TrainSummary
 from titanpod.graph.interrupt import exit_status, signal_name, stop_after_step
 from titanpod.recipes.recipe import RunRecipe
-from titanpod.runs.every_rank import raise_on_every_rank
+from titanpod.runs.every_rank import first_on_any_rank, raise_on_every_rank
 from titanpod.runs.space_check import NotEnoughSpaceError, check_space, save_needs
 from titanpod.runs.stop_notice import weights_left_out
 
@@ -46,6 +49,24 @@ class ResumableData(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a position saved by ``state_dict``."""
         ...
+
+
+def position_taker(data: ResumableData, folder: Location) -> Callable[[dict[str, Any]], None]:
+    """What hands the checkpoint ``folder``'s data position to ``data`` (every rank): a position its data cannot
+    reach (``DataPositionError``: on any rank) refuses the checkpoint on every rank as damaged, naming the field,
+    the value and the file."""
+
+    def take(state: dict[str, Any]) -> None:
+        problem = None
+        try:
+            data.load_state_dict(state)
+        except DataPositionError as error:
+            problem = f"{join(folder, TRAINER_FILE)}: data.{error}. The file was altered or damaged after the save."
+        found = first_on_any_rank(problem)
+        if found is not None:
+            raise DamagedCheckpointError(found, any_earlier_checkpoint(folder))
+
+    return take
 
 
 class RunSaves:
@@ -102,8 +123,8 @@ class RunSaves:
         folder = self.checkpointer.resume_folder()
         if folder is None:
             return None
-        point = self.checkpointer.load(folder, model, step, self.recipe.to_dict())
-        data.load_state_dict(point.data_state)
+        take_data = position_taker(data, folder)  # before the tensors load: a position out of reach is refused
+        point = self.checkpointer.load(folder, model, step, self.recipe.to_dict(), take_data=take_data)
         self.start_step = point.step
         return folder
 
