@@ -1,5 +1,7 @@
 """A damaged or hand-edited checkpoint is refused before anything of the run is written, naming what is wrong, and
-its message gives the flags that resume from the newest earlier checkpoint that passes its checks.
+its message gives the flags that resume from the newest earlier checkpoint that passes its checks. Pruning
+(``keep_last``) counts only checkpoints that pass their checks, and sets a damaged one aside rather than delete a
+good one for it.
 
 The checkpoints are a real run's (three steps, one checkpoint a step); each test alters a copy the way a bad disk
 or a hand edit would, with ``trainer.json``'s manifest and ``COMMITTED`` recomputed where the test needs the
@@ -8,6 +10,7 @@ integrity checks to pass (``recommit``), so the refusal is the check under test.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -15,11 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 
 from tests.checkpoint.test_trainer_state import recipe
 from tests.data.test_sft_data import _examples as sft_examples
 from tests.faults.crafted_checkpoints import recommit
-from titanpod.checkpoint import CheckpointError
+from titanpod.checkpoint import CheckpointError, read_trainer_file
 from titanpod.checkpoint.step_folders import TRAINER_FILE
 from titanpod.data import PackedBatches
 from titanpod.data.images import ImageBatches
@@ -150,3 +154,26 @@ def test_with_no_good_earlier_checkpoint_the_message_says_so(saved_run, tmp_path
         f"No earlier checkpoint in {run_dir / 'checkpoints'} passes its checks: resume from another checkpoint "
         "(--checkpoint.resume PATH) or start a new run (--output.run-name NEW)." in str(refused.value)
     )
+
+
+def run_said(recipe_: object) -> tuple[object, str]:
+    """``run_pretraining(recipe_)`` and what it said (its console's text, one line a message)."""
+    said = io.StringIO()
+    result = run_pretraining(recipe_, Console(file=said, width=2000))
+    return result, said.getvalue()
+
+
+def test_keep_last_sets_a_damaged_newer_checkpoint_aside_and_never_deletes_a_good_one_for_it(saved_run, tmp_path):
+    run_dir = copy_of(saved_run, tmp_path)
+    damaged = step_folder(run_dir, 3)
+    flip_a_byte(damaged)
+    damaged_files = files_in(damaged)
+    # Recovered as the refusal says: resumed from step 1, stopped after step 2, keeping two checkpoints.
+    given = str(step_folder(run_dir, 1))
+    _, said = run_said(recipe(tmp_path, SAVED_STEPS, stop_at=2, every=1, keep_last=2, resume=given))
+    (aside,) = run_dir.glob("checkpoints/step-000003.damaged-*")
+    assert not damaged.exists() and files_in(aside) == damaged_files  # moved whole, nothing deleted
+    assert f"checkpoint {damaged} fails its checks (The checkpoint {damaged} is damaged: state/" in said
+    assert f"moved it aside to {aside}; it is kept, and keep_last counts only checkpoints that pass" in said
+    for step in (1, 2):  # the two good ones are what keep_last kept
+        read_trainer_file(step_folder(run_dir, step))

@@ -135,14 +135,21 @@ def set_aside(path: Location) -> str:
     """Move the step folder ``path`` out of the way of a save of its step, to ``<name>.moved-<UTC time>``
     beside it (a name no reader, pruner or cleaner takes for a checkpoint); returns what to say about it."""
     what = "a complete checkpoint" if is_file(join(path, TRAINER_FILE)) else f"no {TRAINER_FILE}: incomplete"
+    target = move_aside(path, "moved")
+    return f"{path} was already there ({what}); moved it aside to {target} before saving that step"
+
+
+def move_aside(path: Location, why: str) -> Location:
+    """Move the step folder ``path`` to ``<name>.<why>-<UTC time>`` beside it (``-1``, ``-2`` ... when taken): a name
+    no reader, pruner or cleaner takes for a checkpoint. Returns where it went."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    target = join(parent(path), f"{base_name(path)}.moved-{stamp}")
+    target = join(parent(path), f"{base_name(path)}.{why}-{stamp}")
     count = 1
     while exists(target):
-        target = join(parent(path), f"{base_name(path)}.moved-{stamp}-{count}")
+        target = join(parent(path), f"{base_name(path)}.{why}-{stamp}-{count}")
         count += 1
     move(path, target)
-    return f"{path} was already there ({what}); moved it aside to {target} before saving that step"
+    return target
 
 
 def unfinished_saves(folder: Location) -> list[Location]:

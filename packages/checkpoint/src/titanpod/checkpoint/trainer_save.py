@@ -26,6 +26,7 @@ from titanpod.checkpoint.step_folders import (
     COMMIT_MARKER,
     TRAINER_FILE,
     complete_checkpoints,
+    move_aside,
     needs_marker,
     set_aside,
     step_folder_name,
@@ -88,12 +89,43 @@ def commit(
     say(f"saved checkpoint {final}")
 
 
-def prune(folder: Location, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` complete checkpoints (0 keeps all), each marker first."""
+def prune(
+    folder: Location,
+    keep_last: int,
+    problem_of: Callable[[Location], str | None],
+    say: Callable[[str], None],
+) -> None:
+    """Keep the newest ``keep_last`` complete checkpoints that pass their checks (0 keeps all) and delete the older
+    ones, each marker first.
+
+    Newest first, each checkpoint to keep is checked (``problem_of``: what is wrong, ``None`` when it passes). One
+    that does not pass is not counted and never deleted: it is moved aside to ``<name>.damaged-<UTC time>`` (left in
+    place where it cannot be moved), saying so, so a good checkpoint is never deleted while a damaged one is kept,
+    and a later ``resume auto`` does not take it.
+    """
     if keep_last == 0:
         return
-    for _, path in complete_checkpoints(folder)[:-keep_last]:
+    kept = 0
+    for _, path in reversed(complete_checkpoints(folder)):
+        if kept < keep_last:
+            problem = problem_of(path)
+            if problem is None:
+                kept += 1
+            else:
+                say(_set_aside_damaged(path, problem))
+            continue
         remove_tree(path, first=COMMIT_MARKER)
+
+
+def _set_aside_damaged(path: Location, problem: str) -> str:
+    """Move the checkpoint ``path``, which fails its checks for ``problem``, out of keep_last's count and of
+    resume's way, deleting nothing; returns what to say about it."""
+    kept = "it is kept, and keep_last counts only checkpoints that pass their checks"
+    try:
+        target = move_aside(path, "damaged")
+    except OSError as error:
+        return f"checkpoint {path} fails its checks ({problem.rstrip('.')}): left it in place ({error}); {kept}"
+    return f"checkpoint {path} fails its checks ({problem.rstrip('.')}): moved it aside to {target}; {kept}"
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -30,7 +30,8 @@ and renames it when complete, so a folder named ``step-*`` is always whole; a sa
 midway leaves only a ``.partial`` folder. Object stores have no rename: at a URL the save
 writes straight into ``step-NNNNNN/``, and a step folder without its marker is a save that did
 not finish: resume ignores it, naming it. Either kind of leftover is removed with a message the
-next time the run starts; pruning (``keep_last``) deletes a folder's marker before the rest.
+next time the run starts; pruning (``keep_last``) deletes a folder's marker before the rest, counts only
+checkpoints that pass their checks (a damaged one is moved aside, never deleted).
 Saves can run in the background (``async_save``): tensors are copied to host memory, training
 goes on, and the checkpoint becomes complete when the write has finished.
 
@@ -62,10 +63,10 @@ from titanpod.checkpoint.checksums import VerifiedHashes, manifest_of
 from titanpod.checkpoint.config import CheckpointConfig
 from titanpod.checkpoint.dcp_reader import quiet_single_process
 from titanpod.checkpoint.disk_space import state_bytes
-from titanpod.checkpoint.errors import CheckpointError
-from titanpod.checkpoint.locations import Location, as_location, file_sizes, filesystem, is_url, join
+from titanpod.checkpoint.errors import CheckpointError, DamagedCheckpointError
+from titanpod.checkpoint.locations import Location, as_location, file_sizes, filesystem, is_url, join, local_path
 from titanpod.checkpoint.recipe_changes import check_same_run
-from titanpod.checkpoint.step_folders import COMMIT_MARKER, TRAINER_FILE, complete_checkpoints
+from titanpod.checkpoint.step_folders import COMMIT_MARKER, TRAINER_FILE, complete_checkpoints, step_folder_name
 from titanpod.checkpoint.trainer_file import (
     ORBAX_FOLDER,
     STATE_FOLDER,
@@ -126,6 +127,9 @@ class Checkpointer:
         """Record each file's content hash in ``trainer.json`` (off only to measure what hashing costs)."""
         self.verified_hashes = VerifiedHashes()
         """The hashes of checkpoint files this checkpointer has checked, kept while each file is unchanged."""
+        self._good: set[str] = set()
+        """Checkpoints known to pass their checks: the ones this checkpointer saved or loaded, and those it checked
+        before keeping them (``keep_last``)."""
         self.rerun = rerun
         """The flags that name this run again (``--output.run-name NAME``), for the resume command of a refusal."""
 
@@ -204,10 +208,12 @@ class Checkpointer:
         may differ from ``recipe`` only in harmless fields and ``checkpoint.allow_changes`` (those are said), and
         ``take_data`` (the data taking its position back) accepts its data position, before any tensor loads. A
         damaged one is refused naming the newest earlier checkpoint that passes its checks."""
-        return load_trainer_state(
+        point = load_trainer_state(
             folder, model, step, recipe, self.config.allow_changes, self.verified_hashes, self.say, take_data,
             self.rerun,
         )  # fmt: skip
+        self._good.add(_key(point.folder))
+        return point
 
     def _disk_full_named(self, target: Location, needed_bytes: int) -> AbstractContextManager[None]:
         return full_disk_named(target, needed_bytes, self.is_main)
@@ -233,4 +239,25 @@ class Checkpointer:
             manifest = manifest_of(target, file_sizes(target), self.hash_files)
         trainer_bytes = trainer_file_bytes(step_number, data_state, self.recipe_json, manifest)
         commit(self.folder, target, step_number, trainer_bytes, self.say)
-        prune(self.folder, self.config.keep_last)
+        self._good.add(_key(join(self.folder, step_folder_name(step_number))))
+        prune(self.folder, self.config.keep_last, self._problem_of, self.say)
+
+    def _problem_of(self, folder: Location) -> str | None:
+        """What keeps the checkpoint ``folder`` from passing its checks (``read_trainer_file``: marker, fields,
+        every file's size and hash); ``None`` when it passes. Each is read once: one that passes is remembered."""
+        if _key(folder) in self._good:
+            return None
+        try:
+            read_trainer_file(folder, verified=self.verified_hashes)
+        except DamagedCheckpointError as error:
+            return error.problem
+        except (CheckpointError, OSError) as error:
+            return str(error)
+        self._good.add(_key(folder))
+        return None
+
+
+def _key(folder: Location) -> str:
+    """One name for a checkpoint folder however it was given (a relative local path made absolute)."""
+    local = local_path(folder)
+    return str(local.absolute()) if local is not None and not is_url(folder) else str(folder)
