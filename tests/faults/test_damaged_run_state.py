@@ -1,7 +1,7 @@
 """A damaged or hand-edited checkpoint is refused before anything of the run is written, naming what is wrong, and
 its message gives the flags that resume from the newest earlier checkpoint that passes its checks. Pruning
-(``keep_last``) counts only checkpoints that pass their checks, and sets a damaged one aside rather than delete a
-good one for it.
+(``keep_last``) counts only checkpoints that pass their checks, sets a damaged one aside rather than delete a good
+one for it, and never follows a linked step folder to delete.
 
 The checkpoints are a real run's (three steps, one checkpoint a step); each test alters a copy the way a bad disk
 or a hand edit would, with ``trainer.json``'s manifest and ``COMMITTED`` recomputed where the test needs the
@@ -24,7 +24,8 @@ from tests.checkpoint.test_trainer_state import recipe
 from tests.data.test_sft_data import _examples as sft_examples
 from tests.faults.crafted_checkpoints import recommit
 from titanpod.checkpoint import CheckpointError, read_trainer_file
-from titanpod.checkpoint.step_folders import TRAINER_FILE
+from titanpod.checkpoint.locations import remove_tree
+from titanpod.checkpoint.step_folders import COMMIT_MARKER, TRAINER_FILE
 from titanpod.data import PackedBatches
 from titanpod.data.images import ImageBatches
 from titanpod.data.positions import DataPositionError
@@ -177,3 +178,21 @@ def test_keep_last_sets_a_damaged_newer_checkpoint_aside_and_never_deletes_a_goo
     assert f"moved it aside to {aside}; it is kept, and keep_last counts only checkpoints that pass" in said
     for step in (1, 2):  # the two good ones are what keep_last kept
         read_trainer_file(step_folder(run_dir, step))
+
+
+def test_keep_last_never_follows_a_linked_step_folder_to_delete(saved_run, tmp_path):
+    run_dir = copy_of(saved_run, tmp_path)
+    outside = tmp_path / "elsewhere" / "step-000001"
+    outside.parent.mkdir()
+    step_folder(run_dir, 1).rename(outside)
+    step_folder(run_dir, 1).symlink_to(outside, target_is_directory=True)
+    outside_files = files_in(outside)
+    _, said = run_said(recipe(tmp_path, SAVED_STEPS + 1, every=1, keep_last=1))
+    assert files_in(outside) == outside_files  # COMMITTED too: nothing deleted through the link
+    assert step_folder(run_dir, 1).is_symlink()
+    assert f"checkpoint {step_folder(run_dir, 1)} is a symbolic link: keep_last neither counts it nor deletes" in said
+    assert not step_folder(run_dir, 2).exists() and not step_folder(run_dir, 3).exists()  # pruned as ever
+    read_trainer_file(step_folder(run_dir, SAVED_STEPS + 1))
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(step_folder(run_dir, 1)))} is a symbolic link"):
+        remove_tree(step_folder(run_dir, 1), first=COMMIT_MARKER)
+    assert files_in(outside) == outside_files

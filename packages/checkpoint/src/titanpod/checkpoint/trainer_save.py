@@ -15,6 +15,7 @@ from titanpod.checkpoint.disk_space import disk_full_named
 from titanpod.checkpoint.locations import (
     Location,
     exists,
+    is_link,
     is_url,
     join,
     local_path,
@@ -94,6 +95,7 @@ def prune(
     keep_last: int,
     problem_of: Callable[[Location], str | None],
     say: Callable[[str], None],
+    said_links: set[str],
 ) -> None:
     """Keep the newest ``keep_last`` complete checkpoints that pass their checks (0 keeps all) and delete the older
     ones, each marker first.
@@ -101,12 +103,21 @@ def prune(
     Newest first, each checkpoint to keep is checked (``problem_of``: what is wrong, ``None`` when it passes). One
     that does not pass is not counted and never deleted: it is moved aside to ``<name>.damaged-<UTC time>`` (left in
     place where it cannot be moved), saying so, so a good checkpoint is never deleted while a damaged one is kept,
-    and a later ``resume auto`` does not take it.
+    and a later ``resume auto`` does not take it. A step folder that is a symbolic link is neither counted nor
+    followed to delete: it is left as it is, said once (``said_links`` holds the links said).
     """
     if keep_last == 0:
         return
     kept = 0
     for _, path in reversed(complete_checkpoints(folder)):
+        if is_link(path):
+            if str(path) not in said_links:
+                said_links.add(str(path))
+                say(
+                    f"checkpoint {path} is a symbolic link: keep_last neither counts it nor deletes through it, and "
+                    "leaves it as it is (remove the link itself if it is no longer needed)"
+                )
+            continue
         if kept < keep_last:
             problem = problem_of(path)
             if problem is None:

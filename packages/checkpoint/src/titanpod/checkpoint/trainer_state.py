@@ -31,7 +31,8 @@ midway leaves only a ``.partial`` folder. Object stores have no rename: at a URL
 writes straight into ``step-NNNNNN/``, and a step folder without its marker is a save that did
 not finish: resume ignores it, naming it. Either kind of leftover is removed with a message the
 next time the run starts; pruning (``keep_last``) deletes a folder's marker before the rest, counts only
-checkpoints that pass their checks (a damaged one is moved aside, never deleted).
+checkpoints that pass their checks (a damaged one is moved aside, never deleted) and never deletes through a
+symbolic link.
 Saves can run in the background (``async_save``): tensors are copied to host memory, training
 goes on, and the checkpoint becomes complete when the write has finished.
 
@@ -130,6 +131,8 @@ class Checkpointer:
         self._good: set[str] = set()
         """Checkpoints known to pass their checks: the ones this checkpointer saved or loaded, and those it checked
         before keeping them (``keep_last``)."""
+        self._said_links: set[str] = set()
+        """Step folders that are symbolic links, said once each when pruning leaves them."""
         self.rerun = rerun
         """The flags that name this run again (``--output.run-name NAME``), for the resume command of a refusal."""
 
@@ -240,7 +243,7 @@ class Checkpointer:
         trainer_bytes = trainer_file_bytes(step_number, data_state, self.recipe_json, manifest)
         commit(self.folder, target, step_number, trainer_bytes, self.say)
         self._good.add(_key(join(self.folder, step_folder_name(step_number))))
-        prune(self.folder, self.config.keep_last, self._problem_of, self.say)
+        prune(self.folder, self.config.keep_last, self._problem_of, self.say, self._said_links)
 
     def _problem_of(self, folder: Location) -> str | None:
         """What keeps the checkpoint ``folder`` from passing its checks (``read_trainer_file``: marker, fields,
