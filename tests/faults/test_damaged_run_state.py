@@ -1,7 +1,7 @@
 """A damaged or hand-edited checkpoint is refused before anything of the run is written, naming what is wrong, and
 its message gives the flags that resume from the newest earlier checkpoint that passes its checks. Pruning
 (``keep_last``) counts only checkpoints that pass their checks, sets a damaged one aside rather than delete a good
-one for it, and never follows a linked step folder to delete.
+one for it, and never follows a linked step folder to delete; a linked ``model/`` is refused at start.
 
 The checkpoints are a real run's (three steps, one checkpoint a step); each test alters a copy the way a bad disk
 or a hand edit would, with ``trainer.json``'s manifest and ``COMMITTED`` recomputed where the test needs the
@@ -24,6 +24,7 @@ from tests.checkpoint.test_trainer_state import recipe
 from tests.data.test_sft_data import _examples as sft_examples
 from tests.faults.crafted_checkpoints import recommit
 from titanpod.checkpoint import CheckpointError, read_trainer_file
+from titanpod.checkpoint.atomic import atomic_directory, remove_leftovers
 from titanpod.checkpoint.locations import remove_tree
 from titanpod.checkpoint.step_folders import COMMIT_MARKER, TRAINER_FILE
 from titanpod.data import PackedBatches
@@ -33,6 +34,7 @@ from titanpod.data.sft.batches import SFTBatches
 from titanpod.graph.config import SEED_MAX
 from titanpod.models.field_checks import INT64_MAX
 from titanpod.runs import run_pretraining
+from titanpod.runs.run_folder import RunFolderError
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -196,3 +198,55 @@ def test_keep_last_never_follows_a_linked_step_folder_to_delete(saved_run, tmp_p
     with pytest.raises(CheckpointError, match=rf"{re.escape(str(step_folder(run_dir, 1)))} is a symbolic link"):
         remove_tree(step_folder(run_dir, 1), first=COMMIT_MARKER)
     assert files_in(outside) == outside_files
+
+
+def test_a_linked_model_folder_is_refused_at_start_and_the_run_goes_on_once_the_link_is_removed(saved_run, tmp_path):
+    run_dir = copy_of(saved_run, tmp_path)
+    outside = tmp_path / "elsewhere" / "model"
+    outside.parent.mkdir()
+    (run_dir / "model").rename(outside)
+    (run_dir / "model").symlink_to(outside, target_is_directory=True)
+    before, outside_files = files_in(run_dir), files_in(outside)
+    with pytest.raises(RunFolderError) as refused:
+        run_pretraining(recipe(tmp_path, SAVED_STEPS + 1, every=1))
+    assert str(refused.value) == (
+        f"{run_dir / 'model'} is a symbolic link (to {outside}): a run writes its final weights into a folder of its "
+        f"own, never through a link. Remove the link (rm {run_dir / 'model'}; what it points to is kept) or choose "
+        "another --output.run-name. Nothing was trained or written."
+    )
+    assert files_in(run_dir) == before and files_in(outside) == outside_files
+    (run_dir / "model").unlink()  # the fix the refusal gives
+    result = run_pretraining(recipe(tmp_path, SAVED_STEPS + 1, every=1))
+    assert result.weights_path == run_dir / "model" / "model.safetensors" and result.weights_path.is_file()
+    assert files_in(outside) == outside_files
+    assert not list(run_dir.glob(".model.*"))
+
+
+def test_a_linked_folder_left_set_aside_is_unlinked_or_put_back_never_deleted_through(tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "model.safetensors").write_bytes(b"weights kept elsewhere")
+    run_dir = tmp_path / "run"
+    (run_dir / "model").mkdir(parents=True)
+    aside = run_dir / ".model.replaced-4242"
+    aside.symlink_to(outside, target_is_directory=True)
+    assert remove_leftovers(run_dir) == [
+        f"removed the link {aside} to {outside} left by process 4242; what it points to is kept"
+    ]
+    assert not aside.is_symlink() and (outside / "model.safetensors").read_bytes() == b"weights kept elsewhere"
+    (run_dir / "model").rmdir()
+    aside.symlink_to(outside, target_is_directory=True)
+    remove_leftovers(run_dir)  # the swap was cut short: the link is put back as model/
+    assert (run_dir / "model").is_symlink() and (run_dir / "model").resolve() == outside.resolve()
+
+
+def test_a_write_into_a_linked_folder_writes_into_what_it_points_to(tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "weights.bin").write_bytes(b"old")
+    final = tmp_path / "model"
+    final.symlink_to(outside, target_is_directory=True)
+    with atomic_directory(final) as staging:
+        (staging / "weights.bin").write_bytes(b"new")
+    assert final.is_symlink() and (outside / "weights.bin").read_bytes() == b"new"
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []
