@@ -1,4 +1,5 @@
-"""A full disk during a save, reported as where it happened and how much the save needed."""
+"""A full disk during a save, reported as where it happened and how much the save needed; and the failures a
+save's write can hide inside DCP's wrapping (``os_error_cause``), a folder no longer writable among them."""
 
 from __future__ import annotations
 
@@ -17,9 +18,25 @@ class DiskFullError(OSError):
     """A save ran out of space: names the path, the bytes it needed and the bytes free there."""
 
 
+UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+"""The ``errno`` of a write refused because the folder (or its file system) cannot be written."""
+
+
 def disk_full_cause(error: BaseException) -> OSError | None:
     """The ``ENOSPC`` ``OSError`` behind ``error`` (itself, a cause or context, or one rank's failure inside
     a DCP ``CheckpointException``); ``None`` when the disk is not what failed."""
+    return os_error_cause(error, frozenset({errno.ENOSPC}))
+
+
+def unwritable_cause(error: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``error`` that says a folder cannot be written (``UNWRITABLE``: permission denied,
+    a read-only file system); ``None`` when that is not what failed."""
+    return os_error_cause(error, UNWRITABLE)
+
+
+def os_error_cause(error: BaseException, codes: frozenset[int]) -> OSError | None:
+    """The ``OSError`` with an ``errno`` in ``codes`` behind ``error``: itself, a cause or context, or one rank's
+    failure inside a DCP ``CheckpointException``; ``None`` when there is none."""
     pending: list[BaseException] = [error]
     seen: set[int] = set()
     while pending:
@@ -27,7 +44,7 @@ def disk_full_cause(error: BaseException) -> OSError | None:
         if id(item) in seen:
             continue
         seen.add(id(item))
-        if isinstance(item, OSError) and item.errno == errno.ENOSPC:
+        if isinstance(item, OSError) and item.errno in codes:
             return item
         if isinstance(item, CheckpointException):
             pending.extend(failure for failure, _ in item.failures.values())

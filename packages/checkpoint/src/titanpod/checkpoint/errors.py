@@ -22,6 +22,11 @@ class DamagedCheckpointError(CheckpointError):
         """What to do about it."""
 
 
+class CheckpointFolderUnwritableError(OSError):
+    """A save found the checkpoint folder no longer writable (permission denied, a read-only file system): names
+    the folder, what the system said and what to do."""
+
+
 def failure_text(error: BaseException) -> str:
     """What went wrong, in one line per failure: a DCP ``CheckpointException`` (which gathers every rank's
     error, tracebacks included, and is not an ``Exception``) as ``rank N: Type: message``; else ``str(error)``."""

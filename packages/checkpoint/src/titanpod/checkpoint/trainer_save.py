@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
-from titanpod.checkpoint.disk_space import disk_full_named
+from titanpod.checkpoint.disk_space import disk_full_named, unwritable_cause
+from titanpod.checkpoint.errors import CheckpointError, CheckpointFolderUnwritableError
 from titanpod.checkpoint.locations import (
     Location,
     exists,
@@ -71,6 +73,32 @@ def full_disk_named(target: Location, needed_bytes: int, is_main: bool) -> Abstr
             remove_tree(target, first=COMMIT_MARKER)
 
     return disk_full_named(target, needed_bytes, remove_partial, "this process's trainer state")
+
+
+@contextmanager
+def unwritable_named(folder: Location, target: Location, step_number: int, is_main: bool) -> Iterator[None]:
+    """Run the save of ``step_number`` into ``target``; when a write fails because ``folder`` cannot be written
+    (``unwritable_cause``), remove the unfinished ``target`` where that can be done (rank 0) and raise a
+    ``CheckpointFolderUnwritableError`` naming the folder and what to do. Other errors pass unchanged."""
+    try:
+        yield
+    except (Exception, CheckpointException) as error:  # DCP's own CheckpointException is no Exception
+        cause = unwritable_cause(error)
+        if cause is None:
+            raise
+        left = ""
+        if is_main and exists(target):
+            try:
+                remove_tree(target, first=COMMIT_MARKER)
+            except (OSError, CheckpointError):
+                left = f" Its unfinished folder {target} could not be removed: the next start removes it."
+        where = f": {cause.filename}" if cause.filename else ""
+        raise CheckpointFolderUnwritableError(
+            f"Cannot save the checkpoint of step {step_number}: the checkpoint folder {folder} is not writable "
+            f"({cause.strerror}{where}), though it was when the run started. Make it writable again: the same "
+            "command then resumes from the newest checkpoint (or copy the checkpoints to a writable folder and give "
+            f"it as --checkpoint.dir).{left}"
+        ) from error
 
 
 def commit(

@@ -76,7 +76,14 @@ from titanpod.checkpoint.trainer_file import (
     trainer_file_bytes,
 )
 from titanpod.checkpoint.trainer_load import ResumePoint, load_trainer_state
-from titanpod.checkpoint.trainer_save import commit, full_disk_named, prune, save_target, state_writer
+from titanpod.checkpoint.trainer_save import (
+    commit,
+    full_disk_named,
+    prune,
+    save_target,
+    state_writer,
+    unwritable_named,
+)
 from titanpod.checkpoint.trainer_tensors import check_format, trainer_state_dict
 from titanpod.graph import TrainStep
 
@@ -160,14 +167,29 @@ class Checkpointer:
     def save(self, step_number: int, model: nn.Module, step: TrainStep, data_state: dict[str, Any]) -> None:
         """Write the trainer state after ``step_number`` steps (in the background when ``async_save``).
 
-        A second save of the same step (an interval save that is also the run's last step) does nothing.
+        A second save of the same step (an interval save that is also the run's last step) does nothing. A folder
+        no longer writable fails the save with a ``CheckpointFolderUnwritableError`` naming it.
         """
         if step_number == self._last_saved_step:
             return
         state_format = check_format(step, "torch", "jax")
         self._last_saved_step = step_number
         self.wait()  # one save in flight at a time
-        target = save_target(self.folder, step_number, self.is_main, self.say)
+        target = join(self.folder, f".{step_folder_name(step_number)}.partial")  # until save_target says
+        with unwritable_named(self.folder, target, step_number, self.is_main):
+            target = save_target(self.folder, step_number, self.is_main, self.say)
+            self._write(target, step_number, model, step, data_state, state_format)
+
+    def _write(
+        self,
+        target: Location,
+        step_number: int,
+        model: nn.Module,
+        step: TrainStep,
+        data_state: dict[str, Any],
+        state_format: str,
+    ) -> None:
+        """Write the state into ``target`` and make it a checkpoint (or start that in the background)."""
         if state_format == "jax":
             from titanpod.checkpoint.orbax_state import save_orbax_state
 
@@ -195,7 +217,8 @@ class Checkpointer:
         pending = self._background.take()
         if pending is None:
             return
-        with self._disk_full_named(pending.target, pending.state_bytes):
+        unwritable = unwritable_named(self.folder, pending.target, pending.step_number, self.is_main)
+        with unwritable, self._disk_full_named(pending.target, pending.state_bytes):
             manifest = pending.manifest.result()
             self._finish(pending.target, pending.step_number, pending.data_state, manifest if self.is_main else None)
 

@@ -253,7 +253,7 @@ class RunSession:
                 after_step(step_number)
             if self.save_due(step_number):
                 self.save_checkpoint(step_number)
-            self.checkpointer.poll()
+            self.saves.poll()
 
         try:
             summary = train(
@@ -272,6 +272,7 @@ class RunSession:
                 after_step=after_each,
                 count_tokens=count_tokens,
                 profiler=profiler,
+                stop_reason=self.saves.stop_reason,
             )
             if at_end is not None and not summary.interrupted:
                 at_end(summary)

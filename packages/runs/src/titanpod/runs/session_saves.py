@@ -19,11 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from rich.markup import escape
 from torch import nn
 
 from titanpod.checkpoint import Checkpointer, complete_checkpoints
 from titanpod.checkpoint.disk_space import state_bytes
-from titanpod.checkpoint.errors import DamagedCheckpointError
+from titanpod.checkpoint.errors import CheckpointFolderUnwritableError, DamagedCheckpointError
 from titanpod.checkpoint.locations import Location, join
 from titanpod.checkpoint.step_folders import TRAINER_FILE, any_earlier_checkpoint
 from titanpod.data.positions import DataPositionError
@@ -105,6 +106,10 @@ class RunSaves:
         """The training step whose optimizer state the checkpoints hold (set by ``resume``)."""
         self.data_state: Callable[[], dict[str, Any]] = dict
         """Returns the data position to save (set by ``resume``)."""
+        self.unwritable: str | None = None
+        """Why the checkpoint folder took no more saves (it stopped being writable); ``None`` while it takes them."""
+        self._unwritable_here: str | None = None
+        """This process's own finding of that, not yet agreed with the others."""
 
     def resume(
         self,
@@ -153,9 +158,42 @@ class RunSaves:
 
     def save_checkpoint(self, step_number: int) -> None:
         """Save the trainer state after ``step_number`` steps (every rank; in the background with
-        ``checkpoint.async_save``). A second save of the same step does nothing."""
+        ``checkpoint.async_save``). A second save of the same step does nothing.
+
+        A checkpoint folder that stopped being writable (``CheckpointFolderUnwritableError``, on any rank, here or
+        found by ``poll`` since the last save) does not stop the process: it is said, no later save is tried, and
+        ``stop_reason`` gives the reason, so the run stops after this step and still writes its final weights."""
+        if self.unwritable is not None:
+            return
         model, step = self.registered()
-        self.checkpointer.save(step_number, model, step, self.data_state())
+        with self._noting_unwritable():
+            self.checkpointer.save(step_number, model, step, self.data_state())
+        found = first_on_any_rank(self._unwritable_here)
+        if found is not None:
+            newest = self.newest_checkpoint_anywhere()
+            self.unwritable = (
+                f"step {step_number}: {found} The run stops after this step and writes its final weights to "
+                f"{self.run_dir}; the newest checkpoint is {newest or 'none'}."
+            )
+            self.say(f"[red]{escape(self.unwritable)}[/]")
+
+    def poll(self) -> None:
+        """Finish a background save whose files are written (between steps); a folder found no longer writable is
+        noted here and acted on at the next save (``save_checkpoint``), when every rank agrees."""
+        with self._noting_unwritable():
+            self.checkpointer.poll()
+
+    def stop_reason(self, step_number: int) -> str | None:
+        """Why the run stops after ``step_number``: a checkpoint folder that stopped being writable; else ``None``
+        (the same on every rank)."""
+        return self.unwritable
+
+    @contextmanager
+    def _noting_unwritable(self) -> Iterator[None]:
+        try:
+            yield
+        except CheckpointFolderUnwritableError as error:
+            self._unwritable_here = str(error)
 
     def save_at_end(self, summary: TrainSummary) -> None:
         """The at-end checkpoint and, after a signal, the line saying what was saved (as ``RunSession.save_at_end``
