@@ -1,5 +1,6 @@
 """A checkpoint save whose writes fail mid-run is named for what failed and what to do, and the run still leaves
-its final weights where it can.
+its final weights where it can; a save that finds no space left while bytes are free is named as a file system
+out of inodes (``os.statvfs`` and the writer monkeypatched).
 
 Tests run as root here, and root writes through ``chmod``: a folder made read-only is simulated in-process, by a
 checkpoint writer whose writes fail as a read-only file system's do (``EROFS``, inside DCP's own error), from a
@@ -18,7 +19,10 @@ from typing import Any
 
 import pytest
 
+from tests.checkpoint.test_disk_full_checkpoint import no_space
+from tests.faults.kill_worker import build
 from titanpod.checkpoint import trainer_state
+from titanpod.checkpoint.disk_space import DiskFullError
 from titanpod.checkpoint.trainer_file import read_trainer_file
 from titanpod.pretrain.cli import main
 
@@ -106,3 +110,40 @@ def test_a_checkpoint_folder_made_read_only_with_chmod_mid_run(tmp_path, monkeyp
         checkpoints.chmod(0o755)
     captured = capsys.readouterr()
     check_stopped_with_weights(tmp_path, code, captured.out + captured.err)
+
+
+def statvfs_with(free_bytes: int, free_files: int, files: int = 1_000_000) -> Callable[[Any], os.statvfs_result]:
+    """An ``os.statvfs`` whose every file system has ``free_bytes`` free and ``free_files`` of ``files`` inodes."""
+    block = 4096
+
+    def statvfs(path: Any) -> os.statvfs_result:
+        blocks = free_bytes // block
+        return os.statvfs_result((block, block, 4 * blocks, blocks, blocks, files, free_files, free_files, 0, 255))
+
+    return statvfs
+
+
+@pytest.mark.parametrize("free_files", [0, 12])
+def test_no_space_left_while_bytes_are_free_is_named_as_out_of_inodes(tmp_path, monkeypatch, free_files):
+    checkpointer, model, step = build(tmp_path, "sync")
+    checkpointer.save(1, model, step, {"index": 1})
+    free = 3 * 2**30
+    monkeypatch.setattr(os, "statvfs", statvfs_with(free, free_files))
+    monkeypatch.setattr(trainer_state.dcp, "save", no_space)
+    with pytest.raises(DiskFullError) as full:
+        checkpointer.save(2, model, step, {"index": 2})
+    message = str(full.value)
+    assert message.startswith(
+        f"The file system of {tmp_path / 'checkpoints' / '.step-000002.partial'} is out of inodes (files), not "
+        f"space: {free_files:,} of its 1,000,000 files are free, while {free:,} bytes (3.00 GiB) is free"
+    )
+    assert "Delete files you no longer need there" in message and "write to another file system" in message
+    assert [path.name for path in (tmp_path / "checkpoints").iterdir() if "step" in path.name] == ["step-000001"]
+
+
+def test_no_space_left_with_inodes_to_spare_is_named_as_space(tmp_path, monkeypatch):
+    checkpointer, model, step = build(tmp_path, "sync")
+    monkeypatch.setattr(os, "statvfs", statvfs_with(2**20, 500_000))
+    monkeypatch.setattr(trainer_state.dcp, "save", no_space)
+    with pytest.raises(DiskFullError, match=r"^No space left on the device while writing .*1,048,576 bytes \(0\.00"):
+        checkpointer.save(1, model, step, {"index": 1})

@@ -72,9 +72,12 @@ def atomic_directory(
                 os.fsync(handle.fileno())
         _move_into_place(staging, final, superseded)
     except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
+        full = None
         if needed_bytes is not None and disk_full_cause(error) is not None:
-            raise disk_full_error(final, needed_bytes) from error
+            full = disk_full_error(final, needed_bytes)  # before the cleanup frees what the write took
+        shutil.rmtree(staging, ignore_errors=True)
+        if full is not None:
+            raise full from error
         raise
 
 
