@@ -80,7 +80,8 @@ def test_a_flipped_byte_in_the_trainer_state_is_named_before_anything_loads(tmp_
     before = parameters(fresh.model)
     expected = (
         rf"The checkpoint {re.escape(str(folder))} is damaged: state/__0_0\.distcp has xxh3_128 {xxh3(data_file)}, "
-        rf"the manifest says {recorded} \(flipped bytes or an overwrite\)\. Resume from an earlier checkpoint"
+        rf"the manifest says {recorded} \(flipped bytes or an overwrite\)\. No earlier checkpoint in "
+        rf"{re.escape(str(folder.parent))} passes its checks: resume from another checkpoint"
     )
     with pytest.raises(CheckpointError, match=expected):
         saver.load(folder, fresh.model, fresh, {})

@@ -8,6 +8,8 @@ removed, and every other file stays. Nothing the write did not produce or supers
 
 A write cut short by a kill leaves its staging folder (``.<name>.partial-<pid>``), and, when killed while
 swapping a folder whole, the folder it set aside (``.<name>.replaced-<pid>``): ``remove_leftovers`` clears both.
+A target that is a symbolic link to a folder is never swapped whole (that would set the link aside and delete
+through it): the files are written into the folder it points to, as into a folder that holds other files.
 """
 
 from __future__ import annotations
@@ -70,9 +72,12 @@ def atomic_directory(
                 os.fsync(handle.fileno())
         _move_into_place(staging, final, superseded)
     except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
+        full = None
         if needed_bytes is not None and disk_full_cause(error) is not None:
-            raise disk_full_error(final, needed_bytes) from error
+            full = disk_full_error(final, needed_bytes)  # before the cleanup frees what the write took
+        shutil.rmtree(staging, ignore_errors=True)
+        if full is not None:
+            raise full from error
         raise
 
 
@@ -86,7 +91,7 @@ def _move_into_place(staging: Path, final: Path, superseded: Superseded | None) 
     written = {path.name for path in staging.iterdir()}
     stale = {name for name in (superseded(final) if superseded else ()) if name not in written}
     existing = {path.name for path in final.iterdir()}
-    if existing <= written | stale:  # the folder holds only what this write replaces: swap it whole
+    if existing <= written | stale and not final.is_symlink():  # only what this write replaces: swap it whole
         aside = final.parent / f".{final.name}.replaced-{os.getpid()}"
         final.rename(aside)
         staging.rename(final)
@@ -108,8 +113,10 @@ def remove_leftovers(folder: Path) -> list[str]:
 
     A staging folder (``.<name>.partial-<pid>``) is removed. A folder set aside while its target was swapped
     (``.<name>.replaced-<pid>``) is removed when ``<name>`` is there (the swap finished) and put back as ``<name>``
-    when it is not (the kill came between the two renames), so the earlier folder is never lost. Call it only
-    while no other process writes into ``folder`` (a run holds its run directory's lock).
+    when it is not (the kill came between the two renames), so the earlier folder is never lost. A leftover that
+    is a symbolic link (a linked folder that was set aside) is put back the same way, and otherwise only unlinked:
+    what it points to is never deleted. Call it only while no other process writes into
+    ``folder`` (a run holds its run directory's lock).
     """
     said = []
     for path in sorted(Path(folder).iterdir()) if Path(folder).is_dir() else []:
@@ -117,7 +124,11 @@ def remove_leftovers(folder: Path) -> list[str]:
         if match is None or not path.is_dir():
             continue
         target, kind, pid = path.parent / match.group("name"), match.group("kind"), match.group("pid")
-        if kind == "replaced" and not target.exists():
+        if path.is_symlink() and (kind == "partial" or os.path.lexists(target)):
+            points_to = os.readlink(path)
+            path.unlink()
+            said.append(f"removed the link {path} to {points_to} left by process {pid}; what it points to is kept")
+        elif kind == "replaced" and not target.exists():
             path.rename(target)
             said.append(f"put {path} back as {target}: its replacement was cut short (process {pid})")
         else:

@@ -29,7 +29,8 @@ class CheckpointConfig:
     at_end: bool = True
     """Save the trainer state after the last step (and when the run is interrupted)."""
     keep_last: int = 2
-    """Complete checkpoints to keep; older ones are deleted once a newer one is complete (0 keeps all)."""
+    """Complete checkpoints that pass their checks to keep; older ones are deleted once a newer one is complete
+    (0 keeps all). A damaged one is moved aside, a linked one left as it is (``titanpod.checkpoint.trainer_save``)."""
     async_save: bool = False
     """Write in the background: training goes on while the files are written."""
     resume: str = "auto"

@@ -9,6 +9,7 @@ fsspec filesystem of their scheme. ``gs://`` needs gcsfs (``pip install gcsfs`` 
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import shutil
@@ -183,12 +184,24 @@ def file_sizes(folder: Location) -> dict[str, int]:
     }
 
 
+def is_link(location: Location) -> bool:
+    """True when ``location`` is a symbolic link on a local disk (object stores have none)."""
+    path = local_path(location)
+    return path is not None and path.is_symlink()
+
+
 def remove_tree(location: Location, first: str | None = None) -> None:
     """Delete the folder ``location`` and everything in it; ``first`` (a file name inside) is deleted before the rest.
 
     Deleting a folder on an object store is not one operation: removing a checkpoint's commit marker
-    first means a deletion cut short leaves a folder readers ignore, never one they trust.
+    first means a deletion cut short leaves a folder readers ignore, never one they trust. A symbolic link is
+    never followed: ``CheckpointError`` names it, and nothing where it points is deleted.
     """
+    if is_link(location):
+        raise CheckpointError(
+            f"{location} is a symbolic link (to {os.readlink(str(local_path(location)))}); a run never deletes through "
+            "a link. Remove the link itself if it is no longer needed."
+        )
     if not is_url(location):
         if first is not None:
             Path(location, first).unlink(missing_ok=True)

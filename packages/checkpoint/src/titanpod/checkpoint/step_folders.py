@@ -25,7 +25,7 @@ import re
 import time
 from collections.abc import Callable
 
-from titanpod.checkpoint.errors import CheckpointError
+from titanpod.checkpoint.errors import DamagedCheckpointError
 from titanpod.checkpoint.locations import (
     Location,
     base_name,
@@ -63,6 +63,15 @@ def unfinished_message(folder: Location) -> str:
     return f"{folder}: no {COMMIT_MARKER} marker (a save that did not finish)"
 
 
+def any_earlier_checkpoint(folder: Location) -> str:
+    """What to do about the damaged checkpoint ``folder`` where no scan for a good one was made: resume from an
+    earlier one, or start a new run. (A resume names the exact folder: ``titanpod.checkpoint.recovery``.)"""
+    return (
+        f"Resume from an earlier checkpoint (--checkpoint.resume {parent(folder)}/step-NNNNNN) or start a new run "
+        "(--output.run-name NEW)."
+    )
+
+
 def write_marker(folder: Location, step_number: int, trainer_bytes: bytes) -> None:
     """Write the commit marker of ``folder``: call it last, once every other file of the checkpoint is written."""
     marker = {"step": step_number, "trainer_sha256": hashlib.sha256(trainer_bytes).hexdigest()}
@@ -81,17 +90,17 @@ def check_marker(folder: Location, trainer_bytes: bytes) -> None:
     except FileNotFoundError as error:
         if not needs_marker(folder):
             return
-        raise CheckpointError(
-            f"{unfinished_message(folder)}; it is not a usable checkpoint. Resume from an earlier checkpoint "
-            "or start a new run (--output.run-name NEW)."
-        ) from error
+        problem = f"{unfinished_message(folder)}; it is not a usable checkpoint."
+        raise DamagedCheckpointError(problem, any_earlier_checkpoint(folder)) from error
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path} is unreadable ({error}); {folder} is not a usable checkpoint.") from error
+        problem = f"{path} is unreadable ({error}); {folder} is not a usable checkpoint."
+        raise DamagedCheckpointError(problem, any_earlier_checkpoint(folder)) from error
     if not isinstance(marker, dict) or marker.get("trainer_sha256") != hashlib.sha256(trainer_bytes).hexdigest():
-        raise CheckpointError(
+        problem = (
             f"The checkpoint {folder} is damaged: its {TRAINER_FILE} is not the one its {COMMIT_MARKER} marker "
-            "vouches for (overwritten after the save). Resume from an earlier checkpoint or start fresh."
+            "vouches for (overwritten after the save)."
         )
+        raise DamagedCheckpointError(problem, any_earlier_checkpoint(folder))
 
 
 def complete_checkpoints(folder: Location, say: Callable[[str], None] | None = None) -> list[tuple[int, Location]]:
@@ -126,14 +135,21 @@ def set_aside(path: Location) -> str:
     """Move the step folder ``path`` out of the way of a save of its step, to ``<name>.moved-<UTC time>``
     beside it (a name no reader, pruner or cleaner takes for a checkpoint); returns what to say about it."""
     what = "a complete checkpoint" if is_file(join(path, TRAINER_FILE)) else f"no {TRAINER_FILE}: incomplete"
+    target = move_aside(path, "moved")
+    return f"{path} was already there ({what}); moved it aside to {target} before saving that step"
+
+
+def move_aside(path: Location, why: str) -> Location:
+    """Move the step folder ``path`` to ``<name>.<why>-<UTC time>`` beside it (``-1``, ``-2`` ... when taken): a name
+    no reader, pruner or cleaner takes for a checkpoint. Returns where it went."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    target = join(parent(path), f"{base_name(path)}.moved-{stamp}")
+    target = join(parent(path), f"{base_name(path)}.{why}-{stamp}")
     count = 1
     while exists(target):
-        target = join(parent(path), f"{base_name(path)}.moved-{stamp}-{count}")
+        target = join(parent(path), f"{base_name(path)}.{why}-{stamp}-{count}")
         count += 1
     move(path, target)
-    return f"{path} was already there ({what}); moved it aside to {target} before saving that step"
+    return target
 
 
 def unfinished_saves(folder: Location) -> list[Location]:

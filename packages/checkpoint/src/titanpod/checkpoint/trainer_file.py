@@ -10,9 +10,9 @@ from typing import Any
 import torch.distributed as dist
 
 from titanpod.checkpoint.checksums import VerifiedHashes, damage, manifest_of
-from titanpod.checkpoint.errors import CheckpointError
+from titanpod.checkpoint.errors import CheckpointError, DamagedCheckpointError
 from titanpod.checkpoint.locations import Location, as_location, file_sizes, join, read_bytes
-from titanpod.checkpoint.step_folders import TRAINER_FILE, check_marker
+from titanpod.checkpoint.step_folders import TRAINER_FILE, any_earlier_checkpoint, check_marker
 from titanpod.checkpoint.trainer_file_schema import check_trainer_file
 
 FORMAT_VERSION = 2
@@ -76,15 +76,18 @@ def read_on_every_rank(folder: Location, verified: VerifiedHashes) -> dict[str, 
     trainer, problem = None, None
     try:
         trainer = read_trainer_file(folder, share=(rank, world), verified=verified)
+    except DamagedCheckpointError as error:
+        problem = (error.problem, error.fix)
     except (CheckpointError, OSError) as error:
-        problem = str(error)
+        problem = (str(error), None)
     group = dist.new_group(backend="gloo")
-    found: list[str | None] = [None] * world
+    found: list[tuple[str, str | None] | None] = [None] * world
     dist.all_gather_object(found, problem, group=group)
     dist.destroy_process_group(group)
-    first = next((message for message in found if message), None)
+    first = next((item for item in found if item), None)
     if first is not None:
-        raise CheckpointError(first)
+        message, fix = first
+        raise CheckpointError(message) if fix is None else DamagedCheckpointError(message, fix)
     assert trainer is not None
     return trainer
 
@@ -99,9 +102,8 @@ def read_trainer_record(folder: Location) -> dict[str, Any]:
         trainer_bytes = read_bytes(path)
         trainer = json.loads(trainer_bytes)
     except (OSError, ValueError, RecursionError) as error:  # ValueError: not JSON, or not UTF-8
-        raise CheckpointError(
-            f"{path} is missing or unreadable ({str(error)[:200]}); {folder} is not a usable checkpoint."
-        ) from error
+        problem = f"{path} is missing or unreadable ({str(error)[:200]}); {folder} is not a usable checkpoint."
+        raise DamagedCheckpointError(problem, any_earlier_checkpoint(folder)) from error
     check_marker(folder, trainer_bytes)
     check_trainer_file(trainer, folder, READABLE_FORMATS)
     return trainer
@@ -122,8 +124,6 @@ def read_trainer_file(
     problem = damage(folder, trainer["files"], file_sizes(folder), mine, verified)
     if problem is not None:
         name, state = problem
-        raise CheckpointError(
-            f"The checkpoint {folder} is damaged: {name} {state}. "
-            "Resume from an earlier checkpoint or start a new run (--output.run-name NEW)."
-        )
+        problem = f"The checkpoint {folder} is damaged: {name} {state}."
+        raise DamagedCheckpointError(problem, any_earlier_checkpoint(folder))
     return trainer

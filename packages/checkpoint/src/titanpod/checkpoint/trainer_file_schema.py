@@ -6,18 +6,20 @@ a value of the wrong type or out of range with a ``CheckpointError`` that names 
 what to do:
 
 - ``format``: one of the formats this version reads (a newer one asks for a newer titanpod);
-- ``step``: a non-negative integer, the N of the folder's ``step-NNNNNN`` name;
+- ``step``: a non-negative integer that fits in 64 bits, the N of the folder's ``step-NNNNNN`` name;
 - ``data``: an object, the data loader's position: its position fields (``POSITION_FIELDS``), wherever
-  they sit, are non-negative integers (or, for ``images``, the nested position of an image loader),
-  ``kind`` is a string, ``seed`` an integer, ``per_rank`` a list of objects; ``dataset`` (a stream's own
-  state, as the datasets library gave it) is not looked into;
+  they sit, are non-negative integers that fit in 64 bits (or, for ``images``, the nested position of an image
+  loader), ``kind`` is a string, ``seed`` an integer a recipe's ``train.seed`` may be, ``per_rank`` a list of
+  objects; ``dataset`` (a stream's own state, as the datasets library gave it) is not looked into;
 - ``recipe``: an object (compared field by field with the run's recipe on resume);
 - ``files``: an object of path inside the folder (``/``-separated, no ``..``) -> ``{"size": n, "xxh3_128":
   hex}`` (or ``"sha256"``), or the size alone (manifests from before hashes);
 - ``data_files`` (when the run recorded them): an object of data file name -> ``{"size": n, "head_bytes": n,
   "head_sha256": hex}`` (``titanpod.data.fingerprint``).
 
-A field it does not name is left as it is: nothing reads it.
+A field it does not name is left as it is: nothing reads it. Whether a data position is one this run's data can
+reach (a batch index within an epoch) is the data loader's to say, once the data is built; a resume asks it
+before any tensor loads (``titanpod.checkpoint.trainer_load``).
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ import reprlib
 from collections.abc import Sequence
 from typing import Any
 
-from titanpod.checkpoint.errors import CheckpointError
-from titanpod.checkpoint.locations import Location, base_name, join, parent
-from titanpod.checkpoint.step_folders import STEP_FOLDER, TRAINER_FILE
+from titanpod.checkpoint.errors import CheckpointError, DamagedCheckpointError
+from titanpod.checkpoint.locations import Location, base_name, join
+from titanpod.checkpoint.step_folders import STEP_FOLDER, TRAINER_FILE, any_earlier_checkpoint
+from titanpod.graph.config import SEED_MAX
+from titanpod.models.field_checks import INT64_MAX
 
 POSITION_FIELDS = frozenset(
     {
@@ -80,16 +84,18 @@ class _Checker:
 
     def fail(self, field: str, value: Any, expected: str, shown: str | None = None) -> None:
         """Raise the error of ``field`` holding ``value`` where ``expected`` belongs."""
-        raise CheckpointError(
+        problem = (
             f"{self.path}: {field} is {shown or _SHORT.repr(value)}; it must be {expected}. The file was altered "
-            f"or damaged after the save: resume from another checkpoint (--checkpoint.resume "
-            f"{parent(self.folder)}/step-NNNNNN) or start a new run (--output.run-name NEW)."
+            "or damaged after the save."
         )
+        raise DamagedCheckpointError(problem, any_earlier_checkpoint(self.folder))
 
     def count(self, field: str, value: Any, what: str = "a non-negative integer") -> None:
-        """``value`` is a non-negative integer (not a boolean)."""
+        """``value`` is a non-negative integer (not a boolean) that fits in 64 bits."""
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             self.fail(field, value, what)
+        if value > INT64_MAX:
+            self.fail(field, value, f"at most {INT64_MAX} (64 bits)")
 
     def step(self, value: Any) -> None:
         """The step is a count, and the N of a ``step-NNNNNN`` folder's name."""
@@ -114,6 +120,8 @@ class _Checker:
                 self.fail(name, item, "a string (the kind of data loader)")
             elif key == "seed" and (isinstance(item, bool) or not isinstance(item, int)):
                 self.fail(name, item, "an integer")
+            elif key == "seed" and not 0 <= item <= SEED_MAX:
+                self.fail(name, item, f"0 to {SEED_MAX}, as train.seed is")
             elif key == "per_rank":
                 if not isinstance(item, list):
                     self.fail(name, item, "a list (one position for each data rank)")

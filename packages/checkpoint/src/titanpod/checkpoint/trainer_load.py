@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
@@ -19,10 +20,12 @@ from titanpod.checkpoint.dcp_reader import (
     tensor_shapes,
     unsafe_failure,
 )
-from titanpod.checkpoint.errors import CheckpointError, failure_text
-from titanpod.checkpoint.locations import Location, as_location, is_dir, join, parent
+from titanpod.checkpoint.errors import CheckpointError, DamagedCheckpointError, failure_text
+from titanpod.checkpoint.locations import Location, as_location, is_dir, join
 from titanpod.checkpoint.recipe_changes import check_same_run
+from titanpod.checkpoint.recovery import resume_fix
 from titanpod.checkpoint.rng_state import RNG_KEY, restore_rng_state, rng_like
+from titanpod.checkpoint.step_folders import any_earlier_checkpoint
 from titanpod.checkpoint.trainer_file import ORBAX_FOLDER, STATE_FOLDER, read_on_every_rank
 from titanpod.checkpoint.trainer_tensors import check_format, trainer_state_dict
 from titanpod.graph import TrainStep
@@ -50,15 +53,44 @@ def load_trainer_state(
     allow_changes: Sequence[str],
     verified: VerifiedHashes,
     say: Callable[[str], None],
+    take_data: Callable[[dict[str, Any]], None] | None = None,
+    rerun: str = "",
     same_maths: Sequence[str] = (),
 ) -> ResumePoint:
     """Load the checkpoint in ``folder`` into ``model`` and ``step`` in place (any mesh; every rank calls this),
-    after checking its files (hashes reused from ``verified``) and that its recipe differs from ``recipe`` only
-    in harmless fields, ``same_maths`` and ``allow_changes`` (those are said; ``check_same_run``)."""
+    after checking its files (hashes reused from ``verified``), that its recipe differs from ``recipe`` only
+    in harmless fields, ``same_maths`` and ``allow_changes`` (those are said; ``check_same_run``), and, with
+    ``take_data``, that the data takes its position back (a ``DamagedCheckpointError`` there refuses it before any
+    tensor loads).
+
+    A damaged checkpoint is refused with a ``DamagedCheckpointError`` that names the newest earlier one passing its
+    checks and the flags that resume from it, ``rerun`` (the flags naming this run again) among them (rank 0 looks
+    for it; other ranks say to resume from an earlier one)."""
     folder = as_location(folder)
+    try:
+        return _load(folder, model, step, recipe, allow_changes, verified, say, take_data, same_maths)
+    except DamagedCheckpointError as error:
+        if dist.is_initialized() and dist.get_rank() != 0:
+            raise
+        raise DamagedCheckpointError(error.problem, resume_fix(folder, rerun, verified)) from error
+
+
+def _load(
+    folder: Location,
+    model: nn.Module,
+    step: TrainStep,
+    recipe: dict[str, Any],
+    allow_changes: Sequence[str],
+    verified: VerifiedHashes,
+    say: Callable[[str], None],
+    take_data: Callable[[dict[str, Any]], None] | None,
+    same_maths: Sequence[str],
+) -> ResumePoint:
     trainer = read_on_every_rank(folder, verified)
     for change in check_same_run(trainer["recipe"], recipe, folder, allow_changes, same_maths):
         say(f"resuming with a changed recipe field (allowed by --checkpoint.allow-changes): {change}")
+    if take_data is not None:
+        take_data(trainer["data"])  # a position the data cannot reach is refused before the tensors load
     if check_format(step, "torch", "jax") == "jax":
         return _load_orbax(folder, step, trainer)
     if not is_dir(join(folder, STATE_FOLDER)):
@@ -73,8 +105,7 @@ def load_trainer_state(
         if (unsafe := unsafe_failure(error)) is not None:
             raise unsafe from error
         raise CheckpointError(
-            f"Cannot load the trainer state in {folder}: {failure_text(error)}. Resume from an earlier checkpoint "
-            f"(--checkpoint.resume {parent(folder)}/step-NNNNNN) or start a new run (--output.run-name NEW)."
+            f"Cannot load the trainer state in {folder}: {failure_text(error)}. {any_earlier_checkpoint(folder)}"
         ) from error
     step.load_state_dict(state["optim"])  # DCP loaded into the step's own tensors; this checks them
     restore_rng_state(state[RNG_KEY], model)
@@ -94,8 +125,7 @@ def _load_orbax(folder: Location, step: TrainStep, trainer: dict[str, Any]) -> R
     except Exception as error:  # Orbax and tensorstore raise many kinds: each is named
         raise CheckpointError(
             f"Cannot load the Orbax state in {join(folder, ORBAX_FOLDER)}: {type(error).__name__}: "
-            f"{str(error)[:500].rstrip('.')}. Resume from an earlier checkpoint (--checkpoint.resume "
-            f"{parent(folder)}/step-NNNNNN) or start a new run (--output.run-name NEW)."
+            f"{str(error)[:500].rstrip('.')}. {any_earlier_checkpoint(folder)}"
         ) from error
     step.load_state_dict(restored)
     return ResumePoint(folder, int(trainer["step"]), trainer["data"], trainer["recipe"])

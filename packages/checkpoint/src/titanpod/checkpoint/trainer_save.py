@@ -4,17 +4,20 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
-from titanpod.checkpoint.disk_space import disk_full_named
+from titanpod.checkpoint.disk_space import disk_full_named, unwritable_cause
+from titanpod.checkpoint.errors import CheckpointError, CheckpointFolderUnwritableError
 from titanpod.checkpoint.locations import (
     Location,
     exists,
+    is_link,
     is_url,
     join,
     local_path,
@@ -26,6 +29,7 @@ from titanpod.checkpoint.step_folders import (
     COMMIT_MARKER,
     TRAINER_FILE,
     complete_checkpoints,
+    move_aside,
     needs_marker,
     set_aside,
     step_folder_name,
@@ -71,6 +75,32 @@ def full_disk_named(target: Location, needed_bytes: int, is_main: bool) -> Abstr
     return disk_full_named(target, needed_bytes, remove_partial, "this process's trainer state")
 
 
+@contextmanager
+def unwritable_named(folder: Location, target: Location, step_number: int, is_main: bool) -> Iterator[None]:
+    """Run the save of ``step_number`` into ``target``; when a write fails because ``folder`` cannot be written
+    (``unwritable_cause``), remove the unfinished ``target`` where that can be done (rank 0) and raise a
+    ``CheckpointFolderUnwritableError`` naming the folder and what to do. Other errors pass unchanged."""
+    try:
+        yield
+    except (Exception, CheckpointException) as error:  # DCP's own CheckpointException is no Exception
+        cause = unwritable_cause(error)
+        if cause is None:
+            raise
+        left = ""
+        if is_main and exists(target):
+            try:
+                remove_tree(target, first=COMMIT_MARKER)
+            except (OSError, CheckpointError):
+                left = f" Its unfinished folder {target} could not be removed: the next start removes it."
+        where = f": {cause.filename}" if cause.filename else ""
+        raise CheckpointFolderUnwritableError(
+            f"Cannot save the checkpoint of step {step_number}: the checkpoint folder {folder} is not writable "
+            f"({cause.strerror}{where}), though it was when the run started. Make it writable again: the same "
+            "command then resumes from the newest checkpoint (or copy the checkpoints to a writable folder and give "
+            f"it as --checkpoint.dir).{left}"
+        ) from error
+
+
 def commit(
     folder: Location, target: Location, step_number: int, trainer_bytes: bytes, say: Callable[[str], None]
 ) -> None:
@@ -88,12 +118,53 @@ def commit(
     say(f"saved checkpoint {final}")
 
 
-def prune(folder: Location, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` complete checkpoints (0 keeps all), each marker first."""
+def prune(
+    folder: Location,
+    keep_last: int,
+    problem_of: Callable[[Location], str | None],
+    say: Callable[[str], None],
+    said_links: set[str],
+) -> None:
+    """Keep the newest ``keep_last`` complete checkpoints that pass their checks (0 keeps all) and delete the older
+    ones, each marker first.
+
+    Newest first, each checkpoint to keep is checked (``problem_of``: what is wrong, ``None`` when it passes). One
+    that does not pass is not counted and never deleted: it is moved aside to ``<name>.damaged-<UTC time>`` (left in
+    place where it cannot be moved), saying so, so a good checkpoint is never deleted while a damaged one is kept,
+    and a later ``resume auto`` does not take it. A step folder that is a symbolic link is neither counted nor
+    followed to delete: it is left as it is, said once (``said_links`` holds the links said).
+    """
     if keep_last == 0:
         return
-    for _, path in complete_checkpoints(folder)[:-keep_last]:
+    kept = 0
+    for _, path in reversed(complete_checkpoints(folder)):
+        if is_link(path):
+            if str(path) not in said_links:
+                said_links.add(str(path))
+                say(
+                    f"checkpoint {path} is a symbolic link: keep_last neither counts it nor deletes through it, and "
+                    "leaves it as it is (remove the link itself if it is no longer needed)"
+                )
+            continue
+        if kept < keep_last:
+            problem = problem_of(path)
+            if problem is None:
+                kept += 1
+            else:
+                say(_set_aside_damaged(path, problem))
+            continue
         remove_tree(path, first=COMMIT_MARKER)
+
+
+def _set_aside_damaged(path: Location, problem: str) -> str:
+    """Move the checkpoint ``path``, which fails its checks for ``problem``, out of keep_last's count and of
+    resume's way, deleting nothing; returns what to say about it."""
+    kept = "it is kept, and keep_last counts only checkpoints that pass their checks"
+    try:
+        target = move_aside(path, "damaged")
+    except OSError as error:
+        return f"checkpoint {path} fails its checks ({problem.rstrip('.')}): left it in place ({error}); {kept}"
+    return f"checkpoint {path} fails its checks ({problem.rstrip('.')}): moved it aside to {target}; {kept}"
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -30,7 +30,9 @@ and renames it when complete, so a folder named ``step-*`` is always whole; a sa
 midway leaves only a ``.partial`` folder. Object stores have no rename: at a URL the save
 writes straight into ``step-NNNNNN/``, and a step folder without its marker is a save that did
 not finish: resume ignores it, naming it. Either kind of leftover is removed with a message the
-next time the run starts; pruning (``keep_last``) deletes a folder's marker before the rest.
+next time the run starts; pruning (``keep_last``) deletes a folder's marker before the rest, counts only
+checkpoints that pass their checks (a damaged one is moved aside, never deleted) and never deletes through a
+symbolic link.
 Saves can run in the background (``async_save``): tensors are copied to host memory, training
 goes on, and the checkpoint becomes complete when the write has finished.
 
@@ -62,10 +64,10 @@ from titanpod.checkpoint.checksums import VerifiedHashes, manifest_of
 from titanpod.checkpoint.config import CheckpointConfig
 from titanpod.checkpoint.dcp_reader import quiet_single_process
 from titanpod.checkpoint.disk_space import state_bytes
-from titanpod.checkpoint.errors import CheckpointError
-from titanpod.checkpoint.locations import Location, as_location, file_sizes, filesystem, is_url, join
+from titanpod.checkpoint.errors import CheckpointError, DamagedCheckpointError
+from titanpod.checkpoint.locations import Location, as_location, file_sizes, filesystem, is_url, join, local_path
 from titanpod.checkpoint.recipe_changes import check_same_run
-from titanpod.checkpoint.step_folders import COMMIT_MARKER, TRAINER_FILE, complete_checkpoints
+from titanpod.checkpoint.step_folders import COMMIT_MARKER, TRAINER_FILE, complete_checkpoints, step_folder_name
 from titanpod.checkpoint.trainer_file import (
     ORBAX_FOLDER,
     STATE_FOLDER,
@@ -74,7 +76,14 @@ from titanpod.checkpoint.trainer_file import (
     trainer_file_bytes,
 )
 from titanpod.checkpoint.trainer_load import ResumePoint, load_trainer_state
-from titanpod.checkpoint.trainer_save import commit, full_disk_named, prune, save_target, state_writer
+from titanpod.checkpoint.trainer_save import (
+    commit,
+    full_disk_named,
+    prune,
+    save_target,
+    state_writer,
+    unwritable_named,
+)
 from titanpod.checkpoint.trainer_tensors import check_format, trainer_state_dict
 from titanpod.graph import TrainStep
 
@@ -108,7 +117,11 @@ class Checkpointer:
         recipe_json: str,
         say: Callable[[str], None],
         data_files: Mapping[str, Any] | None = None,
+        rerun: str = "",
     ) -> None:
+        """``data_files``: the fingerprint of the run's data files each ``trainer.json`` records; ``rerun``: the
+        flags that name this run again on a command line, given with the folder to resume from when a checkpoint
+        is refused as damaged."""
         self.folder: Location = as_location(config.dir) if config.dir else Path(run_dir) / "checkpoints"
         """Where the step folders go: a local ``Path`` or a URL."""
         if is_url(self.folder):
@@ -126,6 +139,13 @@ class Checkpointer:
         """Record each file's content hash in ``trainer.json`` (off only to measure what hashing costs)."""
         self.verified_hashes = VerifiedHashes()
         """The hashes of checkpoint files this checkpointer has checked, kept while each file is unchanged."""
+        self._good: set[str] = set()
+        """Checkpoints known to pass their checks: the ones this checkpointer saved or loaded, and those it checked
+        before keeping them (``keep_last``)."""
+        self._said_links: set[str] = set()
+        """Step folders that are symbolic links, said once each when pruning leaves them."""
+        self.rerun = rerun
+        """The flags that name this run again (``--output.run-name NAME``), for the resume command of a refusal."""
 
     def check_step(self, step: TrainStep) -> None:
         """Refuse now, before training, a step whose state cannot be saved here (an unknown ``state_format``,
@@ -151,14 +171,29 @@ class Checkpointer:
     def save(self, step_number: int, model: nn.Module, step: TrainStep, data_state: dict[str, Any]) -> None:
         """Write the trainer state after ``step_number`` steps (in the background when ``async_save``).
 
-        A second save of the same step (an interval save that is also the run's last step) does nothing.
+        A second save of the same step (an interval save that is also the run's last step) does nothing. A folder
+        no longer writable fails the save with a ``CheckpointFolderUnwritableError`` naming it.
         """
         if step_number == self._last_saved_step:
             return
         state_format = check_format(step, "torch", "jax")
         self._last_saved_step = step_number
         self.wait()  # one save in flight at a time
-        target = save_target(self.folder, step_number, self.is_main, self.say)
+        target = join(self.folder, f".{step_folder_name(step_number)}.partial")  # until save_target says
+        with unwritable_named(self.folder, target, step_number, self.is_main):
+            target = save_target(self.folder, step_number, self.is_main, self.say)
+            self._write(target, step_number, model, step, data_state, state_format)
+
+    def _write(
+        self,
+        target: Location,
+        step_number: int,
+        model: nn.Module,
+        step: TrainStep,
+        data_state: dict[str, Any],
+        state_format: str,
+    ) -> None:
+        """Write the state into ``target`` and make it a checkpoint (or start that in the background)."""
         if state_format == "jax":
             from titanpod.checkpoint.orbax_state import save_orbax_state
 
@@ -186,7 +221,8 @@ class Checkpointer:
         pending = self._background.take()
         if pending is None:
             return
-        with self._disk_full_named(pending.target, pending.state_bytes):
+        unwritable = unwritable_named(self.folder, pending.target, pending.step_number, self.is_main)
+        with unwritable, self._disk_full_named(pending.target, pending.state_bytes):
             manifest = pending.manifest.result()
             self._finish(pending.target, pending.step_number, pending.data_state, manifest if self.is_main else None)
 
@@ -196,15 +232,20 @@ class Checkpointer:
         model: nn.Module,
         step: TrainStep,
         recipe: dict[str, Any],
+        take_data: Callable[[dict[str, Any]], None] | None = None,
         same_maths: Sequence[str] = (),
     ) -> ResumePoint:
         """Load a checkpoint into ``model`` and ``step`` in place (any mesh), after checking it fits: its recipe
         may differ from ``recipe`` only in harmless fields, ``same_maths`` (the fields the recipe's classes declare
         the same maths: ``titanpod.models.field_checks.same_maths_fields``) and ``checkpoint.allow_changes``
-        (those are said)."""
-        return load_trainer_state(
-            folder, model, step, recipe, self.config.allow_changes, self.verified_hashes, self.say, same_maths
-        )
+        (those are said), and ``take_data`` (the data taking its position back) accepts its data position, before
+        any tensor loads. A damaged one is refused naming the newest earlier checkpoint that passes its checks."""
+        point = load_trainer_state(
+            folder, model, step, recipe, self.config.allow_changes, self.verified_hashes, self.say, take_data,
+            self.rerun, same_maths,
+        )  # fmt: skip
+        self._good.add(_key(point.folder))
+        return point
 
     def _disk_full_named(self, target: Location, needed_bytes: int) -> AbstractContextManager[None]:
         return full_disk_named(target, needed_bytes, self.is_main)
@@ -230,4 +271,25 @@ class Checkpointer:
             manifest = manifest_of(target, file_sizes(target), self.hash_files)
         trainer_bytes = trainer_file_bytes(step_number, data_state, self.recipe_json, manifest, self.data_files)
         commit(self.folder, target, step_number, trainer_bytes, self.say)
-        prune(self.folder, self.config.keep_last)
+        self._good.add(_key(join(self.folder, step_folder_name(step_number))))
+        prune(self.folder, self.config.keep_last, self._problem_of, self.say, self._said_links)
+
+    def _problem_of(self, folder: Location) -> str | None:
+        """What keeps the checkpoint ``folder`` from passing its checks (``read_trainer_file``: marker, fields,
+        every file's size and hash); ``None`` when it passes. Each is read once: one that passes is remembered."""
+        if _key(folder) in self._good:
+            return None
+        try:
+            read_trainer_file(folder, verified=self.verified_hashes)
+        except DamagedCheckpointError as error:
+            return error.problem
+        except (CheckpointError, OSError) as error:
+            return str(error)
+        self._good.add(_key(folder))
+        return None
+
+
+def _key(folder: Location) -> str:
+    """One name for a checkpoint folder however it was given (a relative local path made absolute)."""
+    local = local_path(folder)
+    return str(local.absolute()) if local is not None and not is_url(folder) else str(folder)

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import torch
 from tokenizers import Tokenizer
 
+from titanpod.data.positions import check_batch_index
 from titanpod.models import IGNORE_INDEX
 
 
@@ -149,12 +150,13 @@ class PackedBatches:
         return {"kind": "packed", "epoch": self.epoch, "index": self.index, "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a position saved by ``state_dict``."""
+        """Continue from a position saved by ``state_dict``; ``DataPositionError`` for a batch index past an epoch."""
         kind = state.get("kind", "packed")
         if kind != "packed":
             raise ValueError(
                 f"The saved data position is of a {kind} loader, but this run's data is map-style (packed): "
                 "resume with the data settings the checkpoint was made with."
             )
+        check_batch_index(state["index"], self.batches_per_epoch)
         self.seed, self.epoch, self.index = state["seed"], state["epoch"], state["index"]
         self._order = self._permutation()

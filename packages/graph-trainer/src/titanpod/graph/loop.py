@@ -128,6 +128,7 @@ def train(
     after_step: Callable[[int], None] | None = None,
     count_tokens: Callable[[Batch], int] | None = None,
     profiler: StepProfiler | None = None,
+    stop_reason: Callable[[int], str | None] | None = None,
 ) -> TrainSummary:
     """Train ``model`` (which must have ``loss(tokens, labels)``) for ``config.steps`` steps.
 
@@ -137,9 +138,10 @@ def train(
     ``config.step_mode`` (or through ``step``, when given: it owns the optimizer state).
     A resumed run passes ``start_step``, the steps already done: training continues at
     the next step of the schedule. ``after_step(step_number)`` runs after every step (to
-    save checkpoints); the loop's reported losses cover only the steps it ran. The steps are driven by
-    ``titanpod.graph.step_driver.drive_steps``, which owns signals, the stop on a non-finite step and the
-    ``profiler``'s range.
+    save checkpoints); the loop's reported losses cover only the steps it ran. Where ``stop_reason(step_number)``
+    gives a reason after a step (every process must give the same), the run stops there with ``stopped_because``.
+    The steps are driven by ``titanpod.graph.step_driver.drive_steps``, which owns signals, the stop on a
+    non-finite step and the ``profiler``'s range.
 
     Sharded training: each process passes its own batches; ``data_parallel`` is the number
     of distinct data shards (global tokens = local tokens x ``data_parallel``), ``devices``
@@ -247,6 +249,7 @@ def train(
             skip_nonfinite=config.skip_nonfinite,
             after_step=report,
             profiler=profiler,
+            stop_reason=stop_reason,
         )
     train_step.finish()
     backend.synchronize(local_rank)

@@ -84,7 +84,8 @@ def drive_steps(
     """Run steps ``first`` to ``last`` with ``run_step``; after each, stop on a non-finite one (unless
     ``skip_nonfinite``: the step then only counts as skipped, which is the caller's), close the profiler's
     range, stop where ``stop_reason(n)`` gives a reason (read whatever ``skip_nonfinite`` says; every process must
-    give the same), run ``after_step(n)``, then agree with every process on whether a signal stops the run here.
+    give the same), run ``after_step(n)`` and ask ``stop_reason(n)`` again (what ``after_step`` found, a save that
+    failed, stops the run after that step), then agree with every process on whether a signal stops the run here.
 
     A stop at a step's end comes back as ``interrupted``; a second signal (or Ctrl-C outside the main thread)
     as ``stopped_at_once``. The profiler is closed whatever happened, so a trace cut short is still written.
@@ -107,6 +108,9 @@ def drive_steps(
                     break
                 if after_step is not None:
                     after_step(step_number)
+                    if stop_reason is not None and (found := stop_reason(step_number)) is not None:
+                        outcome.stopped_because = found
+                        break
                 if profiler is not None and step_number < last:
                     profiler.before_step(step_number + 1)
                 signum = agreement.signal(stop)  # every process stops after the same step

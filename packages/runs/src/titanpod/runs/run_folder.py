@@ -6,10 +6,11 @@ is local), and takes the directory's lock and the checkpoint folder's (``titanpo
 writes into a checkpoint folder at a time, also one given to two runs with ``--checkpoint.dir``). Holding
 them, it clears what killed writes left (``titanpod.checkpoint.atomic.remove_leftovers``), then looks for an
 earlier run: a ``metrics.jsonl`` with lines, a final-weights folder with files (``model/``, ``hf/``,
-``transformer/``) or checkpoint step folders. A run that resumes (``checkpoint.resume auto`` finding a complete
-checkpoint, or a checkpoint path) continues that run. Any other run is refused, unless told to start over
-(``output.start_over``): then every file of the directory is moved, never deleted, into
-``previous-<UTC time>/`` inside it (and step folders of a ``checkpoint.dir`` elsewhere into
+``transformer/``) or checkpoint step folders. A final-weights folder that is a symbolic link is refused (the
+weights replace that folder whole, never through a link), unless the run starts over. A run that resumes
+(``checkpoint.resume auto`` finding a complete checkpoint, or a checkpoint path) continues that run. Any other
+run is refused, unless told to start over (``output.start_over``): then every file of the directory is moved,
+never deleted, into ``previous-<UTC time>/`` inside it (and step folders of a ``checkpoint.dir`` elsewhere into
 ``previous-<UTC time>/`` there); the lock files stay where they are. A run restarted by torchrun after a crash
 (``TORCHELASTIC_RESTART_COUNT`` above 0) continues its own first attempt: it is neither refused nor started
 over again.
@@ -82,9 +83,9 @@ def claim_run_dir(
 ) -> FolderLocks:
     """Rank 0, before anything of the run is written: check ``run_dir`` and a local ``checkpoints`` folder can be
     written (``OSError`` naming the folder), create ``run_dir``, take its lock and the lock of ``checkpoints``
-    (``RunLockedError`` naming the holder), clear what killed writes left, then refuse an earlier run's files
-    (``RunFolderError``) or, with ``start_over``, move them aside. Returns the held locks; on any error nothing
-    is held."""
+    (``RunLockedError`` naming the holder), clear what killed writes left, then refuse a linked weights folder
+    and an earlier run's files (``RunFolderError``) or, with ``start_over``, move them aside. Returns the held
+    locks; on any error nothing is held."""
     check_writable(run_dir, "the run directory", RUN_DIR_FIX)
     local = local_path(checkpoints)
     if local is not None:
@@ -105,6 +106,7 @@ def claim_run_dir(
             for line in move_aside(run_dir, checkpoints, keep=tuple(lock.paths)):
                 say(line)
         else:
+            check_no_linked_weights(run_dir)
             check_new_run(run_dir, checkpoints, resume)
     except BaseException:
         lock.release()
@@ -128,6 +130,20 @@ def check_writable(folder: Path, what: str, fix: str) -> None:
         probe.unlink()
     except OSError as error:
         raise OSError(f"Cannot write {what} {folder}: {error.strerror}{where}. {fix}") from error
+
+
+def check_no_linked_weights(run_dir: Path) -> None:
+    """``RunFolderError`` naming a weights folder of ``run_dir`` (``model/``, ``hf/``, ``transformer/``) that is a
+    symbolic link, and the fix: the final weights replace that folder whole, and a run never writes or deletes
+    through a link it did not make."""
+    for name in WEIGHT_FOLDERS:
+        folder = Path(run_dir) / name
+        if folder.is_symlink():
+            raise RunFolderError(
+                f"{folder} is a symbolic link (to {os.readlink(folder)}): a run writes its final weights into a "
+                f"folder of its own, never through a link. Remove the link (rm {folder}; what it points to is kept) "
+                "or choose another --output.run-name. Nothing was trained or written."
+            )
 
 
 def earlier_run(run_dir: Path, checkpoints: Location) -> list[str]:

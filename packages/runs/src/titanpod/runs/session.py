@@ -17,6 +17,7 @@ steps ``profile.steps`` names, and, on a clean exit, the process group's teardow
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -88,7 +89,8 @@ class RunSession:
         """The console on rank 0; ``None`` on other ranks and for a quiet run."""
         self.run_dir = run_dir_of(recipe)
         """The run directory (the same path on every rank)."""
-        self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say, data_files)
+        rerun = f"--output.run-name {shlex.quote(self.run_dir.name)}"  # the same run, however it was named
+        self.checkpointer = Checkpointer(self.run_dir, recipe.checkpoint, recipe.to_json(), self.say, data_files, rerun)
         """The trainer-state checkpoints under ``<run>/checkpoints``, or ``checkpoint.dir`` (a path or URL)."""
         self.held_dir = HeldRunDir(asked, self.run_dir, self.checkpointer.folder, self.info.is_main, self.say)
         """The run directory while the session holds it (rank 0's lock, what a refused start removes)."""
@@ -259,7 +261,7 @@ class RunSession:
                 after_step(step_number)
             if self.save_due(step_number):
                 self.save_checkpoint(step_number)
-            self.checkpointer.poll()
+            self.saves.poll()
 
         try:
             summary = train(
@@ -278,6 +280,7 @@ class RunSession:
                 after_step=after_each,
                 count_tokens=count_tokens,
                 profiler=profiler,
+                stop_reason=self.saves.stop_reason,
             )
             if at_end is not None and not summary.interrupted:
                 at_end(summary)

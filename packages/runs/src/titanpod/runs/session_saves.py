@@ -19,17 +19,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from rich.markup import escape
 from torch import nn
 
 from titanpod.checkpoint import Checkpointer, complete_checkpoints
 from titanpod.checkpoint.disk_space import state_bytes
-from titanpod.checkpoint.locations import Location
+from titanpod.checkpoint.errors import CheckpointFolderUnwritableError, DamagedCheckpointError
+from titanpod.checkpoint.locations import Location, join
+from titanpod.checkpoint.step_folders import TRAINER_FILE, any_earlier_checkpoint
+from titanpod.data.positions import DataPositionError
 from titanpod.device import ProcessInfo
 from titanpod.graph import TrainStep, TrainSummary
 from titanpod.graph.interrupt import exit_status, signal_name, stop_after_step
 from titanpod.models.field_checks import same_maths_fields
 from titanpod.recipes.recipe import RunRecipe
-from titanpod.runs.every_rank import raise_on_every_rank
+from titanpod.runs.every_rank import first_on_any_rank, raise_on_every_rank
 from titanpod.runs.space_check import NotEnoughSpaceError, check_space, save_needs
 from titanpod.runs.stop_notice import weights_left_out
 
@@ -47,6 +51,24 @@ class ResumableData(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a position saved by ``state_dict``."""
         ...
+
+
+def position_taker(data: ResumableData, folder: Location) -> Callable[[dict[str, Any]], None]:
+    """What hands the checkpoint ``folder``'s data position to ``data`` (every rank): a position its data cannot
+    reach (``DataPositionError``: on any rank) refuses the checkpoint on every rank as damaged, naming the field,
+    the value and the file."""
+
+    def take(state: dict[str, Any]) -> None:
+        problem = None
+        try:
+            data.load_state_dict(state)
+        except DataPositionError as error:
+            problem = f"{join(folder, TRAINER_FILE)}: data.{error}. The file was altered or damaged after the save."
+        found = first_on_any_rank(problem)
+        if found is not None:
+            raise DamagedCheckpointError(found, any_earlier_checkpoint(folder))
+
+    return take
 
 
 class RunSaves:
@@ -85,6 +107,10 @@ class RunSaves:
         """The training step whose optimizer state the checkpoints hold (set by ``resume``)."""
         self.data_state: Callable[[], dict[str, Any]] = dict
         """Returns the data position to save (set by ``resume``)."""
+        self.unwritable: str | None = None
+        """Why the checkpoint folder took no more saves (it stopped being writable); ``None`` while it takes them."""
+        self._unwritable_here: str | None = None
+        """This process's own finding of that, not yet agreed with the others."""
 
     def resume(
         self,
@@ -103,8 +129,9 @@ class RunSaves:
         folder = self.checkpointer.resume_folder()
         if folder is None:
             return None
-        point = self.checkpointer.load(folder, model, step, self.recipe.to_dict(), same_maths_fields(type(self.recipe)))
-        data.load_state_dict(point.data_state)
+        take_data = position_taker(data, folder)  # before the tensors load: a position out of reach is refused
+        same_maths = same_maths_fields(type(self.recipe))
+        point = self.checkpointer.load(folder, model, step, self.recipe.to_dict(), take_data, same_maths)
         self.start_step = point.step
         return folder
 
@@ -133,9 +160,42 @@ class RunSaves:
 
     def save_checkpoint(self, step_number: int) -> None:
         """Save the trainer state after ``step_number`` steps (every rank; in the background with
-        ``checkpoint.async_save``). A second save of the same step does nothing."""
+        ``checkpoint.async_save``). A second save of the same step does nothing.
+
+        A checkpoint folder that stopped being writable (``CheckpointFolderUnwritableError``, on any rank, here or
+        found by ``poll`` since the last save) does not stop the process: it is said, no later save is tried, and
+        ``stop_reason`` gives the reason, so the run stops after this step and still writes its final weights."""
+        if self.unwritable is not None:
+            return
         model, step = self.registered()
-        self.checkpointer.save(step_number, model, step, self.data_state())
+        with self._noting_unwritable():
+            self.checkpointer.save(step_number, model, step, self.data_state())
+        found = first_on_any_rank(self._unwritable_here)
+        if found is not None:
+            newest = self.newest_checkpoint_anywhere()
+            self.unwritable = (
+                f"step {step_number}: {found} The run stops after this step and writes its final weights to "
+                f"{self.run_dir}; the newest checkpoint is {newest or 'none'}."
+            )
+            self.say(f"[red]{escape(self.unwritable)}[/]")
+
+    def poll(self) -> None:
+        """Finish a background save whose files are written (between steps); a folder found no longer writable is
+        noted here and acted on at the next save (``save_checkpoint``), when every rank agrees."""
+        with self._noting_unwritable():
+            self.checkpointer.poll()
+
+    def stop_reason(self, step_number: int) -> str | None:
+        """Why the run stops after ``step_number``: a checkpoint folder that stopped being writable; else ``None``
+        (the same on every rank)."""
+        return self.unwritable
+
+    @contextmanager
+    def _noting_unwritable(self) -> Iterator[None]:
+        try:
+            yield
+        except CheckpointFolderUnwritableError as error:
+            self._unwritable_here = str(error)
 
     def save_at_end(self, summary: TrainSummary) -> None:
         """The at-end checkpoint and, after a signal, the line saying what was saved (as ``RunSession.save_at_end``

@@ -20,6 +20,7 @@ from titanpod.data.images.shapes import draw_shapes
 from titanpod.data.images.sources import caption_text, describe_images, image_name, open_hub, read_image_folder
 from titanpod.data.images.transforms import decode_image, prepare, to_tensor
 from titanpod.data.packing import is_held_out
+from titanpod.data.positions import check_batch_index
 from titanpod.data.rank_state import gather_rank_states, this_rank_state
 from titanpod.data.sources import DataError, first_line
 
@@ -119,7 +120,7 @@ class ImageBatches:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a position saved by ``state_dict``."""
+        """Continue from a position saved by ``state_dict``; ``DataPositionError`` for a batch index past an epoch."""
         if state.get("kind") != "images":
             raise ValueError(
                 f"The saved data position is of a {state.get('kind', 'packed')} loader, but this run's data is a set "
@@ -130,6 +131,7 @@ class ImageBatches:
                 f"The saved data position is for {state['images']:,} training images, but this run has "
                 f"{len(self.indices):,}: resume with the images and data settings the checkpoint was made with."
             )
+        check_batch_index(state["index"], self.batches_per_epoch)
         self.seed, self.epoch, self.index = state["seed"], state["epoch"], state["index"]
         self._order = self._permutation(self.epoch)
 

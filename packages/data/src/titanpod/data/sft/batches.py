@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import torch
 from rich.markup import escape
 
+from titanpod.data.positions import check_batch_index
 from titanpod.data.sft.config import SFTDataConfig
 from titanpod.data.sft.records import (
     SHOWN_SKIPS,
@@ -141,7 +142,8 @@ class SFTBatches:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a position saved by ``state_dict``; an error when the data it was saved with differs."""
+        """Continue from a position saved by ``state_dict``; an error when the data it was saved with differs, and
+        ``DataPositionError`` for a batch index past its epoch."""
         if state.get("kind") != "sft_packed":
             raise ValueError(
                 f"The saved data position is of a {state.get('kind', 'packed')} loader, not SFT examples: resume "
@@ -154,8 +156,10 @@ class SFTBatches:
                     f"The checkpoint's data had {name} {state.get(name)}, this run's has {value}: resume with the "
                     "data settings the checkpoint was made with."
                 )
-        self.seed, self.epoch, self.index = state["seed"], state["epoch"], state["index"]
-        self._pack()
+        self.seed, self.epoch = state["seed"], state["epoch"]
+        self._pack()  # an epoch's rows, and so its batches, depend on its order
+        check_batch_index(state["index"], self.batches_per_epoch)
+        self.index = state["index"]
 
     def trained_tokens(self) -> int:
         """Labelled (response) positions in this epoch's rows."""

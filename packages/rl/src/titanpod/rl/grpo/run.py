@@ -226,7 +226,10 @@ def run_steps(
     def after_step(step_number: int) -> None:
         if session.save_due(step_number):
             session.save_checkpoint(step_number)
-        session.checkpointer.poll()
+        session.saves.poll()
+
+    def stop_reason(step_number: int) -> str | None:
+        return reward_stops.get(step_number) or session.saves.stop_reason(step_number)
 
     outcome = drive_steps(
         run_step,
@@ -236,7 +239,8 @@ def run_steps(
         skip_nonfinite=train.skip_nonfinite,
         after_step=after_step,
         profiler=session.profiler,  # profile.steps: traced from rollouts to update
-        stop_reason=reward_stops.get,  # a reward the run cannot go on after, or a step where every reward raised
+        stop_reason=stop_reason,  # a reward the run cannot go on after, a step where every reward raised, or a
+        # checkpoint folder no longer writable
     )
     end = time.perf_counter()
     if outcome.stopped_because is not None:

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from titanpod.data.images.pipeline import ImageData, gather_image_state
+from titanpod.data.positions import DataPositionError
 from titanpod.graph.xla.ahead_of_time import NamedBatchShape
 from titanpod.models.flux import FluxArgs
 from titanpod.models.flux.flow_matching import (
@@ -186,5 +187,8 @@ class FlowMatchingBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state_dict`` or ``gather_state`` output."""
-        self.data.train.load_state_dict(state["images"])
+        try:
+            self.data.train.load_state_dict(state["images"])
+        except DataPositionError as error:
+            raise error.inside("images") from error
         self.index, self.seed = state["index"], state["seed"]
