@@ -14,14 +14,16 @@ a refused run leaves every file as it was.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from titanpod.checkpoint.errors import CheckpointError
+from titanpod.checkpoint.errors import CheckpointError, DamagedCheckpointError
 from titanpod.checkpoint.locations import Location, as_location
 from titanpod.checkpoint.recipe_changes import change_text, check_same_run, is_allowed, is_harmless, recipe_changes
+from titanpod.checkpoint.recovery import resume_fix
 from titanpod.checkpoint.resume_choice import resume_folder
 from titanpod.checkpoint.trainer_file import read_trainer_record
 from titanpod.data.fingerprint import fingerprint_changes
@@ -100,7 +102,11 @@ def check_continuation(
     folder = checkpoint_to_continue(recipe)
     if folder is None:
         return None
-    trainer = read_trainer_record(folder)
+    try:
+        trainer = read_trainer_record(folder)
+    except DamagedCheckpointError as error:  # named with the flags that resume from the newest good one
+        rerun = f"--output.run-name {shlex.quote(recipe.output.run_name)}" if recipe.output.run_name else ""
+        raise DamagedCheckpointError(error.problem, resume_fix(folder, rerun)) from error
     saved, step, allowed = trainer["recipe"], trainer["step"], recipe.checkpoint.allow_changes
     current, same_maths = recipe.to_dict(), same_maths_fields(type(recipe))
     check_same_run(saved, current, folder, allowed, same_maths)
