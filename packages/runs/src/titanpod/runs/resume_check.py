@@ -7,8 +7,9 @@ is refused, each time naming what and how to go on, when its recipe changes a fi
 ``checkpoint.allow_changes`` names it), when ``train.steps`` is fewer than the steps done, or when a data file was
 rewritten since the checkpoint was written (``titanpod.data.fingerprint``; unless ``checkpoint.allow_changes``
 names ``data.path``). A run whose steps are all done is stopped the same way (``RunFinished``; the command says
-so and exits 0), unless torchrun restarted it: a restart after the last checkpoint finishes what the first attempt
-left, such as the final weights. These checks come before the model, the data or the run directory is touched, so
+so and exits 0), unless it names its checkpoint by path (``checkpoint.resume PATH``: the checkpoint taken into
+a run of its own, whose weights it writes) or torchrun restarted it: a restart after the last checkpoint finishes
+what the first attempt left, such as the final weights. These checks come before the model, the data or the run directory is touched, so
 a refused run leaves every file as it was.
 """
 
@@ -127,7 +128,8 @@ def check_continuation(
             f"files, start a new run (--output.run-name NEW), or accept the change with "
             f"--checkpoint.allow-changes {DATA_FILES_FIELD}."
         )
-    if steps == step and not restarted():
+    if steps == step and recipe.checkpoint.resume == "auto" and not restarted():  # a checkpoint named by path
+        # may be taken whole into another run (a new layout, its weights written), with no step left to train
         resume = f"--resume {run} " if recipe.output.run_name else ""
         raise RunFinished(
             f"Run {run} is finished: {step} of {steps} steps done (checkpoint {folder}); nothing was trained or "
