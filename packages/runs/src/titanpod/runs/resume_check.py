@@ -9,8 +9,8 @@ rewritten since the checkpoint was written (``titanpod.data.fingerprint``; unles
 names ``data.path``). A run whose steps are all done is stopped the same way (``RunFinished``; the command says
 so and exits 0), unless it names its checkpoint by path (``checkpoint.resume PATH``: the checkpoint taken into
 a run of its own, whose weights it writes) or torchrun restarted it: a restart after the last checkpoint finishes
-what the first attempt left, such as the final weights. These checks come before the model, the data or the run directory is touched, so
-a refused run leaves every file as it was.
+what the first attempt left, such as the final weights. These checks come before the model, the data or the run
+directory is touched, so a refused run leaves every file as it was.
 """
 
 from __future__ import annotations
