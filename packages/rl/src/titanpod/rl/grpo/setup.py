@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,13 +71,11 @@ def place_policy(folder: PretrainedFolder, layout: LayoutStart, kernels: KernelC
 
 
 def reference_model(setup: GRPOSetup) -> Transformer | None:
-    """The frozen starting model of the KL term (``None`` when ``grpo.kl_beta`` is 0): in one process a copy of the
-    policy as loaded (call it before training), under torchrun a second model sharded as the policy is and read
-    from the same folder (its forward is a collective, as the policy's)."""
+    """The frozen starting model of the KL term (``None`` when ``grpo.kl_beta`` is 0): a second model read from the
+    policy's folder and placed as the policy is (under torchrun sharded, its forward a collective). Never a copy of
+    the policy's tensors: on the tpu lane a copy may share the device buffers that the optimizer step donates."""
     if setup.recipe.grpo.kl_beta <= 0:
         return None
-    if setup.layout.world_size == 1:
-        return copy.deepcopy(setup.model).requires_grad_(False).eval()
     reference, _ = place_policy(setup.folder, setup.layout, setup.recipe.kernels)
     return reference.requires_grad_(False).eval()
 
