@@ -53,14 +53,15 @@ SFT = ["--recipe", "sft_arith", "--data.format", "chat", "--data.train-examples"
        "--checkpoint.every", "10", "--checkpoint.no-async-save"]  # fmt: skip
 GRPO = ["--recipe", "grpo_debug", "--grpo.format", "chat", "--grpo.max-new-tokens", "6",
         "--grpo.prompts-per-step", "4" if ON_CPU else "16", "--grpo.group-size", "8", "--grpo.temperature", "1.0",
-        "--train.steps", os.environ.get("TITANPOD_CHIP_GRPO_STEPS", "30"), "--train.lr", "2e-5",
+        "--train.steps", os.environ.get("TITANPOD_CHIP_GRPO_STEPS", "40"), "--train.lr", "2e-5",
         "--grpo.kl-beta", "0.02", "--train.grad-accum-steps", "1" if ON_CPU else "4",
         "--train.warmup-steps", "2", "--train.log-every", "1", "--eval.examples", "16" if ON_CPU else "200",
-        "--eval.max-new-tokens", "6", "--grpo.eval-samples", "1", "--checkpoint.every", "5",
+        "--eval.max-new-tokens", "6", "--grpo.eval-samples", "1", "--checkpoint.every", "10",
         "--checkpoint.no-async-save", *os.environ.get("TITANPOD_CHIP_GRPO_FLAGS", "").split()]  # fmt: skip
 """GRPO from the SFT run's model (``TITANPOD_CHIP_GRPO_STEPS`` and ``TITANPOD_CHIP_GRPO_FLAGS`` change it): a mild
 KL term against the start, as lr 3e-5 without one collapsed each prompt's completions to one answer on a v5e; the
-128 rollouts' update in 4 micro-batches, as their logits over a 49,152-token vocabulary do not fit one at once."""
+128 rollouts' update in 4 micro-batches, as their logits over a 49,152-token vocabulary do not fit one at once;
+40 steps, as 30 raised the held-out accuracy by 9 points on a v5e."""
 EXPORTED_PROMPTS = 16
 
 

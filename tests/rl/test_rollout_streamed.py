@@ -88,3 +88,26 @@ def test_the_rollout_dtype_is_the_engines_and_vllm_keeps_its_own():
         RolloutConfig(mode="vllm", dtype="bfloat16")
     with pytest.raises(ValueError, match=r"rollout\.dtype"):
         RolloutConfig(dtype="int8")  # type: ignore[arg-type]
+
+
+def test_a_streamed_copy_that_differs_fails_verification_and_blocks_generation():
+    class LossyEngine(BuiltinEngine):
+        def _copy_weight(self, param, tensor):
+            param.copy_(tensor.bfloat16().float())
+
+    model = tiny_model()
+    engine = LossyEngine.empty(model.args, torch.float32, "cpu", ops=model.ops)
+    with pytest.raises(RuntimeError, match=r"failed verification: [\d,]+ elements .* stays at version -1"):
+        sync_engine(model, engine, 0)
+    with pytest.raises(RuntimeError, match="sync again"):
+        engine.generate(PROMPTS[:1], GREEDY)
+
+
+def test_a_streamed_sync_of_weights_holding_nan_verifies_nan_as_equal():
+    model = tiny_model()
+    with torch.no_grad():
+        model.norm.weight[0] = float("nan")
+    engine = BuiltinEngine.empty(model.args, torch.float32, "cpu", ops=model.ops)
+    report = sync_engine(model, engine, 0)
+    assert report.checksum == engine.checksum() == weights_checksum(trainer_state(model))
+    assert torch.isnan(engine.model.norm.weight[0])

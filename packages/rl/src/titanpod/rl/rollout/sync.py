@@ -59,6 +59,15 @@ def weights_checksum(state: Mapping[str, torch.Tensor]) -> str:
     return stream.hexdigest()
 
 
+def differing_elements(ours: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+    """How many elements of two same-shaped tensors differ, as a 0-d tensor where they live (NaN equals NaN):
+    a copy checked without reading either tensor back to the host."""
+    unequal = ours.ne(theirs)
+    if ours.is_floating_point():
+        unequal &= ~(ours.isnan() & theirs.isnan())
+    return unequal.sum()
+
+
 def state_bytes(state: Mapping[str, torch.Tensor]) -> int:
     """Bytes of tensor data in ``state``."""
     return sum(t.numel() * t.element_size() for t in state.values())
