@@ -210,8 +210,8 @@ class BuiltinEngine:
         weight (``ValueError`` naming the first that does not fit, or those missing). The trainer's checksum is
         built from the pairs as they arrive (``ChecksumStream``), so neither side holds the whole state at once.
         Each copy is compared with what was sent where both live, on the device, and the differing elements are
-        read back once at the end (``RuntimeError`` if any): the engine's weights never travel to the host, which
-        on a TPU took half of a sync's time. Until a load succeeds the engine refuses to generate.
+        read back once at the end (``RuntimeError`` if any): the engine's own weights are not read back to the
+        host, only the trainer's, for the checksum. Until a load succeeds the engine refuses to generate.
         """
         check_version(version, self.weights_version)
         start = time.perf_counter()
