@@ -381,6 +381,21 @@ def test_one_v5e_refuses_llama_1b_whose_optimizer_state_alone_is_too_large(capsy
     )
 
 
+def test_a_sequence_too_long_for_one_v5e_names_the_longest_that_fits(capsys):
+    recipe = get_recipe("qwen3_06b")
+    v5e = chip_by_name("v5e")
+    assert not plan_run(with_changes(recipe, data={"seq_len": 32768, "batch_size": 1}), v5e, 1, 0.4).fits
+    assert main(["--recipe", "qwen3_06b", "--data.seq-len", "32768", "--data.batch-size", "1", "--dry-run"]) == 1
+    row = next(line for line in capsys.readouterr().out.splitlines() if "--data.seq-len" in line)
+    longest = int(row.split("--data.seq-len")[1].split()[0])
+    assert "yes" in row and longest % 1024 == 0 and longest < 32768
+
+    def fits(seq_len: int) -> bool:
+        return plan_run(with_changes(recipe, data={"seq_len": seq_len, "batch_size": 1}), v5e, 1, 0.4).fits
+
+    assert fits(longest) and not fits(longest + 1024)
+
+
 def test_one_v5e_accepts_qwen3_06b_at_4_by_4096_recomputed(capsys):
     """libtpu placed this step in 12.9 GiB of a v5e chip's 15.75."""
     assert main([*QWEN3_06B_ON_ONE_V5E, "--data.batch-size", "4"]) == 0

@@ -107,8 +107,33 @@ def suggestions(
         candidates.append(("--train.optimizer-offload", changed, chips))
     candidates.append(_more_chips(recipe, chips))
     found = _planned(candidates, chip, target_mfu, args)
+    shorter = _longest_fitting_sequences(recipe, chip, chips, target_mfu, args)
+    found += [shorter] if shorter is not None else []
     found.sort(key=lambda s: (not s.plan.fits, s.plan.memory.total))
     return found[:limit]
+
+
+SEQ_LEN_QUANTUM = 1024
+"""The step the longest fitting sequence length is searched in (a multiple of every kernel's block)."""
+
+
+def _longest_fitting_sequences(
+    recipe: Recipe, chip: ChipSpec, chips: int, target_mfu: float, args: DecoderArgs | None = None
+) -> Suggestion | None:
+    """The longest ``data.seq_len`` (a multiple of ``SEQ_LEN_QUANTUM`` below the recipe's) whose plan fits, all else
+    kept; ``None`` when none does or the recipe's length is already the quantum or less."""
+    longest = (recipe.data.seq_len - 1) // SEQ_LEN_QUANTUM
+    low, high, best = 1, longest, None
+    while low <= high:  # memory grows with the length: bisect on the multiples of the quantum
+        middle = (low + high) // 2
+        seq_len = middle * SEQ_LEN_QUANTUM
+        planned = _planned([(f"--data.seq-len {seq_len}", with_changes(recipe, data={"seq_len": seq_len}), chips)],
+                           chip, target_mfu, args)  # fmt: skip
+        if planned and planned[0].plan.fits:
+            best, low = planned[0], middle + 1
+        else:
+            high = middle - 1
+    return best
 
 
 def _more_chips(recipe: Recipe, chips: int) -> tuple[str, Recipe, int]:
