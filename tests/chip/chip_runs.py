@@ -3,6 +3,7 @@ attention the installed libtpu can run, and a logged run."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -72,3 +73,19 @@ def stopped_by_sigterm(
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=RUN_TIMEOUT_S)
         return code, time.monotonic() - sent
+
+
+def record(runs: Path, key: str, value: object) -> None:
+    """Keep a measured figure in ``report.json`` beside the runs."""
+    path = runs / "report.json"
+    report = json.loads(path.read_text()) if path.is_file() else {}
+    report[key] = value
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """Whether two runs' final weights (``model/model.safetensors``) are equal, name for name, bit for bit."""
+    from safetensors.torch import load_file
+
+    ours, theirs = load_file(a / "model" / "model.safetensors"), load_file(b / "model" / "model.safetensors")
+    return ours.keys() == theirs.keys() and all(ours[key].equal(theirs[key]) for key in ours)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chip.chip_runs import NATIVE_LANE, run_logged, stopped_by_sigterm
+from tests.chip.chip_runs import NATIVE_LANE, record, run_logged, same_weights, stopped_by_sigterm
 from tests.chip.conftest import ON_CPU
 
 pytestmark = pytest.mark.chip
@@ -46,14 +46,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return tmp_path_factory.mktemp("preemption")
     Path(kept).mkdir(parents=True, exist_ok=True)
     return Path(kept)
-
-
-def record(runs: Path, key: str, value: object) -> None:
-    """Keep a measured figure in ``report.json`` beside the runs."""
-    path = runs / "report.json"
-    report = json.loads(path.read_text()) if path.is_file() else {}
-    report[key] = value
-    path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def command(runs: Path, name: str, lane: str) -> tuple[list[str], dict[str, str]]:
@@ -105,8 +97,6 @@ def test_sigterm_leaves_a_durable_checkpoint_within_ten_seconds(runs, stops, lan
 
 
 def test_the_xla_run_stopped_by_sigterm_resumes_to_the_unstopped_runs_losses(runs, stops):
-    from safetensors.torch import load_file
-
     run, _, _ = stopped(runs, stops, "xla")
     line, env = command(runs, run.name, "xla")
     run_logged(line, runs / f"{run.name}.log", env)  # the same command: it resumes from its newest checkpoint
@@ -114,5 +104,4 @@ def test_the_xla_run_stopped_by_sigterm_resumes_to_the_unstopped_runs_losses(run
     run_logged(line, runs / "unstopped-xla.log", env)
     whole = runs / "unstopped-xla"
     assert losses(run) == losses(whole) and sorted(losses(run)) == list(range(1, STEPS + 1))
-    ours, theirs = load_file(run / "model" / "model.safetensors"), load_file(whole / "model" / "model.safetensors")
-    assert ours.keys() == theirs.keys() and all(ours[key].equal(theirs[key]) for key in ours)
+    assert same_weights(run, whole)

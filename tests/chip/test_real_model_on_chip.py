@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.chip.chip_runs import NATIVE_LANE, attention, run_logged, stopped_by_sigterm
+from tests.chip.chip_runs import NATIVE_LANE, attention, record, run_logged, same_weights, stopped_by_sigterm
 from tests.chip.conftest import ON_CPU
 from tests.conftest import REPO_ROOT
 
@@ -86,14 +86,6 @@ def gguf(runs: Path) -> Path:
     return write_gguf(runs / "tiny" / "tiny.gguf", "llama3")
 
 
-def record(runs: Path, key: str, value: object) -> None:
-    """Keep a measured figure in ``report.json`` beside the runs."""
-    path = runs / "report.json"
-    report = json.loads(path.read_text()) if path.is_file() else {}
-    report[key] = value
-    path.write_text(json.dumps(report, indent=2) + "\n")
-
-
 def environment(runs: Path, lane: str) -> dict[str, str]:
     """The runs' environment: one conversion cache for every run (the GGUF file is converted once), and torch_tpu
     left unloaded where JAX holds the chip."""
@@ -118,13 +110,6 @@ def losses(run: Path) -> dict[int, float]:
 
 def validation(run: Path) -> dict[int, float]:
     return {row["step"]: row["validation_loss"] for row in rows(run) if "validation_loss" in row}
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    from safetensors.torch import load_file
-
-    ours, theirs = load_file(a / "model" / "model.safetensors"), load_file(b / "model" / "model.safetensors")
-    return ours.keys() == theirs.keys() and all(torch.equal(ours[key], theirs[key]) for key in ours)
 
 
 def whole_run(runs: Path, app: str, name: str, lane: str, flags: list[str]) -> Path:
